@@ -1,0 +1,42 @@
+# Two entry points (see README): `make demo` and `make test`. Each creates
+# .venv and installs shardcat with its extras first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CORE_VENV ?= .venv-core
+DEMO_DIR ?= demo-data
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[torch,bench,dev]'
+	touch $@
+
+# The core alone on the newest protobuf runtime (the main venv has protobuf 5,
+# which tfd-utils pins): proves shardcat.pb2 works on both ends of the range.
+$(CORE_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CORE_VENV)/bin/python -m pip install -q -e . 'protobuf>=7' pytest hypothesis
+	touch $@
+
+demo: $(VENV)/.installed
+	VENV=$(VENV) DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check shardcat tests benchmarks
+	$(VENV)/bin/ruff format --check shardcat tests benchmarks
+	$(VENV)/bin/mypy
+
+test: $(VENV)/.installed $(CORE_VENV)/.installed lint
+	$(PY) -m pytest -q
+	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) $(CORE_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from shardcat.cli import main
+
+main()

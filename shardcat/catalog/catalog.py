@@ -1,0 +1,408 @@
+"""The :class:`Catalog`: one SQLite file that knows where every record lives."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sqlite3
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, select
+
+from shardcat.catalog import fields as field_store
+from shardcat.catalog import schema
+from shardcat.catalog.engine import connect_readonly, fork_generation, locate, make_engine
+from shardcat.catalog.ingest import (
+    DEFAULT_LEASE,
+    DUPLICATE_POLICIES,
+    IngestJob,
+    ShardOutcome,
+    raise_for_failures,
+    run_ingest,
+    stored_path,
+    sync_shards,
+)
+from shardcat.catalog.query import QueryResult, run_readonly
+from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.migrations import SCHEMA_VERSION, ensure_schema
+from shardcat.readers.formats import detect_format, get_format
+
+if TYPE_CHECKING:
+    from shardcat.readers.reader import Reader
+
+__all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_paths"]
+
+PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Every Catalog not yet closed (tests use it to catch leaked connections).
+_open: weakref.WeakSet[Catalog] = weakref.WeakSet()
+
+
+def open_catalogs() -> list[Catalog]:
+    return [c for c in _open if not c.closed]
+
+
+def _patterns(paths: PathsLike) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
+
+
+def resolve_paths(paths: PathsLike) -> list[str]:
+    """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them."""
+    found: set[str] = set()
+    for pattern in _patterns(paths):
+        pattern = os.path.expanduser(pattern)
+        if os.path.isdir(pattern):
+            matches = [
+                os.path.join(pattern, n) for n in os.listdir(pattern)
+                if os.path.isfile(os.path.join(pattern, n)) and ".sqlite" not in n
+            ]
+        elif os.path.exists(pattern):
+            matches = [pattern]
+        else:
+            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+        found.update(os.path.abspath(m) for m in matches)
+    return sorted(found)
+
+
+def default_dataset_name(files: Sequence[str]) -> str:
+    """A SQL-friendly name for a shard set: the common stem prefix, or the directory name."""
+    stems = [Path(f).name.split(".")[0] for f in files]
+    prefix = os.path.commonprefix(stems).rstrip("-_.0123456789")
+    base = prefix or Path(files[0]).parent.name or "dataset"
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
+    return slug if _NAME_RE.match(slug) else f"d_{slug}"
+
+
+def _check_name(name: str) -> None:
+    if not _NAME_RE.match(name) or name.lower() in schema.RESERVED_NAMES or (
+        name.lower().startswith("fields_")
+    ):
+        raise CatalogError(
+            f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
+            "with a digit), and none of the catalog's own table names"
+        )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset as the catalog describes it."""
+
+    name: str
+    format: str
+    key_rule: str
+    grouping: str | None
+    options: dict[str, Any]
+    source: list[str]
+    created_at: float
+    shards: int
+    ready_shards: int
+    failed_shards: int
+    records: int
+    fields: dict[str, str]  # view column -> sql type
+
+    @property
+    def key_feature(self) -> str | None:
+        return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
+
+
+class Catalog:
+    """One catalog file: datasets, shards, keys and byte offsets.
+
+    ``Catalog(path)`` opens (creating or upgrading when needed) the SQLite
+    catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
+    ``./shardcat.sqlite``. ``readonly=True`` opens it without ever writing
+    (for catalogs on shared filesystems that one host indexed);
+    ``immutable=True`` also promises SQLite that nobody writes it, so no locks
+    are taken at all.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        readonly: bool = False,
+        immutable: bool = False,
+    ) -> None:
+        self.path = locate(path).absolute()
+        self.readonly = readonly or immutable
+        self.immutable = immutable
+        self.closed = False
+        self._ro: sqlite3.Connection | None = None
+        self._ro_generation = -1
+        if self.readonly:
+            if not self.path.is_file():
+                raise CatalogError(f"no catalog at {self.path}")
+            self._engine = None
+            version = self._read_version()
+            if version != SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.path} has catalog schema version {version}, this shardcat "
+                    f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
+                    "(or run `catalog migrate --upgrade`) to upgrade it"
+                    if version is not None and version < SCHEMA_VERSION
+                    else f"{self.path} is not a shardcat catalog of a version this "
+                    f"library knows (found {version}, expected {SCHEMA_VERSION})"
+                )
+        else:
+            self._engine = make_engine(self.path)
+            with self._engine.begin() as conn:
+                ensure_schema(conn, str(self.path))
+        _open.add(self)
+
+    # -- plumbing --------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        return str(self.path.parent)
+
+    def _read_version(self) -> int | None:
+        conn = self.reader_connection()
+        try:
+            row = conn.execute(
+                "SELECT value FROM catalog_meta WHERE name = 'schema_version'"
+            ).fetchone()
+        except sqlite3.DatabaseError:
+            return None
+        return None if row is None else int(row[0])
+
+    def reader_connection(self) -> sqlite3.Connection:
+        """The read-only DBAPI connection of this process (reopened after fork)."""
+        self._check_open()
+        if self._ro is None or self._ro_generation != fork_generation():
+            # A connection inherited through fork is dropped, never used or closed here.
+            self._ro = connect_readonly(self.path, immutable=self.immutable)
+            self._ro_generation = fork_generation()
+        return self._ro
+
+    def _writer(self) -> Any:
+        self._check_open()
+        if self._engine is None:
+            raise CatalogError(f"{self.path} was opened read-only")
+        return self._engine
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise CatalogError(f"catalog {self.path} is closed")
+
+    def _dataset_row(self, name: str) -> Any:
+        conn = self.reader_connection()
+        row = conn.execute(
+            "SELECT id, name, format, key_rule, grouping, options, source, created_at "
+            "FROM datasets WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            known = [r[0] for r in conn.execute("SELECT name FROM datasets ORDER BY name")]
+            raise CatalogError(
+                f"no dataset {name!r} in {self.path}"
+                + (f" (it has: {', '.join(known)})" if known else " (it has no datasets yet)")
+            )
+        return row
+
+    def normalized_source(self, paths: PathsLike) -> list[str]:
+        """The patterns as stored: absolute, or relative to the catalog when below it."""
+        return [
+            stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
+            for p in _patterns(paths)
+        ]
+
+    def find_dataset(self, paths: PathsLike) -> str | None:
+        """The dataset ingested from exactly these patterns, if there is one."""
+        source = json.dumps(self.normalized_source(paths))
+        row = self.reader_connection().execute(
+            "SELECT name FROM datasets WHERE source = ?", (source,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- public API ------------------------------------------------------------
+
+    def ingest(
+        self,
+        paths: PathsLike,
+        dataset: str | None = None,
+        *,
+        format: str | None = None,
+        key: str | None = "key",
+        fields: bool = True,
+        workers: int | None = None,
+        on_duplicate: str = "error",
+        rescan: bool = False,
+        lease: float = DEFAULT_LEASE,
+        progress: Callable[[ShardOutcome, int], None] | None = None,
+    ) -> Reader:
+        """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
+
+        ``paths``: a file, directory, glob or list of them; the dataset's shard
+        set becomes exactly these files (new ones are indexed, changed ones
+        re-indexed, missing ones dropped, unchanged ones skipped).
+        ``format``: detected from the first file's bytes when None.
+        ``key``: the feature holding each record's key; None keys records by
+        position. ``fields``: extract scalar fields for SQL.
+        ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
+        record in position order. ``rescan``: re-index unchanged shards too.
+        ``progress(outcome, total_shards)`` is called after every shard this
+        process indexed. Other processes ingesting the same dataset at the
+        same time share the work; every shard is indexed once.
+        Raises :class:`IngestError` naming each shard that failed (the others
+        are committed).
+        """
+        from shardcat.readers.reader import Reader
+
+        engine = self._writer()
+        if on_duplicate not in DUPLICATE_POLICIES:
+            raise CatalogError(
+                f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}, not {on_duplicate!r}"
+            )
+        files = resolve_paths(paths)
+        if not files:
+            raise CatalogError(f"no files match {_patterns(paths)}")
+        name = dataset or self.find_dataset(paths) or default_dataset_name(files)
+        _check_name(name)
+        fmt_name = format or detect_format(files[0])
+        fmt = get_format(fmt_name)
+        options: dict[str, Any] = {"key": key, "fields": fields}
+        options.update(fmt.detect_options(files[0]))
+        key_rule = "position" if key is None else f"feature:{key}"
+        source = self.normalized_source(paths)
+        with engine.begin() as conn:
+            d = schema.datasets
+            row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
+            if row is None:
+                dataset_id = conn.execute(d.insert().values(
+                    name=name, format=fmt_name, key_rule=key_rule, grouping=None,
+                    options=json.dumps(options), source=json.dumps(source),
+                    created_at=time.time(),
+                )).inserted_primary_key[0]
+                field_store.create_field_table(conn, dataset_id)
+                field_store.create_view(conn, dataset_id, name, key is None)
+            else:
+                dataset_id = row.id
+                if (row.format, row.key_rule) != (fmt_name, key_rule):
+                    raise CatalogError(
+                        f"dataset {name!r} holds {row.format} records keyed by "
+                        f"{row.key_rule}, not {fmt_name} keyed by {key_rule}: ingest into "
+                        f"another dataset or drop it first (catalog drop {name})"
+                    )
+                options = {**json.loads(row.options), **options}
+                conn.execute(d.update().where(d.c.id == dataset_id).values(
+                    options=json.dumps(options), source=json.dumps(source)
+                ))
+            sync_shards(conn, dataset_id, files, self.directory, rescan)
+        job = IngestJob(
+            str(self.path), self.directory, dataset_id, name, fmt_name, options,
+            on_duplicate, lease,
+        )
+        n_workers = workers if workers is not None else min(len(files), os.cpu_count() or 1)
+        callback = None if progress is None else (lambda o: progress(o, len(files)))
+        outcomes = run_ingest(engine, job, max(1, n_workers), callback)
+        raise_for_failures(outcomes)
+        return Reader(self, name)
+
+    def datasets(self) -> list[DatasetInfo]:
+        """Every dataset with its shard and record counts."""
+        conn = self.reader_connection()
+        out = []
+        for row in conn.execute(
+            "SELECT id, name, format, key_rule, grouping, options, source, created_at "
+            "FROM datasets ORDER BY name"
+        ).fetchall():
+            states = dict(conn.execute(
+                "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
+                (row[0],),
+            ).fetchall())
+            n = conn.execute(
+                "SELECT coalesce(sum(num_records), 0) FROM shards "
+                "WHERE dataset_id = ? AND state = 'ready'", (row[0],),
+            ).fetchone()[0]
+            cols = dict(conn.execute(
+                "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
+                (row[0],),
+            ).fetchall())
+            out.append(DatasetInfo(
+                name=row[1], format=row[2], key_rule=row[3], grouping=row[4],
+                options=json.loads(row[5]), source=json.loads(row[6]), created_at=row[7],
+                shards=sum(states.values()), ready_shards=states.get("ready", 0),
+                failed_shards=states.get("failed", 0), records=int(n), fields=cols,
+            ))
+        return out
+
+    def info(self, name: str) -> DatasetInfo:
+        for d in self.datasets():
+            if d.name == name:
+                return d
+        self._dataset_row(name)  # raises with the list of known datasets
+        raise AssertionError("unreachable")
+
+    def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
+        """A reader over the dataset ``name`` (no re-indexing happens)."""
+        from shardcat.readers.reader import Reader
+
+        return Reader(self, name, verify_crc=verify_crc)
+
+    def query(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> QueryResult:
+        """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
+
+        Every dataset is a view named after it (``key``, ``position``,
+        ``shard`` and its scalar fields). Statements that would write, attach
+        or change settings are refused with :class:`CatalogError`.
+        """
+        return run_readonly(self.reader_connection(), sql, params)
+
+    def verify(self, name: str, progress: Callable[[int, int], None] | None = None) -> list[Any]:
+        """Re-read every record of ``name`` checking framing and checksums.
+
+        Returns a list of :class:`CorruptRecordError` (one per bad record or
+        stale shard); an empty list means every byte checked out.
+        """
+        with self.dataset(name) as reader:
+            return reader.verify(progress)
+
+    def drop(self, name: str) -> None:
+        """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
+        dataset_id = self._dataset_row(name)[0]
+        with self._writer().begin() as conn:
+            conn.execute(delete(schema.records).where(schema.records.c.dataset_id == dataset_id))
+            shard_ids = select(schema.shards.c.id).where(schema.shards.c.dataset_id == dataset_id)
+            conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(shard_ids)))
+            conn.execute(delete(schema.shards).where(schema.shards.c.dataset_id == dataset_id))
+            conn.execute(delete(schema.fields).where(schema.fields.c.dataset_id == dataset_id))
+            field_store.drop_dataset_objects(conn, dataset_id, name)
+            conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
+
+    def close(self) -> None:
+        """Close this process's connections (idempotent)."""
+        if self.closed:
+            return
+        if self._ro is not None and self._ro_generation == fork_generation():
+            self._ro.close()
+        self._ro = None
+        if self._engine is not None:
+            self._engine.dispose()
+        self.closed = True
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Catalog({str(self.path)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": str(self.path), "readonly": self.readonly, "immutable": self.immutable}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], readonly=state["readonly"], immutable=state["immutable"])  # type: ignore[misc]
+

@@ -1,0 +1,108 @@
+"""Opening the catalog database: where it lives, engine, pragmas, fork safety."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.pool import NullPool
+
+ENV_VAR = "SHARDCAT_CATALOG"
+DEFAULT_NAME = "shardcat.sqlite"
+BUSY_TIMEOUT_MS = 60_000
+
+# Incremented in every forked child, so objects holding connections can tell
+# that they now live in a new process and must reopen (see ``after_fork``).
+_fork_generation = 0
+
+
+def _bump_generation() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_bump_generation)
+
+
+def fork_generation() -> int:
+    return _fork_generation
+
+
+def _writable_dir(directory: Path) -> bool:
+    return directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "shardcat"
+
+
+def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None) -> Path:
+    """The catalog file to use.
+
+    An explicit path wins, then ``$SHARDCAT_CATALOG``; readers then use
+    ``shardcat.sqlite`` beside the shards (``shard_dir``), or, when that
+    directory is not writable and holds no catalog yet, a file named after
+    the directory in the per-user cache directory.
+    """
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    if shard_dir is None:
+        beside = Path(DEFAULT_NAME)
+        return beside
+    directory = Path(shard_dir).resolve()
+    beside = directory / DEFAULT_NAME
+    if beside.exists() or _writable_dir(directory):
+        return beside
+    digest = hashlib.sha1(str(directory).encode()).hexdigest()[:16]
+    return user_cache_dir() / f"{directory.name}-{digest}.sqlite"
+
+
+def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
+    dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    dbapi_conn.execute("PRAGMA foreign_keys = ON")
+    dbapi_conn.execute("PRAGMA synchronous = NORMAL")
+    mode = dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]
+    if mode != "wal":
+        dbapi_conn.execute("PRAGMA journal_mode = WAL")
+
+
+def _on_begin(conn: Any) -> None:
+    # Writers take the write lock at BEGIN, so two writers never deadlock on
+    # a lock upgrade; read-only work uses execution_options(immediate=False).
+    immediate = conn.get_execution_options().get("immediate", True)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def make_engine(path: Path) -> Engine:
+    """A SQLAlchemy engine on the SQLite catalog at ``path`` (WAL, busy timeout).
+
+    ``NullPool``: every transaction opens its own connection, so an engine
+    never carries a pooled connection across ``fork``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(f"sqlite+pysqlite:///{path}", poolclass=NullPool)
+    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
+    """A raw DBAPI connection that cannot write (the readers' hot path).
+
+    ``immutable`` is for catalogs on read-only or network filesystems that no
+    process is writing: SQLite then takes no locks at all.
+    """
+    uri = path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False, cached_statements=64)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA query_only = ON")
+    return conn

@@ -1,0 +1,485 @@
+"""Indexing shards into the catalog: sync, claim, scan, commit.
+
+Concurrency model (no lock files, no heartbeat threads):
+
+1. ``sync_shards`` compares the files on disk with the dataset's shard rows
+   in one write transaction: new files become ``pending`` rows, changed files
+   (size or mtime) lose their records and become ``pending``, failed shards
+   are retried, and rows of files no longer in the set are dropped.
+2. Every indexing process (each ingest worker, each rank of a distributed
+   job) loops: *claim* one pending shard in a short ``BEGIN IMMEDIATE``
+   transaction (state ``indexing``, owner ``host:pid:start-time``), scan it
+   without holding any lock, then *commit* its records, fields and ``ready``
+   state in one transaction — only if it still owns the claim.
+3. A claim whose owner is a dead process on this host is taken over at once;
+   a claim from another host is taken over after ``lease`` seconds.
+
+A reader therefore never sees half a shard, and a killed ingest leaves only
+whole shards plus a claim that the next ingest takes over.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import crc32c as _crc32c
+from sqlalchemy import Connection, Engine, bindparam, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from shardcat.catalog import fields as field_store
+from shardcat.catalog import schema
+from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.errors import DuplicateKeyError, IngestError, ShardcatError
+from shardcat.readers.formats import Entry, get_format
+
+__all__ = ["IngestJob", "ShardOutcome", "run_ingest", "stored_path", "sync_shards"]
+
+DUPLICATE_POLICIES = ("error", "first", "last")
+DEFAULT_LEASE = 600.0
+POLL_SECONDS = 0.2
+CLAIM_LOST = "claim lost to another process"
+_FINGERPRINT_SPAN = 64 * 1024
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """What an indexing process needs to know; small and picklable."""
+
+    catalog: str
+    catalog_dir: str
+    dataset_id: int
+    dataset_name: str
+    format: str
+    options: dict[str, Any]
+    on_duplicate: str = "error"
+    lease: float = DEFAULT_LEASE
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    path: str
+    records: int
+    error: str | None = None
+
+
+# -- paths, owners, fingerprints ---------------------------------------------
+
+
+def stored_path(path: str, catalog_dir: str) -> str:
+    """How a shard path is stored: relative to the catalog's directory when below it."""
+    rel = os.path.relpath(path, catalog_dir)
+    return path if rel.startswith(os.pardir) else Path(rel).as_posix()
+
+
+def absolute_path(stored: str, catalog_dir: str) -> str:
+    return stored if os.path.isabs(stored) else os.path.join(catalog_dir, stored)
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return "?"
+    return stat.rsplit(b")", 1)[1].split()[19].decode()
+
+
+def owner_id() -> str:
+    """This process as a claim owner: host, pid and start time (guards pid reuse)."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def claim_is_dead(owner: str | None, claimed_at: float | None, lease: float) -> bool:
+    if not owner:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return claimed_at is None or time.time() - claimed_at > lease
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, owned by another user
+    return started not in ("?", _start_time(pid))
+
+
+def fingerprint(path: str, size: int) -> str:
+    """CRC32C of the first and last 64 KiB: cheap evidence of identical content."""
+    with open(path, "rb") as f:
+        head = f.read(_FINGERPRINT_SPAN)
+        tail = b""
+        if size > _FINGERPRINT_SPAN:
+            f.seek(max(size - _FINGERPRINT_SPAN, _FINGERPRINT_SPAN))
+            tail = f.read()
+    return f"{_crc32c.crc32c(head):08x}{_crc32c.crc32c(tail):08x}"
+
+
+# -- sync ---------------------------------------------------------------------
+
+
+def _clear_shard(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) -> None:
+    if not shard_ids:
+        return
+    ids = list(shard_ids)
+    conn.execute(delete(schema.records).where(schema.records.c.shard_id.in_(ids)))
+    conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(ids)))
+    ftable = conn.dialect.identifier_preparer.quote_identifier(
+        schema.field_table_name(dataset_id)
+    )
+    conn.exec_driver_sql(
+        f"DELETE FROM {ftable} WHERE shard_id IN ({', '.join(str(i) for i in ids)})"
+    )
+
+
+def sync_shards(
+    conn: Connection, dataset_id: int, files: Sequence[str], catalog_dir: str, rescan: bool
+) -> dict[str, int]:
+    """Make the dataset's shard rows match ``files``; returns counts per action."""
+    s = schema.shards
+    existing = {
+        r.path: r
+        for r in conn.execute(
+            select(s.c.id, s.c.path, s.c.size, s.c.mtime_ns, s.c.state).where(
+                s.c.dataset_id == dataset_id
+            )
+        )
+    }
+    counts = {"new": 0, "changed": 0, "unchanged": 0, "removed": 0, "retry": 0}
+    wanted = set()
+    reset: list[int] = []
+    for path in files:
+        st = os.stat(path)
+        key = stored_path(path, catalog_dir)
+        wanted.add(key)
+        row = existing.get(key)
+        if row is None:
+            conn.execute(s.insert().values(
+                dataset_id=dataset_id, path=key, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                num_records=0, state="pending",
+            ))
+            counts["new"] += 1
+        elif rescan or (row.size, row.mtime_ns) != (st.st_size, st.st_mtime_ns):
+            reset.append(row.id)
+            conn.execute(update(s).where(s.c.id == row.id).values(
+                size=st.st_size, mtime_ns=st.st_mtime_ns, state="pending", num_records=0,
+                first_position=None, claim_owner=None, claimed_at=None, error=None,
+            ))
+            counts["changed"] += 1
+        elif row.state == "failed":
+            conn.execute(update(s).where(s.c.id == row.id).values(state="pending", error=None))
+            counts["retry"] += 1
+        else:
+            counts["unchanged"] += 1
+    gone = [r.id for p, r in existing.items() if p not in wanted]
+    _clear_shard(conn, dataset_id, reset + gone)
+    if gone:
+        conn.execute(delete(s).where(s.c.id.in_(gone)))
+        counts["removed"] = len(gone)
+    recompute_positions(conn, dataset_id)
+    return counts
+
+
+def recompute_positions(conn: Connection, dataset_id: int) -> None:
+    """Ready shards in path order get consecutive position ranges."""
+    s = schema.shards
+    rows = conn.execute(
+        select(s.c.id, s.c.num_records, s.c.first_position, s.c.state)
+        .where(s.c.dataset_id == dataset_id)
+        .order_by(s.c.path)
+    ).all()
+    position = 0
+    changes = []
+    for r in rows:
+        want = position if r.state == "ready" else None
+        if r.first_position != want:
+            changes.append({"sid": r.id, "fp": want})
+        if r.state == "ready":
+            position += r.num_records
+    if changes:
+        conn.execute(
+            update(s).where(s.c.id == bindparam("sid")).values(first_position=bindparam("fp")),
+            changes,
+        )
+
+
+# -- claim and index one shard -------------------------------------------------
+
+_engines: dict[tuple[str, int], Engine] = {}
+
+
+def _engine(catalog: str) -> Engine:
+    """One engine per catalog per process (a forked worker makes its own)."""
+    key = (catalog, fork_generation())
+    if key not in _engines:
+        _engines[key] = make_engine(Path(catalog))
+    return _engines[key]
+
+
+def claim_next(engine: Engine, job: IngestJob, owner: str) -> tuple[int, str] | None:
+    """Claim a pending shard (or one whose claimer died); None when there is none."""
+    s = schema.shards
+    with engine.begin() as conn:
+        rows = conn.execute(
+            select(s.c.id, s.c.path, s.c.state, s.c.claim_owner, s.c.claimed_at)
+            .where(s.c.dataset_id == job.dataset_id, s.c.state.in_(("pending", "indexing")))
+            .order_by(s.c.path)
+        ).all()
+        for r in rows:
+            if r.state == "pending" or claim_is_dead(r.claim_owner, r.claimed_at, job.lease):
+                conn.execute(update(s).where(s.c.id == r.id).values(
+                    state="indexing", claim_owner=owner, claimed_at=time.time(), error=None
+                ))
+                return r.id, r.path
+    return None
+
+
+def _still_mine(conn: Connection, shard_id: int, owner: str) -> bool:
+    s = schema.shards
+    current = conn.execute(
+        select(s.c.claim_owner, s.c.state).where(s.c.id == shard_id)
+    ).one_or_none()
+    return current is not None and current.state == "indexing" and current.claim_owner == owner
+
+
+def _dedupe_within(entries: list[Entry], path: str, policy: str) -> list[Entry]:
+    winner: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.key is None:
+            continue
+        j = winner.get(e.key)
+        if j is None or policy == "last":
+            winner[e.key] = i
+        elif policy == "error":
+            raise DuplicateKeyError(
+                f"duplicate key {e.key!r} in {path}: records at bytes {entries[j].offset} "
+                f"and {e.offset} (use on_duplicate='first' or 'last' to keep one)"
+            )
+    if len(winner) == len(entries) or not winner:
+        return entries
+    return [e for i, e in enumerate(entries) if e.key is None or winner[e.key] == i]
+
+
+def _shift_down(conn: Connection, dataset_id: int, shard_id: int, removed: int) -> None:
+    """Delete the record at ``ordinal == removed`` and close the gap."""
+    ftable = conn.dialect.identifier_preparer.quote_identifier(
+        schema.field_table_name(dataset_id)
+    )
+    for table in ("records", "members", ftable):
+        conn.exec_driver_sql(
+            f"DELETE FROM {table} WHERE shard_id = ? AND ordinal = ?", (shard_id, removed)
+        )
+        # Two steps so the unique (shard_id, ordinal) never sees a collision.
+        conn.exec_driver_sql(
+            f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal > ?",
+            (shard_id, removed),
+        )
+        conn.exec_driver_sql(
+            f"UPDATE {table} SET ordinal = -ordinal - 2 WHERE shard_id = ? AND ordinal < 0",
+            (shard_id,),
+        )
+
+
+def _conflicts(
+    conn: Connection, dataset_id: int, keys: list[str]
+) -> dict[str, tuple[int, str, int, int]]:
+    """key -> (shard_id, shard path, ordinal, offset) of keys already in the dataset."""
+    r, s = schema.records, schema.shards
+    found = {}
+    for i in range(0, len(keys), 500):
+        rows = conn.execute(
+            select(r.c.key, r.c.shard_id, s.c.path, r.c.ordinal, r.c.offset)
+            .join(s, s.c.id == r.c.shard_id)
+            .where(r.c.dataset_id == dataset_id, r.c.key.in_(keys[i : i + 500]))
+        )
+        for row in rows:
+            found[row.key] = (row.shard_id, row.path, row.ordinal, row.offset)
+    return found
+
+
+def _resolve_across(
+    conn: Connection, job: IngestJob, stored: str, entries: list[Entry]
+) -> list[Entry]:
+    """Settle keys this shard shares with shards already committed."""
+    clash = _conflicts(conn, job.dataset_id, [e.key for e in entries if e.key is not None])
+    if not clash:
+        return entries
+    if job.on_duplicate == "error":
+        key, (_, other, _, other_offset) = next(iter(clash.items()))
+        mine = next(e.offset for e in entries if e.key == key)
+        more = f" ({len(clash) - 1} more keys are duplicated too)" if len(clash) > 1 else ""
+        raise DuplicateKeyError(
+            f"duplicate key {key!r}: in {other} at byte {other_offset} and in {stored} at "
+            f"byte {mine}{more} (use on_duplicate='first' or 'last' to keep one)"
+        )
+    # "first"/"last" mean first/last in position order, i.e. by shard path.
+    new_wins = {
+        key: (stored < other) == (job.on_duplicate == "first")
+        for key, (_, other, _, _) in clash.items()
+    }
+    losers: dict[int, list[int]] = defaultdict(list)
+    for key, wins in new_wins.items():
+        if wins:
+            shard_id, _, ordinal, _ = clash[key]
+            losers[shard_id].append(ordinal)
+    s = schema.shards
+    for shard_id, ordinals in losers.items():
+        for ordinal in sorted(ordinals, reverse=True):
+            _shift_down(conn, job.dataset_id, shard_id, ordinal)
+        conn.execute(update(s).where(s.c.id == shard_id).values(
+            num_records=s.c.num_records - len(ordinals)
+        ))
+    return [e for e in entries if e.key is None or new_wins.get(e.key, True)]
+
+
+def _commit(
+    conn: Connection, job: IngestJob, shard_id: int, stored: str, entries: list[Entry],
+    st: os.stat_result, fp: str,
+) -> int:
+    entries = _resolve_across(conn, job, stored, entries)
+    columns: dict[str, str] = {}
+    for e in entries:
+        for name, value in e.fields.items():
+            if name not in columns:
+                columns[name] = field_store.sql_type_of(value)
+    cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, columns)
+    key_of: Callable[[Entry, int], str] = (
+        (lambda e, i: e.key) if job.options.get("key") is not None  # type: ignore[misc]
+        else (lambda e, i: f"#{shard_id}:{i}")
+    )
+    records = [
+        {"dataset_id": job.dataset_id, "key": key_of(e, i), "shard_id": shard_id,
+         "ordinal": i, "offset": e.offset, "length": e.length}
+        for i, e in enumerate(entries)
+    ]
+    if records:
+        try:
+            with conn.begin_nested():
+                conn.execute(schema.records.insert(), records)
+        except IntegrityError as exc:  # a race the conflict check cannot see; never expected
+            raise DuplicateKeyError(f"{stored}: duplicate key while committing: {exc}") from None
+    members = [
+        {"shard_id": shard_id, "ordinal": i, "name": name, "offset": off, "length": n}
+        for i, e in enumerate(entries) for name, off, n in e.members
+    ]
+    if members:
+        conn.execute(schema.members.insert(), members)
+    field_store.insert_field_rows(
+        conn, job.dataset_id, cols, ((shard_id, i, e.fields) for i, e in enumerate(entries))
+    )
+    s = schema.shards
+    conn.execute(update(s).where(s.c.id == shard_id).values(
+        state="ready", num_records=len(entries), size=st.st_size, mtime_ns=st.st_mtime_ns,
+        fingerprint=fp, claim_owner=None, claimed_at=None, error=None, indexed_at=time.time(),
+    ))
+    recompute_positions(conn, job.dataset_id)
+    return len(entries)
+
+
+def index_claimed(engine: Engine, job: IngestJob, shard_id: int, stored: str, owner: str
+                  ) -> ShardOutcome:
+    """Scan a claimed shard and commit it (or record why it failed)."""
+    path = absolute_path(stored, job.catalog_dir)
+    fmt = get_format(job.format)
+    s = schema.shards
+    try:
+        st = os.stat(path)
+        fp = fingerprint(path, st.st_size)
+        entries = _dedupe_within(list(fmt.scan(path, job.options)), stored, job.on_duplicate)
+        with engine.begin() as conn:
+            if not _still_mine(conn, shard_id, owner):
+                return ShardOutcome(stored, 0, CLAIM_LOST)
+            n = _commit(conn, job, shard_id, stored, entries, st, fp)
+        return ShardOutcome(stored, n)
+    except (ShardcatError, OSError) as exc:
+        message = str(exc)
+        if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
+            message = f"{path}: {exc.strerror or exc}"
+        with engine.begin() as conn:
+            if _still_mine(conn, shard_id, owner):
+                conn.execute(update(s).where(s.c.id == shard_id).values(
+                    state="failed", error=message, claim_owner=None, claimed_at=None,
+                ))
+        return ShardOutcome(stored, 0, message)
+    except BaseException:
+        with engine.begin() as conn:  # give the shard back; the caller sees the error
+            if _still_mine(conn, shard_id, owner):
+                conn.execute(update(s).where(s.c.id == shard_id).values(
+                    state="pending", claim_owner=None, claimed_at=None,
+                ))
+        raise
+
+
+def _work_one(job: IngestJob) -> ShardOutcome | None:
+    """Claim and index one shard in this process; None when nothing was claimable."""
+    engine = _engine(job.catalog)
+    owner = owner_id()
+    claimed = claim_next(engine, job, owner)
+    if claimed is None:
+        return None
+    return index_claimed(engine, job, claimed[0], claimed[1], owner)
+
+
+def _open_shards(engine: Engine, dataset_id: int) -> tuple[int, int]:
+    """(shards still pending or being indexed, shards in all)."""
+    s = schema.shards
+    with engine.connect().execution_options(immediate=False) as conn:
+        row = conn.execute(
+            select(
+                func.count().filter(s.c.state.in_(("pending", "indexing"))), func.count()
+            ).where(s.c.dataset_id == dataset_id)
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def run_ingest(
+    engine: Engine,
+    job: IngestJob,
+    workers: int,
+    progress: Callable[[ShardOutcome], None] | None = None,
+) -> list[ShardOutcome]:
+    """Index every pending shard of the dataset, sharing the work with any other
+    process doing the same; returns once no shard is pending or being indexed."""
+    outcomes: list[ShardOutcome] = []
+
+    def note(outcome: ShardOutcome | None) -> None:
+        if outcome is not None:
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(outcome)
+
+    idle = False
+    while True:
+        open_count, _ = _open_shards(engine, job.dataset_id)
+        if open_count == 0:
+            return outcomes
+        done = len(outcomes)
+        if workers > 1 and open_count > 1 and not idle:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(workers, open_count)) as pool:
+                for outcome in pool.imap_unordered(_work_one, [job] * open_count):
+                    note(outcome)
+        else:
+            note(_work_one(job))
+        idle = len(outcomes) == done
+        if idle:
+            time.sleep(POLL_SECONDS)  # other processes hold the remaining claims
+
+
+def raise_for_failures(outcomes: Iterable[ShardOutcome]) -> None:
+    """Raise :class:`IngestError` naming every shard that failed (others stay committed)."""
+    failed = [o for o in outcomes if o.error is not None and o.error != CLAIM_LOST]
+    if failed:
+        more = f" (and {len(failed) - 1} more failed shards)" if len(failed) > 1 else ""
+        raise IngestError(f"{failed[0].error}{more}", failed)

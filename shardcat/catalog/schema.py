@@ -1,0 +1,128 @@
+"""The catalog's tables (SQLAlchemy Core), portable across SQLite and PostgreSQL.
+
+- ``datasets``: one row per dataset: format, key rule, grouping rule, options.
+- ``shards``: one row per container file: path (relative to the catalog's
+  directory when below it), size/mtime/fingerprint for change detection,
+  state (pending -> indexing -> ready | failed), the claim of the process
+  indexing it, and ``first_position``, the dataset position of its first record.
+- ``records``: one row per record: key, shard, ``ordinal`` (index within the
+  shard), byte offset and length. A record's dataset position is
+  ``shards.first_position + records.ordinal``, so re-indexing one shard never
+  rewrites the rows of the others.
+- ``members``: per-feature byte ranges of records stored as several parts
+  (tar samples); empty for TFRecord.
+- ``fields``: the scalar field columns of each dataset. The values live in one
+  table per dataset, ``fields_<dataset id>`` (``shard_id, ordinal`` + one
+  column per field), exposed with the key and position through a view named
+  after the dataset.
+- ``catalog_meta``: key/value pairs; ``schema_version`` among them.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+catalog_meta = Table(
+    "catalog_meta",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+datasets = Table(
+    "datasets",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("format", String(32), nullable=False),
+    Column("key_rule", String(256), nullable=False),  # "feature:<name>" or "position"
+    Column("grouping", String(32)),  # tar member grouping rule; NULL for the other formats
+    Column("options", Text, nullable=False),  # JSON: format options
+    Column("source", Text, nullable=False),  # JSON: the patterns the dataset was ingested from
+    Column("created_at", Float, nullable=False),
+)
+
+SHARD_STATES = ("pending", "indexing", "ready", "failed")
+
+shards = Table(
+    "shards",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("mtime_ns", BigInteger, nullable=False),
+    Column("fingerprint", String(64)),
+    Column("compression", String(16)),
+    Column("num_records", BigInteger, nullable=False, default=0),
+    Column("first_position", BigInteger),
+    Column("state", String(16), nullable=False),
+    Column("error", Text),
+    Column("claim_owner", String(256)),
+    Column("claimed_at", Float),
+    Column("indexed_at", Float),
+    UniqueConstraint("dataset_id", "path"),
+)
+
+records = Table(
+    "records",
+    metadata,
+    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column("key", Text, nullable=False),
+    Column("shard_id", Integer, ForeignKey("shards.id", ondelete="CASCADE"), nullable=False),
+    Column("ordinal", BigInteger, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("length", BigInteger, nullable=False),
+    PrimaryKeyConstraint("dataset_id", "key"),
+    Index("records_by_shard", "shard_id", "ordinal", unique=True),
+    sqlite_with_rowid=False,
+)
+
+members = Table(
+    "members",
+    metadata,
+    Column("shard_id", Integer, ForeignKey("shards.id", ondelete="CASCADE"), nullable=False),
+    Column("ordinal", BigInteger, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("length", BigInteger, nullable=False),
+    PrimaryKeyConstraint("shard_id", "ordinal", "name"),
+    sqlite_with_rowid=False,
+)
+
+FIELD_TYPES = ("integer", "real", "text")
+
+fields = Table(
+    "fields",
+    metadata,
+    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column("name", Text, nullable=False),  # the feature's name in the data
+    Column("column_name", Text, nullable=False),  # its column in the dataset's view
+    Column("sql_type", String(16), nullable=False),
+    Column("idx", Integer, nullable=False),  # stored as column "v<idx>" of fields_<dataset id>
+    PrimaryKeyConstraint("dataset_id", "name"),
+)
+
+# Columns every dataset view has; a field with one of these names is renamed "f_<name>".
+VIEW_COLUMNS = ("key", "position", "shard")
+# Table names a dataset may not take for its view.
+RESERVED_NAMES = frozenset(metadata.tables) | {"sqlite_master", "sqlite_sequence"}
+
+
+def field_table_name(dataset_id: int) -> str:
+    return f"fields_{dataset_id}"

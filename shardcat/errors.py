@@ -1,0 +1,72 @@
+"""The one error hierarchy of shardcat.
+
+Every error raised on purpose is a :class:`ShardcatError`. Subclasses also
+inherit the matching built-in so callers can keep writing ``except KeyError``
+or ``except ValueError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CatalogError",
+    "CorruptRecordError",
+    "DuplicateKeyError",
+    "IngestError",
+    "KeyNotFoundError",
+    "SchemaVersionError",
+    "ShardcatError",
+    "StaleShardError",
+]
+
+
+class ShardcatError(Exception):
+    """Base class of all errors shardcat raises on purpose."""
+
+
+class CatalogError(ShardcatError, ValueError):
+    """The catalog cannot do what was asked (unknown dataset, bad option, bad SQL...)."""
+
+
+class KeyNotFoundError(ShardcatError, KeyError):
+    """A key or position that the dataset does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptRecordError(ShardcatError, ValueError):
+    """Bytes on disk that do not match the container format.
+
+    Carries the shard ``path`` and the byte ``offset`` of the bad record.
+    """
+
+    def __init__(self, path: str, offset: int, problem: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.problem = problem
+        super().__init__(f"{path}: at byte {offset}: {problem}")
+
+
+class DuplicateKeyError(ShardcatError, ValueError):
+    """The same key appears twice in one dataset (names both places)."""
+
+
+class IngestError(ShardcatError, ValueError):
+    """Some shards could not be indexed; every other shard was committed.
+
+    ``failures`` lists each failed shard (``path``, ``error``).
+    """
+
+    def __init__(self, message: str, failures: list[Any]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+class StaleShardError(ShardcatError, RuntimeError):
+    """A shard changed on disk after it was indexed; re-ingest it."""
+
+
+class SchemaVersionError(ShardcatError, RuntimeError):
+    """The catalog's schema version does not match this library."""

@@ -1,0 +1,65 @@
+"""Schema versions of the catalog and the ordered steps between them.
+
+``SCHEMA_VERSION`` is what this library writes. A catalog records its version
+in ``catalog_meta``. Opening an older catalog runs every step from its version
+up to ``SCHEMA_VERSION`` — each step and its version bump inside the same
+transaction, so an interrupted upgrade leaves the catalog at a whole version.
+A catalog newer than the library is refused with :class:`SchemaVersionError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, inspect, select
+
+from shardcat.catalog import schema
+from shardcat.errors import SchemaVersionError
+
+__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version"]
+
+SCHEMA_VERSION = 1
+
+# STEPS[n] upgrades a catalog from version n to n + 1.
+STEPS: dict[int, Callable[[Connection], None]] = {}
+
+
+def read_version(conn: Connection) -> int | None:
+    """The catalog's schema version, or None for an empty database."""
+    if not inspect(conn).has_table("catalog_meta"):
+        return None
+    value = conn.execute(
+        select(schema.catalog_meta.c.value).where(schema.catalog_meta.c.name == "schema_version")
+    ).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def _write_version(conn: Connection, version: int) -> None:
+    table = schema.catalog_meta
+    updated = conn.execute(
+        table.update().where(table.c.name == "schema_version").values(value=str(version))
+    )
+    if updated.rowcount == 0:
+        conn.execute(table.insert().values(name="schema_version", value=str(version)))
+
+
+def ensure_schema(conn: Connection, where: str) -> int:
+    """Create or upgrade the schema inside the caller's (write) transaction.
+
+    Returns the version found before any change (0 for a new catalog).
+    """
+    found = read_version(conn)
+    if found is None:
+        schema.metadata.create_all(conn)
+        _write_version(conn, SCHEMA_VERSION)
+        return 0
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} has catalog schema version {found}, but this shardcat only "
+            f"knows versions up to {SCHEMA_VERSION}: upgrade shardcat "
+            "(pip install -U shardcat) to open it"
+        )
+    for version in range(found, SCHEMA_VERSION):
+        STEPS[version](conn)
+        _write_version(conn, version + 1)
+    return found

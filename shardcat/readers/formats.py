@@ -1,0 +1,127 @@
+"""The container-format interface and its registry.
+
+A format is one module in ``shardcat.readers`` that knows bytes on disk and
+nothing about SQL. It provides:
+
+- ``NAME`` and ``EXTENSIONS``;
+- ``sniff(head: bytes) -> bool``: whether a file starting with ``head`` is in
+  this format (formats are detected from content, extensions only break ties);
+- ``detect_options(path) -> dict``: dataset options read off the first shard;
+- ``scan(path, options) -> Iterator[Entry]``: walk one shard once, verifying
+  framing and checksums, yielding one :class:`Entry` per record;
+- ``read(fd, path, offset, length, verify) -> bytes``: one record's payload
+  via ``os.pread`` (no shared file position, safe after ``fork``);
+- ``decode(raw, options)``: the user-facing record;
+- ``feature_list(record, name) -> list | None``,
+  ``describe(record) -> dict[str, str]`` (feature name -> type name) and
+  ``to_dict(record) -> dict[str, Any]`` (feature name -> value).
+
+Adding a format means adding its module and one line in ``_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+from shardcat.errors import CatalogError
+
+__all__ = ["Entry", "Format", "detect_format", "get_format", "known_formats"]
+
+# Scalar values that become SQL columns of a dataset's view.
+Scalar = int | float | str
+
+
+@dataclass(slots=True)
+class Entry:
+    """One record found by ``scan``.
+
+    ``key`` is None for datasets keyed by position. ``members`` lists
+    ``(feature, offset, length)`` for formats whose records are made of
+    separately stored parts (tar samples); it stays empty for the others.
+    """
+
+    key: str | None
+    offset: int
+    length: int
+    fields: dict[str, Scalar] = field(default_factory=dict)
+    members: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+class Format(Protocol):
+    NAME: str
+    EXTENSIONS: tuple[str, ...]
+
+    def sniff(self, head: bytes) -> bool: ...
+
+    def detect_options(self, path: str) -> dict[str, Any]: ...
+
+    def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]: ...
+
+    def read(self, fd: int, path: str, offset: int, length: int, verify: bool) -> bytes: ...
+
+    def decode(self, raw: bytes, options: Mapping[str, Any]) -> Any: ...
+
+    def feature_list(self, record: Any, name: str) -> list[Any] | None: ...
+
+    def describe(self, record: Any) -> dict[str, str]: ...
+
+    def to_dict(self, record: Any) -> dict[str, Any]: ...
+
+
+_MODULES = {
+    "tfrecord": "shardcat.readers.tfrecord",
+}
+
+SNIFF_BYTES = 512
+
+
+def known_formats() -> list[str]:
+    return sorted(_MODULES)
+
+
+def get_format(name: str) -> Format:
+    """The format module registered under ``name`` (imported on first use)."""
+    try:
+        module: ModuleType = importlib.import_module(_MODULES[name])
+    except KeyError:
+        raise CatalogError(
+            f"unknown format {name!r}; known formats: {', '.join(known_formats())}"
+        ) from None
+    return module  # type: ignore[return-value]
+
+
+def detect_format(path: str) -> str:
+    """Name of the format of the file at ``path``, from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    matches = [name for name in known_formats() if get_format(name).sniff(head)]
+    if len(matches) > 1:
+        ext = [n for n in matches if path.endswith(get_format(n).EXTENSIONS)]
+        matches = ext or matches
+    if not matches:
+        if not head:
+            ext_match = [n for n in known_formats() if path.endswith(get_format(n).EXTENSIONS)]
+            if ext_match:
+                return ext_match[0]
+        raise CatalogError(
+            f"{path}: cannot tell the container format from its first {len(head)} bytes; "
+            f"pass format= (one of {', '.join(known_formats())})"
+        )
+    return matches[0]
+
+
+def pread_exact(fd: int, path: str, offset: int, length: int) -> bytes:
+    """``os.pread`` that treats a short read as a truncated shard."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        from shardcat.errors import CorruptRecordError
+
+        raise CorruptRecordError(
+            path, offset, f"expected {length} bytes, file ends after {len(data)}"
+        )
+    return data

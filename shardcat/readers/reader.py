@@ -1,0 +1,460 @@
+"""SQL-backed readers: the catalog says where a record is, one ``pread`` fetches it.
+
+A lookup by key is one indexed point query (a cached prepared statement on a
+read-only DBAPI connection) plus one ``os.pread``. Batches are one query per
+batch. Opening a reader loads the dataset's shard rows, never its records.
+After ``fork`` the catalog connection is reopened lazily; file descriptors are
+kept, since ``pread`` does not use the shared file offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardcat.catalog.catalog import Catalog, PathsLike, resolve_paths
+from shardcat.catalog.engine import locate
+from shardcat.catalog.ingest import absolute_path
+from shardcat.errors import CatalogError, CorruptRecordError, KeyNotFoundError, StaleShardError
+from shardcat.readers.formats import get_format
+
+__all__ = ["Reader", "TFRecordRandomAccess", "TFRecordReader"]
+
+_BY_KEY = 'SELECT shard_id, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+_MANY_BY_KEY = (
+    'SELECT j.key, r.shard_id, r."offset", r.length FROM json_each(?) j '
+    "JOIN records r ON r.dataset_id = ? AND r.key = j.value"
+)
+_MANY_BY_POSITION = (
+    'SELECT j.key, r.shard_id, r."offset", r.length, r.key FROM json_each(?) j '
+    "JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
+    "AND r.ordinal = json_extract(j.value, '$[1]')"
+)
+_KEYS_OF_SHARD = "SELECT key FROM records WHERE shard_id = ? ORDER BY ordinal"
+
+
+@dataclass(frozen=True)
+class _Shard:
+    id: int
+    path: str
+    first: int
+    count: int
+    size: int
+    mtime_ns: int
+
+
+class Reader:
+    """Random access to one dataset of a catalog (any container format).
+
+    Keys are strings. ``reader[key]`` raises ``KeyError`` for a missing key;
+    ``get_record``/``get_feature`` return None instead (as tfd-utils does).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        dataset: str,
+        *,
+        verify_crc: bool = False,
+        file_pool_size: int = 1024,
+        owns_catalog: bool = False,
+    ) -> None:
+        self.catalog = catalog
+        self.dataset = dataset
+        self.verify_crc = verify_crc
+        self._owns_catalog = owns_catalog
+        self._pool_size = max(1, file_pool_size)
+        self._fds: dict[int, int] = {}
+        self._fd_pid = os.getpid()
+        self.closed = False
+        row = catalog._dataset_row(dataset)
+        self._id: int = row[0]
+        self.format = row[2]
+        self.key_rule: str = row[3]
+        self.options: dict[str, Any] = json.loads(row[5])
+        self._source: list[str] = json.loads(row[6])
+        self._fmt = get_format(self.format)
+        self._by_position = self.key_rule == "position"
+        self._load_shards()
+
+    # -- shards and files ------------------------------------------------------
+
+    def _load_shards(self) -> None:
+        rows = self.catalog.reader_connection().execute(
+            "SELECT id, path, first_position, num_records, size, mtime_ns FROM shards "
+            "WHERE dataset_id = ? AND state = 'ready' ORDER BY path", (self._id,),
+        ).fetchall()
+        directory = self.catalog.directory
+        self._shards = {
+            r[0]: _Shard(r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5])
+            for r in rows
+        }
+        self._order = [self._shards[r[0]] for r in rows]
+        self._starts = [s.first for s in self._order]
+        self._len = sum(s.count for s in self._order)
+
+    def _fd(self, shard_id: int) -> int:
+        fd = self._fds.get(shard_id)
+        if fd is not None:
+            return fd
+        if os.getpid() != self._fd_pid:  # inherited descriptors stay the parent's to close
+            self._fds, self._fd_pid = {}, os.getpid()
+        shard = self._shards.get(shard_id)
+        if shard is None:
+            self._load_shards()
+            shard = self._shards[shard_id]
+        fd = os.open(shard.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != (shard.size, shard.mtime_ns):
+            os.close(fd)
+            raise StaleShardError(
+                f"{shard.path} changed after it was indexed (size {shard.size} -> "
+                f"{st.st_size}); re-ingest it (catalog ingest, or reader.rebuild_index())"
+            )
+        if len(self._fds) >= self._pool_size:
+            oldest = next(iter(self._fds))
+            os.close(self._fds.pop(oldest))
+        self._fds[shard_id] = fd
+        return fd
+
+    def _read(self, shard_id: int, offset: int, length: int) -> bytes:
+        return self._fmt.read(
+            self._fd(shard_id), self._shards[shard_id].path, offset, length, self.verify_crc
+        )
+
+    # -- locating records ------------------------------------------------------
+
+    def _position_of_key(self, key: str) -> int | None:
+        try:
+            position = int(key)
+        except ValueError:
+            return None
+        return position if 0 <= position < self._len and str(position) == key else None
+
+    def _shard_at(self, position: int) -> tuple[_Shard, int]:
+        if not -self._len <= position < self._len:
+            raise IndexError(f"position {position} out of range for {self._len} records")
+        position %= self._len
+        shard = self._order[bisect.bisect_right(self._starts, position) - 1]
+        return shard, position - shard.first
+
+    def _locate(self, key: Any) -> tuple[int, int, int] | None:
+        key = str(key)
+        if self._by_position:
+            position = self._position_of_key(key)
+            if position is None:
+                return None
+            shard, ordinal = self._shard_at(position)
+            located = self._many_at([(shard.id, ordinal)])
+            return located[0][:3] if located else None
+        row = self.catalog.reader_connection().execute(_BY_KEY, (self._id, key)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    def _many_at(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, str]]:
+        rows = self.catalog.reader_connection().execute(
+            _MANY_BY_POSITION, (json.dumps(pairs),)
+        ).fetchall()
+        rows.sort()
+        return [(r[1], r[2], r[3], r[4]) for r in rows]
+
+    # -- records -----------------------------------------------------------------
+
+    def get_raw(self, key: Any) -> bytes | None:
+        """The record's payload bytes as stored in the shard, or None."""
+        where = self._locate(key)
+        return None if where is None else self._read(*where)
+
+    def get_record(self, key: Any) -> Any:
+        """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
+        raw = self.get_raw(key)
+        return None if raw is None else self._fmt.decode(raw, self.options)
+
+    def get_feature(self, key: Any, feature_name: str) -> Any:
+        """The first value of one feature, or None when the key or feature is missing."""
+        values = self.get_feature_list(key, feature_name)
+        return values[0] if values else None
+
+    def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
+        """All values of one feature, or None when the key or feature is missing."""
+        record = self.get_record(key)
+        return None if record is None else self._fmt.feature_list(record, feature_name)
+
+    def get_many(self, keys: Sequence[Any], *, raw: bool = False) -> list[Any]:
+        """Records for ``keys`` in the same order, found with one query.
+
+        Raises :class:`KeyNotFoundError` (a ``KeyError``) naming missing keys.
+        Shards are read in offset order, whatever the order of ``keys``.
+        """
+        keys = [str(k) for k in keys]
+        if self._by_position:
+            positions = [self._position_of_key(k) for k in keys]
+            missing = [k for k, p in zip(keys, positions, strict=True) if p is None]
+            if missing:
+                raise KeyNotFoundError(self._missing_message(missing))
+            return self.get_many_at([p for p in positions if p is not None], raw=raw)
+        rows = self.catalog.reader_connection().execute(
+            _MANY_BY_KEY, (json.dumps(keys), self._id)
+        ).fetchall()
+        if len(rows) != len(keys):
+            found = {r[0] for r in rows}
+            raise KeyNotFoundError(
+                self._missing_message([k for i, k in enumerate(keys) if i not in found])
+            )
+        return self._fetch([(r[0], r[1], r[2], r[3]) for r in rows], len(keys), raw)
+
+    def get_record_at(self, position: int, *, raw: bool = False) -> Any:
+        """The record at ``position`` (0..len-1, negative counts from the end)."""
+        return self.get_many_at([position], raw=raw)[0]
+
+    def key_at(self, position: int) -> str:
+        shard, ordinal = self._shard_at(position)
+        if self._by_position:
+            return str(shard.first + ordinal)
+        return self._many_at([(shard.id, ordinal)])[0][3]
+
+    def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
+        """Records at ``positions`` (a sequence or a slice), one query for the batch."""
+        if isinstance(positions, slice):
+            positions = range(*positions.indices(self._len))
+        pairs = []
+        for position in positions:
+            shard, ordinal = self._shard_at(position)
+            pairs.append((shard.id, ordinal))
+        rows = self.catalog.reader_connection().execute(
+            _MANY_BY_POSITION, (json.dumps(pairs),)
+        ).fetchall()
+        return self._fetch([(r[0], r[1], r[2], r[3]) for r in rows], len(pairs), raw)
+
+    def _fetch(self, rows: list[tuple[int, int, int, int]], n: int, raw: bool) -> list[Any]:
+        out: list[Any] = [None] * n
+        for index, shard_id, offset, length in sorted(rows, key=lambda r: (r[1], r[2])):
+            data = self._read(shard_id, offset, length)
+            out[index] = data if raw else self._fmt.decode(data, self.options)
+        return out
+
+    def _missing_message(self, missing: list[str]) -> str:
+        shown = ", ".join(repr(k) for k in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        return f"{len(missing)} key(s) not in dataset {self.dataset!r}: {shown}{more}"
+
+    # -- keys and SQL ------------------------------------------------------------
+
+    def iter_keys(self) -> Iterator[str]:
+        """Every key in position order, streamed shard by shard (no full list)."""
+        if self._by_position:
+            yield from (str(p) for p in range(self._len))
+            return
+        conn = self.catalog.reader_connection()
+        for shard in self._order:
+            for (key,) in conn.execute(_KEYS_OF_SHARD, (shard.id,)):
+                yield key
+
+    def get_keys(self) -> list[str]:
+        """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
+        return list(self.iter_keys())
+
+    def where(self, predicate: str, params: Sequence[Any] | dict[str, Any] | None = None
+              ) -> list[str]:
+        """Keys of the records matching a SQL predicate over the dataset's view.
+
+        ``reader.where("label = 3 AND score > 0.5")``; use ``?`` placeholders
+        with ``params`` for values. Keys come back in position order.
+        """
+        rows = self.catalog.query(
+            f'SELECT key FROM "{self.dataset}" WHERE {predicate} ORDER BY position', params
+        )
+        return [r[0] for r in rows]
+
+    def contains_key(self, key: Any) -> bool:
+        return self._locate(key) is not None
+
+    def get_stats(self) -> dict[str, Any]:
+        """Counts as tfd-utils reports them, plus the catalog and dataset names."""
+        return {
+            "total_records": self._len,
+            "total_files": len(self._order),
+            "records_per_file": {os.path.basename(s.path): s.count for s in self._order},
+            "index_file": str(self.catalog.path),
+            "dataset": self.dataset,
+            "format": self.format,
+            "key_rule": self.key_rule,
+        }
+
+    def to_dict(self, record: Any) -> dict[str, Any]:
+        """A decoded record as ``{feature: value}`` (single values unwrapped)."""
+        return self._fmt.to_dict(record)
+
+    def describe(self) -> dict[str, str]:
+        """Feature name -> type, read off the first record."""
+        if not self._len:
+            return {}
+        return self._fmt.describe(self.get_record_at(0))
+
+    def verify(self, progress: Callable[[int, int], None] | None = None
+               ) -> list[CorruptRecordError]:
+        """Re-read every record checking framing and checksums; one error per bad record."""
+        problems: list[CorruptRecordError] = []
+        conn = self.catalog.reader_connection()
+        done = 0
+        for shard in self._order:
+            try:
+                fd = self._fd(shard.id)
+            except (StaleShardError, OSError) as exc:
+                problems.append(CorruptRecordError(shard.path, 0, str(exc)))
+                done += shard.count
+                continue
+            rows = conn.execute(
+                'SELECT "offset", length FROM records WHERE shard_id = ? ORDER BY ordinal',
+                (shard.id,),
+            )
+            for offset, length in rows:
+                try:
+                    self._fmt.read(fd, shard.path, offset, length, True)
+                except CorruptRecordError as exc:
+                    problems.append(exc)
+                done += 1
+                if progress is not None and done % 1000 == 0:
+                    progress(done, self._len)
+        if progress is not None:
+            progress(done, self._len)
+        return problems
+
+    def rebuild_index(self) -> None:
+        """Re-index every shard of this dataset from its source patterns."""
+        sources = [absolute_path(p, self.catalog.directory) for p in self._source]
+        key = self.key_rule.partition(":")[2] if not self._by_position else None
+        self.catalog.ingest(
+            sources, self.dataset, format=self.format, key=key, rescan=True
+        ).close()
+        self._close_fds()
+        self._load_shards()
+
+    # -- protocol ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, key: Any) -> bool:
+        return self.contains_key(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        record = self.get_record(key)
+        if record is None:
+            raise KeyNotFoundError(f"key {str(key)!r} not in dataset {self.dataset!r}")
+        return record
+
+    def __iter__(self) -> Iterator[str]:
+        return self.iter_keys()
+
+    def _close_fds(self) -> None:
+        if os.getpid() == self._fd_pid:
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+
+    def close(self) -> None:
+        """Close file descriptors (and the catalog, when this reader opened it)."""
+        if self.closed:
+            return
+        self._close_fds()
+        if self._owns_catalog:
+            self.catalog.close()
+        self.closed = True
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dataset={self.dataset!r}, records={self._len})"
+
+    # Pickling (DataLoader with the spawn start method): reopen by name.
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "catalog": self.catalog.path, "readonly": self.catalog.readonly,
+            "immutable": self.catalog.immutable, "dataset": self.dataset,
+            "verify_crc": self.verify_crc, "pool": self._pool_size,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        catalog = Catalog(state["catalog"], readonly=state["readonly"],
+                          immutable=state["immutable"])
+        Reader.__init__(self, catalog, state["dataset"], verify_crc=state["verify_crc"],
+                        file_pool_size=state["pool"], owns_catalog=True)
+
+
+class TFRecordReader(Reader):
+    """tfd-utils' ``TFRecordRandomAccess``, backed by the catalog.
+
+    Takes a path, a glob or a list of them. The shards are indexed into the
+    catalog on first use (``index_file`` is the catalog file; by default
+    ``$SHARDCAT_CATALOG`` or ``shardcat.sqlite`` beside the shards) and only
+    changed shards are re-indexed later. ``max_workers`` bounds the indexing
+    processes. ``progress_interval``, ``use_pread`` and
+    ``eager_open_workers`` are accepted for compatibility: reads always use
+    ``os.pread``. New: ``dataset`` names the dataset, ``key_by_position``
+    keys records ``"0".."n-1"``, ``verify_crc`` checks CRCs on every read,
+    ``readonly`` never writes the catalog (it must be indexed already).
+    """
+
+    def __init__(
+        self,
+        tfrecord_path: PathsLike,
+        key_feature_name: str = "key",
+        index_file: str | os.PathLike[str] | None = None,
+        progress_interval: int = 1024,
+        max_workers: int | None = None,
+        use_multiprocessing: bool = True,
+        file_pool_size: int = 100,
+        use_pread: bool = False,
+        eager_open_workers: int = 64,
+        *,
+        dataset: str | None = None,
+        key_by_position: bool = False,
+        on_duplicate: str = "error",
+        verify_crc: bool = False,
+        readonly: bool = False,
+    ) -> None:
+        del progress_interval, use_pread, eager_open_workers  # tfd-utils knobs with no effect here
+        files = resolve_paths(tfrecord_path)
+        if not files:
+            raise CatalogError(f"No TFRecord files found for path: {tfrecord_path}")
+        shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
+        catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
+        try:
+            name = dataset or catalog.find_dataset(tfrecord_path)
+            if not readonly:
+                workers = max_workers if use_multiprocessing else 1
+                catalog.ingest(
+                    tfrecord_path, name, format="tfrecord",
+                    key=None if key_by_position else key_feature_name,
+                    workers=workers, on_duplicate=on_duplicate,
+                ).close()
+                name = name or catalog.find_dataset(tfrecord_path)
+            if name is None:
+                raise CatalogError(
+                    f"{catalog.path} has no dataset for {tfrecord_path!r}; "
+                    "index it first (catalog ingest) or open without readonly=True"
+                )
+            super().__init__(catalog, name, verify_crc=verify_crc,
+                             file_pool_size=file_pool_size, owns_catalog=True)
+        except BaseException:
+            catalog.close()
+            raise
+        self.key_feature_name = key_feature_name
+        self.tfrecord_files = files
+        self.index_file = str(catalog.path)
+
+
+TFRecordRandomAccess = TFRecordReader

@@ -1,0 +1,326 @@
+"""TFRecord: framing, masked CRC32C, ``tf.train.Example`` decoding and writing.
+
+A TFRecord file is a sequence of frames::
+
+    uint64 length          (little endian)
+    uint32 masked_crc32c(length bytes)
+    byte   data[length]
+    uint32 masked_crc32c(data)
+
+The catalog stores, per record, the byte offset of its frame and the payload
+length (the same convention as tfd-utils' ``.index`` files).
+
+Scalar fields for SQL: a feature becomes a column of the dataset's view when
+it holds exactly one value that is an int64, a float, or a UTF-8 string of at
+most ``MAX_TEXT_FIELD`` bytes. The key feature is the ``key`` column itself.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
+
+import crc32c as _crc32c
+import numpy as np
+
+from shardcat.errors import CorruptRecordError
+from shardcat.pb2 import (
+    BytesList,
+    Example,
+    Feature,
+    Features,
+    FloatList,
+    Int64List,
+    SequenceExample,
+)
+from shardcat.readers.formats import Entry, Scalar, pread_exact
+
+__all__ = [
+    "TFRecordWriter",
+    "decode",
+    "describe",
+    "feature_list",
+    "make_example",
+    "masked_crc",
+    "read",
+    "scan",
+    "sniff",
+]
+
+NAME = "tfrecord"
+EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr", ".records")
+HEADER = 12  # length + length CRC
+FOOTER = 4  # data CRC
+MAX_TEXT_FIELD = 256
+_MASK_DELTA = 0xA282EAD8
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    """TensorFlow's masked CRC32C of ``data``."""
+    crc = _crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def sniff(head: bytes) -> bool:
+    if len(head) < HEADER:
+        return False
+    return masked_crc(head[:8]) == _U32.unpack_from(head, 8)[0]
+
+
+def _key_of(features: Any, key_feature: str, path: str, offset: int) -> str:
+    if key_feature not in features.feature:
+        raise CorruptRecordError(path, offset, f"record has no key feature {key_feature!r}")
+    feature = features.feature[key_feature]
+    kind = feature.WhichOneof("kind")
+    values = getattr(feature, kind).value if kind else ()
+    if not values:
+        raise CorruptRecordError(path, offset, f"key feature {key_feature!r} is empty")
+    value = values[0]
+    if kind == "bytes_list":
+        try:
+            return str(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise CorruptRecordError(
+                path, offset, f"key feature {key_feature!r} is not valid UTF-8"
+            ) from None
+    return str(value)  # int64 and float keys as tfd-utils spells them
+
+
+def _scalars(features: Any, skip: str | None) -> dict[str, Scalar]:
+    out: dict[str, Scalar] = {}
+    for name, feature in features.feature.items():
+        if name == skip:
+            continue
+        kind = feature.WhichOneof("kind")
+        if kind is None:
+            continue
+        values = getattr(feature, kind).value
+        if len(values) != 1:
+            continue
+        value = values[0]
+        if kind == "bytes_list":
+            if len(value) > MAX_TEXT_FIELD:
+                continue
+            try:
+                out[name] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        else:
+            out[name] = value
+    return out
+
+
+def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+    """Yield one :class:`Entry` per record of the TFRecord at ``path``.
+
+    Every length and data CRC is verified; a mismatch or a truncated frame
+    raises :class:`CorruptRecordError` with the frame's byte offset.
+    ``options``: ``key`` (feature name, or None to key by position) and
+    ``fields`` (extract scalar fields, default True).
+    """
+    key_feature: str | None = options.get("key", "key")
+    want_fields: bool = options.get("fields", True)
+    parse = SequenceExample.FromString  # an Example parses as its context
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                pos = 0
+                while pos < size:
+                    if pos + HEADER > size:
+                        raise CorruptRecordError(
+                            path, pos, f"truncated frame header ({size - pos} of {HEADER} bytes)"
+                        )
+                    (length,) = _U64.unpack_from(mm, pos)
+                    if masked_crc(view[pos : pos + 8]) != _U32.unpack_from(mm, pos + 8)[0]:
+                        raise CorruptRecordError(path, pos, "length CRC mismatch")
+                    end = pos + HEADER + length + FOOTER
+                    if end > size:
+                        raise CorruptRecordError(
+                            path, pos, f"truncated record: needs {end - pos} bytes, "
+                            f"file has {size - pos} left"
+                        )
+                    data = view[pos + HEADER : end - FOOTER]
+                    if masked_crc(data) != _U32.unpack_from(mm, end - FOOTER)[0]:
+                        raise CorruptRecordError(path, pos, "data CRC mismatch")
+                    if key_feature is None and not want_fields:
+                        yield Entry(None, pos, length)
+                    else:
+                        try:
+                            context = parse(data).context
+                        except Exception as exc:  # protobuf's DecodeError varies by runtime
+                            raise CorruptRecordError(
+                                path, pos, f"payload is not a tf.train.Example: {exc}"
+                            ) from None
+                        key = None if key_feature is None else _key_of(
+                            context, key_feature, path, pos
+                        )
+                        fields = _scalars(context, key_feature) if want_fields else {}
+                        yield Entry(key, pos, length, fields)
+                    del data
+                    pos = end
+            finally:
+                view.release()
+
+
+def read(fd: int, path: str, offset: int, length: int, verify: bool = False) -> bytes:
+    """The payload of the frame at ``offset``; with ``verify``, check both CRCs."""
+    if not verify:
+        return pread_exact(fd, path, offset + HEADER, length)
+    frame = pread_exact(fd, path, offset, HEADER + length + FOOTER)
+    if _U64.unpack_from(frame, 0)[0] != length:
+        raise CorruptRecordError(path, offset, "length differs from the catalog (stale shard?)")
+    if masked_crc(frame[:8]) != _U32.unpack_from(frame, 8)[0]:
+        raise CorruptRecordError(path, offset, "length CRC mismatch")
+    data = frame[HEADER : HEADER + length]
+    if masked_crc(data) != _U32.unpack_from(frame, HEADER + length)[0]:
+        raise CorruptRecordError(path, offset, "data CRC mismatch")
+    return data
+
+
+def decode(raw: bytes, options: Mapping[str, Any]) -> Any:
+    """An ``Example`` (or ``SequenceExample`` for datasets that hold them)."""
+    if options.get("message") == "sequence_example":
+        return SequenceExample.FromString(raw)
+    return Example.FromString(raw)
+
+
+def _features(record: Any) -> Any:
+    return record.context if isinstance(record, SequenceExample) else record.features
+
+
+def feature_list(record: Any, name: str) -> list[Any] | None:
+    """All values of feature ``name``, or None when the record lacks it."""
+    features = _features(record)
+    if name not in features.feature:
+        return None
+    feature = features.feature[name]
+    kind = feature.WhichOneof("kind")
+    return list(getattr(feature, kind).value) if kind else None
+
+
+def to_dict(record: Any) -> dict[str, Any]:
+    """``{feature: value}``: one-value features unwrapped, the others as lists."""
+    out: dict[str, Any] = {}
+    for name, feature in _features(record).feature.items():
+        kind = feature.WhichOneof("kind")
+        values = list(getattr(feature, kind).value) if kind else []
+        out[name] = values[0] if len(values) == 1 else values
+    return out
+
+
+_KIND_NAMES = {"bytes_list": "bytes", "int64_list": "int64", "float_list": "float"}
+
+
+def describe(record: Any) -> dict[str, str]:
+    """Feature name -> ``bytes``/``int64``/``float`` (``+list`` when multi-valued)."""
+    out = {}
+    for name, feature in sorted(_features(record).feature.items()):
+        kind = feature.WhichOneof("kind")
+        if kind is None:
+            out[name] = "empty"
+            continue
+        n = len(getattr(feature, kind).value)
+        out[name] = _KIND_NAMES[kind] + ("" if n == 1 else f"[{n}]")
+    if isinstance(record, SequenceExample):
+        for name, flist in sorted(record.feature_lists.feature_list.items()):
+            out[name] = f"sequence[{len(flist.feature)}]"
+    return out
+
+
+def detect_options(path: str) -> dict[str, Any]:
+    """Dataset options read off the first shard: ``message`` is ``sequence_example``
+    when its first record carries feature lists, else ``example``."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER)
+        if len(header) < HEADER:
+            return {"message": "example"}
+        data = f.read(_U64.unpack_from(header, 0)[0])
+    try:
+        seq = SequenceExample.FromString(data)
+    except Exception:  # the scan reports undecodable payloads with their offset
+        return {"message": "example"}
+    return {"message": "sequence_example" if seq.feature_lists.feature_list else "example"}
+
+
+# -- writing -------------------------------------------------------------------
+
+
+def _feature(value: Any) -> Any:
+    if isinstance(value, Feature):
+        return value
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1).tolist() if value.dtype != object else list(value.reshape(-1))
+    elif isinstance(value, np.generic):
+        value = value.item()
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if all(isinstance(v, (bytes, str)) for v in items) and items:
+        return Feature(bytes_list=BytesList(
+            value=[v.encode("utf-8") if isinstance(v, str) else v for v in items]
+        ))
+    if all(isinstance(v, (bool, int, np.integer)) for v in items):
+        return Feature(int64_list=Int64List(value=[int(v) for v in items]))
+    if all(isinstance(v, (bool, int, float, np.integer, np.floating)) for v in items):
+        return Feature(float_list=FloatList(value=[float(v) for v in items]))
+    raise TypeError(
+        f"cannot store {value!r} in a tf.train.Feature: use bytes/str, int or float values"
+    )
+
+
+def make_example(features: Mapping[str, Any]) -> Any:
+    """Build an ``Example`` from ``{name: value}``.
+
+    bytes/str -> ``bytes_list``, int/bool -> ``int64_list``, float ->
+    ``float_list``; lists, tuples and numpy arrays give multi-valued features.
+    An empty list gives an empty ``int64_list``.
+    """
+    return Example(features=Features(
+        feature={name: _feature(value) for name, value in features.items()}
+    ))
+
+
+class TFRecordWriter:
+    """Writes TFRecord files byte-identical to ``tf.io.TFRecordWriter``.
+
+    ``write`` takes serialized bytes or any protobuf message (an ``Example``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: bytes | Any) -> int:
+        """Append one record; returns the byte offset of its frame."""
+        data = record if isinstance(record, (bytes, bytearray, memoryview)) else (
+            record.SerializeToString()
+        )
+        offset = self._file.tell()
+        length = _U64.pack(len(data))
+        self._file.write(length + _U32.pack(masked_crc(length)))
+        self._file.write(data)
+        self._file.write(_U32.pack(masked_crc(data)))
+        return offset
+
+    def write_all(self, records: Iterable[bytes | Any]) -> None:
+        for record in records:
+            self.write(record)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

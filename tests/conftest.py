@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+import pytest
+
+from shardcat.catalog.catalog import open_catalogs
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_catalogs(monkeypatch: pytest.MonkeyPatch):
+    """Fail a test that leaves a Catalog (or a reader that owns one) open."""
+    monkeypatch.delenv("SHARDCAT_CATALOG", raising=False)
+    before = set(map(id, open_catalogs()))
+    yield
+    leaked = [c for c in open_catalogs() if id(c) not in before]
+    for catalog in leaked:
+        catalog.close()
+    assert not leaked, f"test left catalogs open: {leaked}"
