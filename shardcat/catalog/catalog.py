@@ -41,6 +41,8 @@ __all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_path
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Shard numbering at the end of a file stem: "-00003", "_00003-of-00016", ".7".
+_SHARD_SUFFIX = re.compile(r"(?:[-_.]+of|[-_.]*\d+)+$")
 
 # Every Catalog not yet closed (tests use it to catch leaked connections).
 _open: weakref.WeakSet[Catalog] = weakref.WeakSet()
@@ -77,7 +79,7 @@ def resolve_paths(paths: PathsLike) -> list[str]:
 def default_dataset_name(files: Sequence[str]) -> str:
     """A SQL-friendly name for a shard set: the common stem prefix, or the directory name."""
     stems = [Path(f).name.split(".")[0] for f in files]
-    prefix = os.path.commonprefix(stems).rstrip("-_.0123456789")
+    prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))
     base = prefix or Path(files[0]).parent.name or "dataset"
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
     return slug if _NAME_RE.match(slug) else f"d_{slug}"

@@ -14,7 +14,7 @@ nothing about SQL. It provides:
 - ``decode(raw, options)``: the user-facing record;
 - ``feature_list(record, name) -> list | None``,
   ``describe(record) -> dict[str, str]`` (feature name -> type name) and
-  ``to_dict(record) -> dict[str, Any]`` (feature name -> value).
+  ``features(record) -> dict[str, list]`` (feature name -> all its values).
 
 Adding a format means adding its module and one line in ``_MODULES``.
 """
@@ -70,7 +70,7 @@ class Format(Protocol):
 
     def describe(self, record: Any) -> dict[str, str]: ...
 
-    def to_dict(self, record: Any) -> dict[str, Any]: ...
+    def features(self, record: Any) -> dict[str, list[Any]]: ...
 
 
 _MODULES = {

@@ -285,9 +285,13 @@ class Reader:
             "key_rule": self.key_rule,
         }
 
+    def features(self, record: Any) -> dict[str, list[Any]]:
+        """A decoded record as ``{feature: [values]}``."""
+        return self._fmt.features(record)
+
     def to_dict(self, record: Any) -> dict[str, Any]:
-        """A decoded record as ``{feature: value}`` (single values unwrapped)."""
-        return self._fmt.to_dict(record)
+        """A decoded record as ``{feature: value}``: single values unwrapped, others lists."""
+        return {k: v[0] if len(v) == 1 else v for k, v in self._fmt.features(record).items()}
 
     def describe(self) -> dict[str, str]:
         """Feature name -> type, read off the first record."""

@@ -43,6 +43,7 @@ __all__ = [
     "decode",
     "describe",
     "feature_list",
+    "features",
     "make_example",
     "masked_crc",
     "read",
@@ -207,13 +208,12 @@ def feature_list(record: Any, name: str) -> list[Any] | None:
     return list(getattr(feature, kind).value) if kind else None
 
 
-def to_dict(record: Any) -> dict[str, Any]:
-    """``{feature: value}``: one-value features unwrapped, the others as lists."""
-    out: dict[str, Any] = {}
+def features(record: Any) -> dict[str, list[Any]]:
+    """``{feature: [values]}`` for every (context) feature of the record."""
+    out: dict[str, list[Any]] = {}
     for name, feature in _features(record).feature.items():
         kind = feature.WhichOneof("kind")
-        values = list(getattr(feature, kind).value) if kind else []
-        out[name] = values[0] if len(values) == 1 else values
+        out[name] = list(getattr(feature, kind).value) if kind else []
     return out
 
 

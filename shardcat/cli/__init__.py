@@ -1,0 +1,50 @@
+"""The ``catalog`` command: a thin typer layer over :mod:`shardcat`.
+
+Each command opens the catalog, calls one public function and formats the
+result. Errors are one line on stderr and exit code 1; set
+``SHARDCAT_DEBUG=1`` (or pass ``--debug``) for the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from shardcat.cli import info, ingest, records, skill, sql, verify
+from shardcat.cli.common import set_debug
+
+app = typer.Typer(
+    name="catalog",
+    help="One SQLite catalog for every record of your TFRecord shards: ingest, query, read.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the full traceback of errors.")
+    ] = False,
+) -> None:
+    """One SQLite catalog for every record of your TFRecord shards: ingest, query, read.
+
+    The catalog file comes from --catalog, else $SHARDCAT_CATALOG, else
+    ./shardcat.sqlite (ingest: shardcat.sqlite beside the shards).
+    """
+    set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
+
+
+for module in (ingest, info, records, sql, verify, skill):
+    module.register(app)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,74 @@
+"""datasets, stats, list: what the catalog holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardcat.cli.common import CatalogOpt, DatasetArg, JsonOpt, handle_errors, open_catalog, print_json
+
+
+@handle_errors
+def datasets(catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+    """List the datasets with their format, key rule and counts."""
+    with open_catalog(catalog) as cat:
+        infos = cat.datasets()
+    if json:
+        print_json([dataclasses.asdict(d) for d in infos])
+        return
+    if not infos:
+        typer.echo("no datasets yet (catalog ingest FILES --dataset NAME)")
+        return
+    table = Table("dataset", "format", "key", "shards", "records", "fields", "created")
+    for d in infos:
+        shards = f"{d.ready_shards}/{d.shards}" + (f" ({d.failed_shards} failed)"
+                                                   if d.failed_shards else "")
+        table.add_row(
+            d.name, d.format, d.key_rule, shards, f"{d.records:,}", ", ".join(d.fields),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
+        )
+    Console().print(table)
+
+
+@handle_errors
+def stats(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+    """Record counts per shard of one dataset."""
+    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+        result = reader.get_stats()
+    if json:
+        print_json(result)
+        return
+    table = Table("shard", "records", title=f"{dataset}: {result['total_records']:,} records "
+                  f"in {result['total_files']} shards")
+    for name, n in result["records_per_file"].items():
+        table.add_row(name, f"{n:,}")
+    Console().print(table)
+
+
+@handle_errors
+def list_features(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+    """Features and types of the first record, and the dataset's SQL columns."""
+    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+        features = reader.describe()
+        first = reader.key_at(0) if len(reader) else None
+        columns = cat.info(dataset).fields
+    if json:
+        print_json({"first_key": first, "features": features, "sql_fields": columns})
+        return
+    if first is None:
+        typer.echo(f"dataset {dataset} has no records")
+        return
+    table = Table("feature", "type", "SQL column", title=f"first record: {first}")
+    for name, kind in features.items():
+        table.add_row(name, kind, name if name in columns else "")
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(datasets)
+    app.command()(stats)
+    app.command("list")(list_features)

@@ -1,0 +1,48 @@
+"""query: read-only SQL over the catalog."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, open_catalog, print_json
+
+
+@handle_errors
+def query(
+    sql: Annotated[str, typer.Argument(help="One SELECT statement.")],
+    catalog: CatalogOpt = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="Value for a ? placeholder (repeat in order)."),
+    ] = None,
+    json: JsonOpt = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
+) -> None:
+    """Run read-only SQL; every dataset is a view named after it.
+
+    Example: catalog query "SELECT label, count(*) FROM train GROUP BY label"
+    """
+    with open_catalog(catalog) as cat:
+        rows = cat.query(sql, param or [])
+    if json:
+        print_json([dict(zip(rows.columns, row, strict=True)) for row in rows])
+    elif as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(rows.columns)
+        writer.writerows(rows)
+    else:
+        table = Table(*rows.columns)
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        Console().print(table)
+        typer.echo(f"{len(rows)} row(s)", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(query)
