@@ -42,12 +42,16 @@ def make_sample(
         with TFRecordWriter(path) as writer:
             for i in range(s * per_shard, min(records, (s + 1) * per_shard)):
                 body = rng.randbytes(max(0, image_bytes - len(_JPEG_HEAD) - len(_JPEG_TAIL)))
-                writer.write(make_example({
-                    "key": f"rec_{i:09d}",
-                    "label": rng.randrange(10),
-                    "score": round(rng.random(), 3),
-                    "caption": f"sample {i}",
-                    "image": _JPEG_HEAD + body + _JPEG_TAIL,
-                }))
+                writer.write(
+                    make_example(
+                        {
+                            "key": f"rec_{i:09d}",
+                            "label": rng.randrange(10),
+                            "score": round(rng.random(), 3),
+                            "caption": f"sample {i}",
+                            "image": _JPEG_HEAD + body + _JPEG_TAIL,
+                        }
+                    )
+                )
         paths.append(str(path))
     return paths

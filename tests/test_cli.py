@@ -40,8 +40,17 @@ def _command_name(command) -> str:
 def test_every_command_has_help_text():
     names = [_command_name(c) for c in app.registered_commands]
     assert set(names) >= {
-        "ingest", "datasets", "stats", "list", "get", "extract", "query", "verify",
-        "install-skill", "drop", "sample",
+        "ingest",
+        "datasets",
+        "stats",
+        "list",
+        "get",
+        "extract",
+        "query",
+        "verify",
+        "install-skill",
+        "drop",
+        "sample",
     }
     for name in names:
         result = run(name, "--help")
@@ -91,7 +100,11 @@ def test_list_shows_features_and_types(ingested: Path):
     data = json.loads(run("list", "train", "-c", ingested, "--json").output)
     assert data["first_key"] == "rec_000000000"
     assert data["features"] == {
-        "caption": "bytes", "image": "bytes", "key": "bytes", "label": "int64", "score": "float",
+        "caption": "bytes",
+        "image": "bytes",
+        "key": "bytes",
+        "label": "int64",
+        "score": "float",
     }
     assert "first record: rec_000000000" in run("list", "train", "-c", ingested).output
 
@@ -101,12 +114,20 @@ def test_query_table_json_csv_params(ingested: Path, tmp_path: Path):
         expected = conn.execute("SELECT count(*) FROM train WHERE label = 3").fetchone()[0]
     assert expected > 0
     rows = json.loads(
-        run("query", "SELECT count(*) AS n FROM train WHERE label = ?", "-p", "3",
-            "-c", ingested, "--json").output
+        run(
+            "query",
+            "SELECT count(*) AS n FROM train WHERE label = ?",
+            "-p",
+            "3",
+            "-c",
+            ingested,
+            "--json",
+        ).output
     )
     assert rows == [{"n": expected}]
-    out = run("query", "SELECT key, label FROM train ORDER BY position LIMIT 2", "-c", ingested,
-              "--csv").output
+    out = run(
+        "query", "SELECT key, label FROM train ORDER BY position LIMIT 2", "-c", ingested, "--csv"
+    ).output
     parsed = list(csv.reader(io.StringIO(out)))
     assert parsed[0] == ["key", "label"]
     assert [r[0] for r in parsed[1:]] == ["rec_000000000", "rec_000000001"]
@@ -134,7 +155,9 @@ def test_get_writes_exact_bytes(ingested: Path, tmp_path: Path):
     out = tmp_path / "x.jpg"
     run("get", "train", "rec_000000042", "image", "-c", ingested, "-o", out)
     assert out.read_bytes() == image
-    assert run("get", "train", "rec_000000042", "label", "-c", ingested).output.strip() == str(label)
+    assert run("get", "train", "rec_000000042", "label", "-c", ingested).output.strip() == str(
+        label
+    )
 
 
 def test_get_errors_are_one_line(ingested: Path):
@@ -145,8 +168,9 @@ def test_get_errors_are_one_line(ingested: Path):
     assert "has no feature 'mask'" in nofeat.output and "image" in nofeat.output
     nods = run("get", "other", "k", "f", "-c", ingested, ok=False)
     assert "no dataset 'other'" in nods.output and "train" in nods.output
-    bad_index = run("get", "train", "rec_000000001", "image", "--index", "3", "-c", ingested,
-                    ok=False)
+    bad_index = run(
+        "get", "train", "rec_000000001", "image", "--index", "3", "-c", ingested, ok=False
+    )
     assert "out of range" in bad_index.output
 
 

@@ -165,7 +165,11 @@ def test_built_example_serializes_to_what_parses_back_equal() -> None:
 @pytest.mark.parametrize(
     ("kind", "values", "feature"),
     [
-        ("bytes", [b"abc", b"", b"\x00\xff"], Feature(bytes_list=BytesList(value=[b"abc", b"", b"\x00\xff"]))),
+        (
+            "bytes",
+            [b"abc", b"", b"\x00\xff"],
+            Feature(bytes_list=BytesList(value=[b"abc", b"", b"\x00\xff"])),
+        ),
         ("int64", [1, -1, 300], Feature(int64_list=Int64List(value=[1, -1, 300]))),
         ("int64", [-5], Feature(int64_list=Int64List(value=[-5]))),
         ("float", [0.5, -2.0, 3.25], Feature(float_list=FloatList(value=[0.5, -2.0, 3.25]))),
@@ -209,7 +213,9 @@ def test_empty_messages_and_empty_feature() -> None:
     # a feature with no kind set is an entry with an empty value message
     ex = Example(features=Features(feature={"e": Feature()}))
     assert ex.SerializeToString() == ld(1, ld(1, enc_map_entry("e", b"")))
-    assert Example.FromString(ex.SerializeToString()).features.feature["e"].WhichOneof("kind") is None
+    assert (
+        Example.FromString(ex.SerializeToString()).features.feature["e"].WhichOneof("kind") is None
+    )
 
 
 def test_descriptors_are_private_to_shardcat() -> None:

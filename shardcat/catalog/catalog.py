@@ -65,7 +65,8 @@ def resolve_paths(paths: PathsLike) -> list[str]:
         pattern = os.path.expanduser(pattern)
         if os.path.isdir(pattern):
             matches = [
-                os.path.join(pattern, n) for n in os.listdir(pattern)
+                os.path.join(pattern, n)
+                for n in os.listdir(pattern)
                 if os.path.isfile(os.path.join(pattern, n)) and ".sqlite" not in n
             ]
         elif os.path.exists(pattern):
@@ -79,15 +80,19 @@ def resolve_paths(paths: PathsLike) -> list[str]:
 def default_dataset_name(files: Sequence[str]) -> str:
     """A SQL-friendly name for a shard set: the common stem prefix, or the directory name."""
     stems = [Path(f).name.split(".")[0] for f in files]
-    prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))
+    # character-wise on purpose: "train-00001" and "train-00002" share "train-0000"
+    prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))  # noqa: RUF071
     base = prefix or Path(files[0]).parent.name or "dataset"
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
-    return slug if _NAME_RE.match(slug) else f"d_{slug}"
+    reserved = slug.lower() in schema.RESERVED_NAMES or slug.lower().startswith("fields_")
+    return slug if _NAME_RE.match(slug) and not reserved else f"d_{slug}"
 
 
 def _check_name(name: str) -> None:
-    if not _NAME_RE.match(name) or name.lower() in schema.RESERVED_NAMES or (
-        name.lower().startswith("fields_")
+    if (
+        not _NAME_RE.match(name)
+        or name.lower() in schema.RESERVED_NAMES
+        or (name.lower().startswith("fields_"))
     ):
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
@@ -147,6 +152,15 @@ class Catalog:
             self._engine = None
             version = self._read_version()
             if version != SCHEMA_VERSION:
+                if self._ro is not None:  # not registered in _open yet: close it here
+                    self._ro.close()
+                    self._ro = None
+                if version is not None and version > SCHEMA_VERSION:
+                    raise SchemaVersionError(
+                        f"{self.path} has catalog schema version {version}, but this "
+                        f"shardcat only knows versions up to {SCHEMA_VERSION}: upgrade "
+                        "shardcat (pip install -U shardcat) to open it"
+                    )
                 raise SchemaVersionError(
                     f"{self.path} has catalog schema version {version}, this shardcat "
                     f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
@@ -200,7 +214,8 @@ class Catalog:
         conn = self.reader_connection()
         row = conn.execute(
             "SELECT id, name, format, key_rule, grouping, options, source, created_at "
-            "FROM datasets WHERE name = ?", (name,)
+            "FROM datasets WHERE name = ?",
+            (name,),
         ).fetchone()
         if row is None:
             known = [r[0] for r in conn.execute("SELECT name FROM datasets ORDER BY name")]
@@ -209,6 +224,16 @@ class Catalog:
                 + (f" (it has: {', '.join(known)})" if known else " (it has no datasets yet)")
             )
         return row
+
+    def _unused_name(self, base: str) -> str:
+        taken = {
+            str(r[0]).lower() for r in self.reader_connection().execute("SELECT name FROM datasets")
+        }
+        name, n = base, 1
+        while name.lower() in taken:
+            n += 1
+            name = f"{base}_{n}"
+        return name
 
     def normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""
@@ -220,9 +245,11 @@ class Catalog:
     def find_dataset(self, paths: PathsLike) -> str | None:
         """The dataset ingested from exactly these patterns, if there is one."""
         source = json.dumps(self.normalized_source(paths))
-        row = self.reader_connection().execute(
-            "SELECT name FROM datasets WHERE source = ?", (source,)
-        ).fetchone()
+        row = (
+            self.reader_connection()
+            .execute("SELECT name FROM datasets WHERE source = ?", (source,))
+            .fetchone()
+        )
         return None if row is None else str(row[0])
 
     # -- public API ------------------------------------------------------------
@@ -267,7 +294,8 @@ class Catalog:
         files = resolve_paths(paths)
         if not files:
             raise CatalogError(f"no files match {_patterns(paths)}")
-        name = dataset or self.find_dataset(paths) or default_dataset_name(files)
+        # Without a name, a new path set never takes over another path set's dataset.
+        name = dataset or self.find_dataset(paths) or self._unused_name(default_dataset_name(files))
         _check_name(name)
         fmt_name = format or detect_format(files[0])
         fmt = get_format(fmt_name)
@@ -279,11 +307,17 @@ class Catalog:
             d = schema.datasets
             row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
             if row is None:
-                dataset_id = conn.execute(d.insert().values(
-                    name=name, format=fmt_name, key_rule=key_rule, grouping=None,
-                    options=json.dumps(options), source=json.dumps(source),
-                    created_at=time.time(),
-                )).inserted_primary_key[0]
+                dataset_id = conn.execute(
+                    d.insert().values(
+                        name=name,
+                        format=fmt_name,
+                        key_rule=key_rule,
+                        grouping=None,
+                        options=json.dumps(options),
+                        source=json.dumps(source),
+                        created_at=time.time(),
+                    )
+                ).inserted_primary_key[0]
                 field_store.create_field_table(conn, dataset_id)
                 field_store.create_view(conn, dataset_id, name, key is None)
             else:
@@ -295,13 +329,21 @@ class Catalog:
                         f"another dataset or drop it first (catalog drop {name})"
                     )
                 options = {**json.loads(row.options), **options}
-                conn.execute(d.update().where(d.c.id == dataset_id).values(
-                    options=json.dumps(options), source=json.dumps(source)
-                ))
+                conn.execute(
+                    d.update()
+                    .where(d.c.id == dataset_id)
+                    .values(options=json.dumps(options), source=json.dumps(source))
+                )
             sync_shards(conn, dataset_id, files, self.directory, rescan)
         job = IngestJob(
-            str(self.path), self.directory, dataset_id, name, fmt_name, options,
-            on_duplicate, lease,
+            str(self.path),
+            self.directory,
+            dataset_id,
+            name,
+            fmt_name,
+            options,
+            on_duplicate,
+            lease,
         )
         n_workers = workers if workers is not None else min(len(files), os.cpu_count() or 1)
         callback = None if progress is None else (lambda o: progress(o, len(files)))
@@ -317,24 +359,39 @@ class Catalog:
             "SELECT id, name, format, key_rule, grouping, options, source, created_at "
             "FROM datasets ORDER BY name"
         ).fetchall():
-            states = dict(conn.execute(
-                "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
-                (row[0],),
-            ).fetchall())
+            states = dict(
+                conn.execute(
+                    "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
+                    (row[0],),
+                ).fetchall()
+            )
             n = conn.execute(
                 "SELECT coalesce(sum(num_records), 0) FROM shards "
-                "WHERE dataset_id = ? AND state = 'ready'", (row[0],),
-            ).fetchone()[0]
-            cols = dict(conn.execute(
-                "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
+                "WHERE dataset_id = ? AND state = 'ready'",
                 (row[0],),
-            ).fetchall())
-            out.append(DatasetInfo(
-                name=row[1], format=row[2], key_rule=row[3], grouping=row[4],
-                options=json.loads(row[5]), source=json.loads(row[6]), created_at=row[7],
-                shards=sum(states.values()), ready_shards=states.get("ready", 0),
-                failed_shards=states.get("failed", 0), records=int(n), fields=cols,
-            ))
+            ).fetchone()[0]
+            cols = dict(
+                conn.execute(
+                    "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
+                    (row[0],),
+                ).fetchall()
+            )
+            out.append(
+                DatasetInfo(
+                    name=row[1],
+                    format=row[2],
+                    key_rule=row[3],
+                    grouping=row[4],
+                    options=json.loads(row[5]),
+                    source=json.loads(row[6]),
+                    created_at=row[7],
+                    shards=sum(states.values()),
+                    ready_shards=states.get("ready", 0),
+                    failed_shards=states.get("failed", 0),
+                    records=int(n),
+                    fields=cols,
+                )
+            )
         return out
 
     def info(self, name: str) -> DatasetInfo:
@@ -407,4 +464,3 @@ class Catalog:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], readonly=state["readonly"], immutable=state["immutable"])  # type: ignore[misc]
-

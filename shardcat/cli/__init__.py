@@ -17,7 +17,6 @@ from shardcat.cli.common import set_debug
 
 app = typer.Typer(
     name="catalog",
-    help="One SQLite catalog for every record of your TFRecord shards: ingest, query, read.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

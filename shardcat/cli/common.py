@@ -21,7 +21,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 CatalogOpt = Annotated[
     Path | None,
     typer.Option(
-        "--catalog", "-c", envvar=ENV_VAR, show_envvar=True,
+        "--catalog",
+        "-c",
+        envvar=ENV_VAR,
+        show_envvar=True,
         help="Catalog file (default: ./shardcat.sqlite).",
     ),
 ]
@@ -57,8 +60,10 @@ def handle_errors(fn: F) -> F:
         except (ShardcatError, OSError) as exc:
             if _debug:
                 traceback.print_exc()
-            message = str(exc) if isinstance(exc, ShardcatError) else (
-                f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+            message = (
+                str(exc)
+                if isinstance(exc, ShardcatError)
+                else (f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
             )
             typer.echo(f"error: {message}", err=True)
             raise typer.Exit(1) from None

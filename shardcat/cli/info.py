@@ -9,7 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardcat.cli.common import CatalogOpt, DatasetArg, JsonOpt, handle_errors, open_catalog, print_json
+from shardcat.cli.common import (
+    CatalogOpt,
+    DatasetArg,
+    JsonOpt,
+    handle_errors,
+    open_catalog,
+    print_json,
+)
 
 
 @handle_errors
@@ -25,10 +32,16 @@ def datasets(catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
         return
     table = Table("dataset", "format", "key", "shards", "records", "fields", "created")
     for d in infos:
-        shards = f"{d.ready_shards}/{d.shards}" + (f" ({d.failed_shards} failed)"
-                                                   if d.failed_shards else "")
+        shards = f"{d.ready_shards}/{d.shards}" + (
+            f" ({d.failed_shards} failed)" if d.failed_shards else ""
+        )
         table.add_row(
-            d.name, d.format, d.key_rule, shards, f"{d.records:,}", ", ".join(d.fields),
+            d.name,
+            d.format,
+            d.key_rule,
+            shards,
+            f"{d.records:,}",
+            ", ".join(d.fields),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
         )
     Console().print(table)
@@ -42,8 +55,11 @@ def stats(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False
     if json:
         print_json(result)
         return
-    table = Table("shard", "records", title=f"{dataset}: {result['total_records']:,} records "
-                  f"in {result['total_files']} shards")
+    table = Table(
+        "shard",
+        "records",
+        title=f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards",
+    )
     for name, n in result["records_per_file"].items():
         table.add_row(name, f"{n:,}")
     Console().print(table)

@@ -29,15 +29,19 @@ def ingest(
     workers: Annotated[
         int | None, typer.Option("--workers", "-w", help="Indexing processes (default: cores).")
     ] = None,
-    key: Annotated[str, typer.Option("--key", "-k", help="Feature holding each record's key.")
-                   ] = "key",
+    key: Annotated[
+        str, typer.Option("--key", "-k", help="Feature holding each record's key.")
+    ] = "key",
     by_position: Annotated[
         bool, typer.Option("--by-position", help="Key records by position: '0'..'n-1'.")
     ] = False,
     format: Annotated[
         str | None,
-        typer.Option("--format", "-f", help=f"One of {', '.join(known_formats())}; "
-                     "default: detected from the bytes."),
+        typer.Option(
+            "--format",
+            "-f",
+            help=f"One of {', '.join(known_formats())}; default: detected from the bytes.",
+        ),
     ] = None,
     no_fields: Annotated[
         bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
@@ -59,11 +63,18 @@ def ingest(
         raise CatalogError(f"no files match {paths}")
     where = locate(catalog, os.path.commonpath([str(Path(f).parent) for f in files]))
     console = Console(stderr=True)
-    with Catalog(where) as cat, Progress(
-        TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("shards {task.fields[records]:,} records"), TimeElapsedColumn(),
-        console=console, transient=False,
-    ) as bar:
+    with (
+        Catalog(where) as cat,
+        Progress(
+            TextColumn("[bold]ingest"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("shards {task.fields[records]:,} records"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as bar,
+    ):
         task = bar.add_task("ingest", total=len(files), records=0)
         counted = {"records": 0}
 
@@ -73,9 +84,15 @@ def ingest(
 
         try:
             reader = cat.ingest(
-                paths, dataset, format=format, key=None if by_position else key,
-                fields=not no_fields, workers=workers, on_duplicate=on_duplicate,
-                rescan=rescan, progress=progress,
+                paths,
+                dataset,
+                format=format,
+                key=None if by_position else key,
+                fields=not no_fields,
+                workers=workers,
+                on_duplicate=on_duplicate,
+                rescan=rescan,
+                progress=progress,
             )
         except IngestError as exc:
             bar.stop()

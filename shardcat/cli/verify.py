@@ -6,7 +6,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from shardcat.cli.common import CatalogOpt, DatasetArg, JsonOpt, handle_errors, open_catalog, print_json
+from shardcat.cli.common import (
+    CatalogOpt,
+    DatasetArg,
+    JsonOpt,
+    handle_errors,
+    open_catalog,
+    print_json,
+)
 
 
 @handle_errors
@@ -15,18 +22,23 @@ def verify(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = Fals
 
     Reports each bad record with its file and byte offset; exit code 1 if any.
     """
-    with open_catalog(catalog) as cat, Progress(
-        TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(),
-        console=Console(stderr=True), disable=json,
-    ) as bar:
+    with (
+        open_catalog(catalog) as cat,
+        Progress(
+            TextColumn("[bold]verify"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=Console(stderr=True),
+            disable=json,
+        ) as bar,
+    ):
         task = bar.add_task("verify", total=None)
-        problems = cat.verify(dataset, lambda done, total: bar.update(
-            task, completed=done, total=total
-        ))
+        problems = cat.verify(
+            dataset, lambda done, total: bar.update(task, completed=done, total=total)
+        )
         total = bar.tasks[0].total or 0
     if json:
-        print_json([{"path": p.path, "offset": p.offset, "problem": p.problem}
-                    for p in problems])
+        print_json([{"path": p.path, "offset": p.offset, "problem": p.problem} for p in problems])
     else:
         for p in problems:
             typer.echo(f"{p.path}: at byte {p.offset}: {p.problem}")

@@ -51,9 +51,7 @@ def _field(
         f.options.packed = True
 
 
-def _map(
-    file: descriptor_pb2.FileDescriptorProto, owner: str, field: str, value_type: str
-) -> None:
+def _map(file: descriptor_pb2.FileDescriptorProto, owner: str, field: str, value_type: str) -> None:
     msg = file.message_type.add(name=owner)
     entry_name = "".join(part.capitalize() for part in field.split("_")) + "Entry"
     entry = msg.nested_type.add(name=entry_name)
@@ -69,11 +67,19 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     )
     _field(file.message_type.add(name="BytesList"), "value", 1, _F.TYPE_BYTES, repeated=True)
     _field(
-        file.message_type.add(name="FloatList"), "value", 1, _F.TYPE_FLOAT, repeated=True,
+        file.message_type.add(name="FloatList"),
+        "value",
+        1,
+        _F.TYPE_FLOAT,
+        repeated=True,
         packed=True,
     )
     _field(
-        file.message_type.add(name="Int64List"), "value", 1, _F.TYPE_INT64, repeated=True,
+        file.message_type.add(name="Int64List"),
+        "value",
+        1,
+        _F.TYPE_INT64,
+        repeated=True,
         packed=True,
     )
     feature = file.message_type.add(name="Feature")
@@ -85,12 +91,17 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         _field(feature, name, number, _F.TYPE_MESSAGE, type_name=type_name, oneof=0)
     _map(file, "Features", "feature", "Feature")
     _field(
-        file.message_type.add(name="FeatureList"), "feature", 1, _F.TYPE_MESSAGE,
-        repeated=True, type_name="Feature",
+        file.message_type.add(name="FeatureList"),
+        "feature",
+        1,
+        _F.TYPE_MESSAGE,
+        repeated=True,
+        type_name="Feature",
     )
     _map(file, "FeatureLists", "feature_list", "FeatureList")
-    _field(file.message_type.add(name="Example"), "features", 1, _F.TYPE_MESSAGE,
-           type_name="Features")
+    _field(
+        file.message_type.add(name="Example"), "features", 1, _F.TYPE_MESSAGE, type_name="Features"
+    )
     seq = file.message_type.add(name="SequenceExample")
     _field(seq, "context", 1, _F.TYPE_MESSAGE, type_name="Features")
     _field(seq, "feature_lists", 2, _F.TYPE_MESSAGE, type_name="FeatureLists")

@@ -85,14 +85,18 @@ class Reader:
     # -- shards and files ------------------------------------------------------
 
     def _load_shards(self) -> None:
-        rows = self.catalog.reader_connection().execute(
-            "SELECT id, path, first_position, num_records, size, mtime_ns FROM shards "
-            "WHERE dataset_id = ? AND state = 'ready' ORDER BY path", (self._id,),
-        ).fetchall()
+        rows = (
+            self.catalog.reader_connection()
+            .execute(
+                "SELECT id, path, first_position, num_records, size, mtime_ns FROM shards "
+                "WHERE dataset_id = ? AND state = 'ready' ORDER BY path",
+                (self._id,),
+            )
+            .fetchall()
+        )
         directory = self.catalog.directory
         self._shards = {
-            r[0]: _Shard(r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5])
-            for r in rows
+            r[0]: _Shard(r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5]) for r in rows
         }
         self._order = [self._shards[r[0]] for r in rows]
         self._starts = [s.first for s in self._order]
@@ -156,9 +160,11 @@ class Reader:
         return None if row is None else (row[0], row[1], row[2])
 
     def _many_at(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, str]]:
-        rows = self.catalog.reader_connection().execute(
-            _MANY_BY_POSITION, (json.dumps(pairs),)
-        ).fetchall()
+        rows = (
+            self.catalog.reader_connection()
+            .execute(_MANY_BY_POSITION, (json.dumps(pairs),))
+            .fetchall()
+        )
         rows.sort()
         return [(r[1], r[2], r[3], r[4]) for r in rows]
 
@@ -182,7 +188,9 @@ class Reader:
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
         record = self.get_record(key)
-        return None if record is None else self._fmt.feature_list(record, feature_name)
+        if record is None:
+            return None
+        return self._fmt.feature_list(record, feature_name) or None  # empty -> None, as tfd-utils
 
     def get_many(self, keys: Sequence[Any], *, raw: bool = False) -> list[Any]:
         """Records for ``keys`` in the same order, found with one query.
@@ -197,9 +205,11 @@ class Reader:
             if missing:
                 raise KeyNotFoundError(self._missing_message(missing))
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
-        rows = self.catalog.reader_connection().execute(
-            _MANY_BY_KEY, (json.dumps(keys), self._id)
-        ).fetchall()
+        rows = (
+            self.catalog.reader_connection()
+            .execute(_MANY_BY_KEY, (json.dumps(keys), self._id))
+            .fetchall()
+        )
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
@@ -225,12 +235,18 @@ class Reader:
         for position in positions:
             shard, ordinal = self._shard_at(position)
             pairs.append((shard.id, ordinal))
-        rows = self.catalog.reader_connection().execute(
-            _MANY_BY_POSITION, (json.dumps(pairs),)
-        ).fetchall()
+        rows = (
+            self.catalog.reader_connection()
+            .execute(_MANY_BY_POSITION, (json.dumps(pairs),))
+            .fetchall()
+        )
         return self._fetch([(r[0], r[1], r[2], r[3]) for r in rows], len(pairs), raw)
 
     def _fetch(self, rows: list[tuple[int, int, int, int]], n: int, raw: bool) -> list[Any]:
+        if len(rows) != n:  # records of a shard this reader knew were re-indexed meanwhile
+            raise StaleShardError(
+                f"dataset {self.dataset!r} changed since this reader opened: reopen it"
+            )
         out: list[Any] = [None] * n
         for index, shard_id, offset, length in sorted(rows, key=lambda r: (r[1], r[2])):
             data = self._read(shard_id, offset, length)
@@ -258,8 +274,9 @@ class Reader:
         """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
         return list(self.iter_keys())
 
-    def where(self, predicate: str, params: Sequence[Any] | dict[str, Any] | None = None
-              ) -> list[str]:
+    def where(
+        self, predicate: str, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[str]:
         """Keys of the records matching a SQL predicate over the dataset's view.
 
         ``reader.where("label = 3 AND score > 0.5")``; use ``?`` placeholders
@@ -299,8 +316,9 @@ class Reader:
             return {}
         return self._fmt.describe(self.get_record_at(0))
 
-    def verify(self, progress: Callable[[int, int], None] | None = None
-               ) -> list[CorruptRecordError]:
+    def verify(
+        self, progress: Callable[[int, int], None] | None = None
+    ) -> list[CorruptRecordError]:
         """Re-read every record checking framing and checksums; one error per bad record."""
         problems: list[CorruptRecordError] = []
         conn = self.catalog.reader_connection()
@@ -332,9 +350,7 @@ class Reader:
         """Re-index every shard of this dataset from its source patterns."""
         sources = [absolute_path(p, self.catalog.directory) for p in self._source]
         key = self.key_rule.partition(":")[2] if not self._by_position else None
-        self.catalog.ingest(
-            sources, self.dataset, format=self.format, key=key, rescan=True
-        ).close()
+        self.catalog.ingest(sources, self.dataset, format=self.format, key=key, rescan=True).close()
         self._close_fds()
         self._load_shards()
 
@@ -386,16 +402,26 @@ class Reader:
     # Pickling (DataLoader with the spawn start method): reopen by name.
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "catalog": self.catalog.path, "readonly": self.catalog.readonly,
-            "immutable": self.catalog.immutable, "dataset": self.dataset,
-            "verify_crc": self.verify_crc, "pool": self._pool_size,
+            "catalog": self.catalog.path,
+            "readonly": self.catalog.readonly,
+            "immutable": self.catalog.immutable,
+            "dataset": self.dataset,
+            "verify_crc": self.verify_crc,
+            "pool": self._pool_size,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        catalog = Catalog(state["catalog"], readonly=state["readonly"],
-                          immutable=state["immutable"])
-        Reader.__init__(self, catalog, state["dataset"], verify_crc=state["verify_crc"],
-                        file_pool_size=state["pool"], owns_catalog=True)
+        catalog = Catalog(
+            state["catalog"], readonly=state["readonly"], immutable=state["immutable"]
+        )
+        Reader.__init__(
+            self,
+            catalog,
+            state["dataset"],
+            verify_crc=state["verify_crc"],
+            file_pool_size=state["pool"],
+            owns_catalog=True,
+        )
 
 
 class TFRecordReader(Reader):
@@ -441,9 +467,12 @@ class TFRecordReader(Reader):
             if not readonly:
                 workers = max_workers if use_multiprocessing else 1
                 catalog.ingest(
-                    tfrecord_path, name, format="tfrecord",
+                    tfrecord_path,
+                    name,
+                    format="tfrecord",
                     key=None if key_by_position else key_feature_name,
-                    workers=workers, on_duplicate=on_duplicate,
+                    workers=workers,
+                    on_duplicate=on_duplicate,
                 ).close()
                 name = name or catalog.find_dataset(tfrecord_path)
             if name is None:
@@ -451,14 +480,32 @@ class TFRecordReader(Reader):
                     f"{catalog.path} has no dataset for {tfrecord_path!r}; "
                     "index it first (catalog ingest) or open without readonly=True"
                 )
-            super().__init__(catalog, name, verify_crc=verify_crc,
-                             file_pool_size=file_pool_size, owns_catalog=True)
+            super().__init__(
+                catalog,
+                name,
+                verify_crc=verify_crc,
+                file_pool_size=file_pool_size,
+                owns_catalog=True,
+            )
         except BaseException:
             catalog.close()
             raise
         self.key_feature_name = key_feature_name
         self.tfrecord_files = files
         self.index_file = str(catalog.path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            **super().__getstate__(),
+            "key_feature_name": self.key_feature_name,
+            "tfrecord_files": self.tfrecord_files,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.key_feature_name = state["key_feature_name"]
+        self.tfrecord_files = state["tfrecord_files"]
+        self.index_file = str(self.catalog.path)
 
 
 TFRecordRandomAccess = TFRecordReader

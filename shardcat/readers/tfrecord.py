@@ -61,7 +61,7 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
 
-def masked_crc(data: bytes | memoryview) -> int:
+def masked_crc(data: bytes | bytearray | memoryview) -> int:
     """TensorFlow's masked CRC32C of ``data``."""
     crc = _crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
@@ -94,9 +94,11 @@ def _key_of(features: Any, key_feature: str, path: str, offset: int) -> str:
 
 def _scalars(features: Any, skip: str | None) -> dict[str, Scalar]:
     out: dict[str, Scalar] = {}
-    for name, feature in features.feature.items():
+    fmap = features.feature
+    for name in fmap:  # iterating keys then indexing is ~20% faster than .items() on upb
         if name == skip:
             continue
+        feature = fmap[name]
         kind = feature.WhichOneof("kind")
         if kind is None:
             continue
@@ -133,6 +135,7 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
+            data = view[0:0]  # released in ``finally``: a live slice makes mm.close() fail
             try:
                 pos = 0
                 while pos < size:
@@ -146,8 +149,10 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
                     end = pos + HEADER + length + FOOTER
                     if end > size:
                         raise CorruptRecordError(
-                            path, pos, f"truncated record: needs {end - pos} bytes, "
-                            f"file has {size - pos} left"
+                            path,
+                            pos,
+                            f"truncated record: needs {end - pos} bytes, "
+                            f"file has {size - pos} left",
                         )
                     data = view[pos + HEADER : end - FOOTER]
                     if masked_crc(data) != _U32.unpack_from(mm, end - FOOTER)[0]:
@@ -155,27 +160,37 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
                     if key_feature is None and not want_fields:
                         yield Entry(None, pos, length)
                     else:
+                        problem = ""
                         try:
                             context = parse(data).context
                         except Exception as exc:  # protobuf's DecodeError varies by runtime
-                            raise CorruptRecordError(
-                                path, pos, f"payload is not a tf.train.Example: {exc}"
-                            ) from None
-                        key = None if key_feature is None else _key_of(
-                            context, key_feature, path, pos
+                            problem = f"payload is not a tf.train.Example: {exc}"
+                        if problem:  # raised outside the handler: the parser's frames, which
+                            # may hold views of the mapping, must go with its exception
+                            raise CorruptRecordError(path, pos, problem)
+                        key = (
+                            None
+                            if key_feature is None
+                            else _key_of(context, key_feature, path, pos)
                         )
                         fields = _scalars(context, key_feature) if want_fields else {}
                         yield Entry(key, pos, length, fields)
-                    del data
+                    data.release()
                     pos = end
             finally:
+                data.release()
                 view.release()
 
 
 def read(fd: int, path: str, offset: int, length: int, verify: bool = False) -> bytes:
     """The payload of the frame at ``offset``; with ``verify``, check both CRCs."""
     if not verify:
-        return pread_exact(fd, path, offset + HEADER, length)
+        data = os.pread(fd, length, offset + HEADER)
+        if len(data) != length:
+            raise CorruptRecordError(
+                path, offset, f"truncated record: {len(data)} of {length} payload bytes"
+            )
+        return data
     frame = pread_exact(fd, path, offset, HEADER + length + FOOTER)
     if _U64.unpack_from(frame, 0)[0] != length:
         raise CorruptRecordError(path, offset, "length differs from the catalog (stale shard?)")
@@ -263,9 +278,11 @@ def _feature(value: Any) -> Any:
         value = value.item()
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if all(isinstance(v, (bytes, str)) for v in items) and items:
-        return Feature(bytes_list=BytesList(
-            value=[v.encode("utf-8") if isinstance(v, str) else v for v in items]
-        ))
+        return Feature(
+            bytes_list=BytesList(
+                value=[v.encode("utf-8") if isinstance(v, str) else v for v in items]
+            )
+        )
     if all(isinstance(v, (bool, int, np.integer)) for v in items):
         return Feature(int64_list=Int64List(value=[int(v) for v in items]))
     if all(isinstance(v, (bool, int, float, np.integer, np.floating)) for v in items):
@@ -282,9 +299,9 @@ def make_example(features: Mapping[str, Any]) -> Any:
     ``float_list``; lists, tuples and numpy arrays give multi-valued features.
     An empty list gives an empty ``int64_list``.
     """
-    return Example(features=Features(
-        feature={name: _feature(value) for name, value in features.items()}
-    ))
+    return Example(
+        features=Features(feature={name: _feature(value) for name, value in features.items()})
+    )
 
 
 class TFRecordWriter:
@@ -299,8 +316,10 @@ class TFRecordWriter:
 
     def write(self, record: bytes | Any) -> int:
         """Append one record; returns the byte offset of its frame."""
-        data = record if isinstance(record, (bytes, bytearray, memoryview)) else (
-            record.SerializeToString()
+        data = (
+            record
+            if isinstance(record, (bytes, bytearray, memoryview))
+            else (record.SerializeToString())
         )
         offset = self._file.tell()
         length = _U64.pack(len(data))

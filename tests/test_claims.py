@@ -1,0 +1,65 @@
+"""Claim ownership: who is alive, who is dead, and what happens to a dead claim."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from shardcat.catalog.ingest import claim_is_dead, owner_id
+
+
+def test_own_claim_is_alive():
+    assert not claim_is_dead(owner_id(), time.time(), lease=600)
+
+
+def test_no_owner_is_dead():
+    assert claim_is_dead(None, None, lease=600)
+
+
+def test_exited_process_is_dead():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from shardcat.catalog.ingest import owner_id; print(owner_id())"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    owner = child.communicate()[0].strip()
+    assert owner.startswith(f"{socket.gethostname()}:{child.pid}:")
+    assert claim_is_dead(owner, time.time(), lease=600)
+
+
+def test_killed_but_unreaped_child_is_dead():
+    """A zombie still answers kill(pid, 0); its claim must not wait for the lease."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from shardcat.catalog.ingest import owner_id; "
+            "print(owner_id(), flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    owner = child.stdout.readline().strip()
+    assert not claim_is_dead(owner, time.time(), lease=600)
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while not claim_is_dead(owner, time.time(), lease=600) and time.time() < deadline:
+        time.sleep(0.01)
+    assert claim_is_dead(owner, time.time(), lease=600)  # before any wait()
+    child.wait()
+
+
+def test_reused_pid_is_dead():
+    host, pid, _ = owner_id().split(":")
+    assert claim_is_dead(f"{host}:{pid}:1", time.time(), lease=600)
+
+
+def test_other_host_claim_expires_after_lease():
+    owner = "some-other-host:1234:99"
+    assert not claim_is_dead(owner, time.time() - 5, lease=600)
+    assert claim_is_dead(owner, time.time() - 601, lease=600)
