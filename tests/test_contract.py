@@ -14,6 +14,7 @@ import pytest
 
 from shardcat import Catalog, CorruptRecordError, IngestError
 from shardcat.readers.formats import detect_format, get_format, known_formats
+from shardcat.readers.source import FileSource
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 
 Records = list[tuple[str, dict[str, bytes]]]
@@ -61,7 +62,9 @@ def test_scan_read_decode(shard):
     fd = os.open(path, os.O_RDONLY)
     try:
         for entry, (_, features) in zip(entries, RECORDS, strict=True):
-            record = fmt.decode(fmt.read(fd, str(path), entry.offset, entry.length, True), {})
+            record = fmt.decode(
+                fmt.read(FileSource(fd), str(path), entry.offset, entry.length, True), {}
+            )
             for feature, value in features.items():
                 assert fmt.feature_list(record, feature) == [value]
             assert fmt.feature_list(record, "absent") is None

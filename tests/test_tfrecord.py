@@ -44,6 +44,7 @@ from shardcat.pb2 import (
 )
 from shardcat.readers import tfrecord
 from shardcat.readers.formats import Entry
+from shardcat.readers.source import FileSource
 from shardcat.readers.tfrecord import (
     TFRecordWriter,
     decode,
@@ -131,9 +132,9 @@ def scan_until_error(path: Path, options: dict | None = None) -> tuple[list[Entr
 def fd_of() -> Iterator:
     fds: list[int] = []
 
-    def open_fd(path: Path) -> int:
+    def open_fd(path: Path) -> FileSource:
         fds.append(os.open(path, os.O_RDONLY))
-        return fds[-1]
+        return FileSource(fds[-1])
 
     yield open_fd
     for fd in fds:
@@ -495,7 +496,7 @@ def test_read_returns_payloads_via_pread(tmp_path: Path, fd_of) -> None:
         got = read(fd, str(path), off, len(p), verify=True)
         assert got == p
         assert isinstance(got, bytes)
-    assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # pread: the file position never moves
+    assert os.lseek(fd.fd, 0, os.SEEK_CUR) == 0  # pread: the file position never moves
 
 
 def test_read_verify_detects_data_corruption(tmp_path: Path, fd_of) -> None:
@@ -725,7 +726,7 @@ def test_make_example_writes_and_scans(tmp_path: Path) -> None:
     with open(path, "rb") as f:
         fd = f.fileno()
         for e, r in zip(entries, records, strict=True):
-            got = decode(read(fd, str(path), e.offset, e.length, verify=True), {})
+            got = decode(read(FileSource(fd), str(path), e.offset, e.length, verify=True), {})
             assert all_features(got) == {
                 "key": [r["key"].encode()],
                 "label": [r["label"]],
@@ -775,8 +776,8 @@ def test_round_trip(records: list[tuple[str, bytes]]) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
             for e, s, (k, p) in zip(entries, serialized, records, strict=True):
-                assert read(fd, path, e.offset, e.length) == s
-                raw = read(fd, path, e.offset, e.length, verify=True)
+                assert read(FileSource(fd), path, e.offset, e.length) == s
+                raw = read(FileSource(fd), path, e.offset, e.length, verify=True)
                 assert raw == s
                 assert all_features(decode(raw, {})) == {"key": [k.encode()], "data": [p]}
         finally:

@@ -262,6 +262,8 @@ class Catalog:
         format: str | None = None,
         key: str | None = "key",
         fields: bool = True,
+        grouping: str | None = None,
+        options: Mapping[str, Any] | None = None,
         workers: int | None = None,
         on_duplicate: str = "error",
         rescan: bool = False,
@@ -274,8 +276,10 @@ class Catalog:
         set becomes exactly these files (new ones are indexed, changed ones
         re-indexed, missing ones dropped, unchanged ones skipped).
         ``format``: detected from the first file's bytes when None.
-        ``key``: the feature holding each record's key; None keys records by
-        position. ``fields``: extract scalar fields for SQL.
+        ``key``: the feature holding each record's key (TFRecord); None keys
+        records by position. ``fields``: extract scalar fields for SQL.
+        ``grouping``: how tar members form samples. ``options``: further
+        format options (they override the arguments above).
         ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
         record in position order. ``rescan``: re-index unchanged shards too.
         ``progress(outcome, total_shards)`` is called after every shard this
@@ -299,9 +303,14 @@ class Catalog:
         _check_name(name)
         fmt_name = format or detect_format(files[0])
         fmt = get_format(fmt_name)
-        options: dict[str, Any] = {"key": key, "fields": fields}
-        options.update(fmt.detect_options(files[0]))
-        key_rule = "position" if key is None else f"feature:{key}"
+        opts: dict[str, Any] = {
+            **fmt.detect_options(files[0]),
+            "key": key,
+            "fields": fields,
+            **({} if grouping is None else {"grouping": grouping}),
+            **(options or {}),
+        }
+        key_rule = fmt.key_rule(opts)
         source = self.normalized_source(paths)
         with engine.begin() as conn:
             d = schema.datasets
@@ -312,8 +321,8 @@ class Catalog:
                         name=name,
                         format=fmt_name,
                         key_rule=key_rule,
-                        grouping=None,
-                        options=json.dumps(options),
+                        grouping=opts.get("grouping"),
+                        options=json.dumps(opts),
                         source=json.dumps(source),
                         created_at=time.time(),
                     )
@@ -322,17 +331,23 @@ class Catalog:
                 field_store.create_view(conn, dataset_id, name, key is None)
             else:
                 dataset_id = row.id
-                if (row.format, row.key_rule) != (fmt_name, key_rule):
+                if (row.format, row.key_rule, row.grouping) != (
+                    fmt_name,
+                    key_rule,
+                    opts.get("grouping"),
+                ):
                     raise CatalogError(
                         f"dataset {name!r} holds {row.format} records keyed by "
-                        f"{row.key_rule}, not {fmt_name} keyed by {key_rule}: ingest into "
+                        f"{row.key_rule}, not {fmt_name} keyed by {key_rule}"
+                        + (f" (grouping {opts.get('grouping')})" if opts.get("grouping") else "")
+                        + ": ingest into "
                         f"another dataset or drop it first (catalog drop {name})"
                     )
-                options = {**json.loads(row.options), **options}
+                opts = {**json.loads(row.options), **opts}
                 conn.execute(
                     d.update()
                     .where(d.c.id == dataset_id)
-                    .values(options=json.dumps(options), source=json.dumps(source))
+                    .values(options=json.dumps(opts), source=json.dumps(source))
                 )
             sync_shards(conn, dataset_id, files, self.directory, rescan)
         job = IngestJob(
@@ -341,7 +356,7 @@ class Catalog:
             dataset_id,
             name,
             fmt_name,
-            options,
+            opts,
             on_duplicate,
             lease,
         )

@@ -3,15 +3,21 @@
 A format is one module in ``shardcat.readers`` that knows bytes on disk and
 nothing about SQL. It provides:
 
-- ``NAME`` and ``EXTENSIONS``;
+- ``NAME``, ``TITLE`` (for messages) and ``EXTENSIONS``;
 - ``sniff(head: bytes) -> bool``: whether a file starting with ``head`` is in
   this format (formats are detected from content, extensions only break ties);
 - ``detect_options(path) -> dict``: dataset options read off the first shard;
 - ``scan(path, options) -> Iterator[Entry]``: walk one shard once, verifying
   framing and checksums, yielding one :class:`Entry` per record;
-- ``read(fd, path, offset, length, verify) -> bytes``: one record's payload
-  via ``os.pread`` (no shared file position, safe after ``fork``);
+- ``key_rule(options) -> str``: how the dataset's records are keyed
+  (``"position"`` for position keys; any other text is recorded as is);
+- ``read(source, path, offset, length, verify) -> bytes``: one record's (or
+  member's) payload through ``source.pread`` (a file descriptor's ``os.pread``
+  for plain shards, a seekable decompressed stream for compressed ones);
 - ``decode(raw, options)``: the user-facing record;
+- ``PARTS``: True when records are made of separately stored members (tar:
+  ``Entry.members``); a reader then reads one member per feature, and the
+  record is ``{feature: bytes}``;
 - ``feature_list(record, name) -> list | None``,
   ``describe(record) -> dict[str, str]`` (feature name -> type name) and
   ``features(record) -> dict[str, list]`` (feature name -> all its values).
@@ -22,7 +28,6 @@ Adding a format means adding its module and one line in ``_MODULES``.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -54,7 +59,9 @@ class Entry:
 
 class Format(Protocol):
     NAME: str
+    TITLE: str
     EXTENSIONS: tuple[str, ...]
+    PARTS: bool
 
     def sniff(self, head: bytes) -> bool: ...
 
@@ -62,7 +69,9 @@ class Format(Protocol):
 
     def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]: ...
 
-    def read(self, fd: int, path: str, offset: int, length: int, verify: bool) -> bytes: ...
+    def key_rule(self, options: Mapping[str, Any]) -> str: ...
+
+    def read(self, source: Any, path: str, offset: int, length: int, verify: bool) -> bytes: ...
 
     def decode(self, raw: bytes, options: Mapping[str, Any]) -> Any: ...
 
@@ -115,9 +124,9 @@ def detect_format(path: str) -> str:
     return matches[0]
 
 
-def pread_exact(fd: int, path: str, offset: int, length: int) -> bytes:
-    """``os.pread`` that treats a short read as a truncated shard."""
-    data = os.pread(fd, length, offset)
+def pread_exact(source: Any, path: str, offset: int, length: int) -> bytes:
+    """``source.pread`` that treats a short read as a truncated shard."""
+    data: bytes = source.pread(length, offset)
     if len(data) != length:
         from shardcat.errors import CorruptRecordError
 

@@ -22,19 +22,35 @@ from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import absolute_path
 from shardcat.errors import CatalogError, CorruptRecordError, KeyNotFoundError, StaleShardError
 from shardcat.readers.formats import get_format
+from shardcat.readers.source import Source, open_source
 
-__all__ = ["Reader", "TFRecordRandomAccess", "TFRecordReader"]
+__all__ = ["Reader", "TFRecordRandomAccess", "TFRecordReader", "open_dataset"]
 
-_BY_KEY = 'SELECT shard_id, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+# Rows are (batch index, shard_id, ordinal, offset, length[, key]).
+_BY_KEY = (
+    'SELECT 0, shard_id, ordinal, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+)
 _MANY_BY_KEY = (
-    'SELECT j.key, r.shard_id, r."offset", r.length FROM json_each(?) j '
+    'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length FROM json_each(?) j '
     "JOIN records r ON r.dataset_id = ? AND r.key = j.value"
 )
 _MANY_BY_POSITION = (
-    'SELECT j.key, r.shard_id, r."offset", r.length, r.key FROM json_each(?) j '
+    'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length, r.key FROM json_each(?) j '
     "JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
     "AND r.ordinal = json_extract(j.value, '$[1]')"
 )
+# Members of records (formats whose records have parts): (batch index, name, offset, length).
+_MEMBERS_AT = (
+    'SELECT j.key, m.name, m."offset", m.length FROM json_each(?) j '
+    "JOIN members m ON m.shard_id = json_extract(j.value, '$[0]') "
+    "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
+)
+_MEMBER_BY_KEY = (
+    'SELECT r.shard_id, m."offset", m.length FROM records r JOIN members m '
+    "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+    "WHERE r.dataset_id = ? AND r.key = ? AND m.name = ?"
+)
+Row = tuple[int, int, int, int, int]
 _KEYS_OF_SHARD = "SELECT key FROM records WHERE shard_id = ? ORDER BY ordinal"
 
 
@@ -46,6 +62,7 @@ class _Shard:
     count: int
     size: int
     mtime_ns: int
+    compression: str | None
 
 
 class Reader:
@@ -69,16 +86,17 @@ class Reader:
         self.verify_crc = verify_crc
         self._owns_catalog = owns_catalog
         self._pool_size = max(1, file_pool_size)
-        self._fds: dict[int, int] = {}
-        self._fd_pid = os.getpid()
+        self._sources: dict[int, Source] = {}
+        self._sources_pid = os.getpid()
         self.closed = False
         row = catalog._dataset_row(dataset)
         self._id: int = row[0]
         self.format = row[2]
         self.key_rule: str = row[3]
         self.options: dict[str, Any] = json.loads(row[5])
-        self._source: list[str] = json.loads(row[6])
+        self._patterns: list[str] = json.loads(row[6])
         self._fmt = get_format(self.format)
+        self._parts: bool = self._fmt.PARTS
         self._by_position = self.key_rule == "position"
         self._load_shards()
 
@@ -88,26 +106,25 @@ class Reader:
         rows = (
             self.catalog.reader_connection()
             .execute(
-                "SELECT id, path, first_position, num_records, size, mtime_ns FROM shards "
+                "SELECT id, path, first_position, num_records, size, mtime_ns, compression "
+                "FROM shards "
                 "WHERE dataset_id = ? AND state = 'ready' ORDER BY path",
                 (self._id,),
             )
             .fetchall()
         )
         directory = self.catalog.directory
-        self._shards = {
-            r[0]: _Shard(r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5]) for r in rows
-        }
+        self._shards = {r[0]: _Shard(r[0], absolute_path(r[1], directory), *r[2:]) for r in rows}
         self._order = [self._shards[r[0]] for r in rows]
         self._starts = [s.first for s in self._order]
         self._len = sum(s.count for s in self._order)
 
-    def _fd(self, shard_id: int) -> int:
-        fd = self._fds.get(shard_id)
-        if fd is not None:
-            return fd
-        if os.getpid() != self._fd_pid:  # inherited descriptors stay the parent's to close
-            self._fds, self._fd_pid = {}, os.getpid()
+    def _source(self, shard_id: int) -> Source:
+        source = self._sources.get(shard_id)
+        if source is not None:
+            return source
+        if os.getpid() != self._sources_pid:  # inherited descriptors stay the parent's to close
+            self._sources, self._sources_pid = {}, os.getpid()
         shard = self._shards.get(shard_id)
         if shard is None:
             self._load_shards()
@@ -120,15 +137,23 @@ class Reader:
                 f"{shard.path} changed after it was indexed (size {shard.size} -> "
                 f"{st.st_size}); re-ingest it (catalog ingest, or reader.rebuild_index())"
             )
-        if len(self._fds) >= self._pool_size:
-            oldest = next(iter(self._fds))
-            os.close(self._fds.pop(oldest))
-        self._fds[shard_id] = fd
-        return fd
+        source = open_source(fd, shard.path, shard.compression, lambda: self._seek_index(shard))
+        if len(self._sources) >= self._pool_size:
+            oldest = next(iter(self._sources))
+            self._sources.pop(oldest).close()
+        self._sources[shard_id] = source
+        return source
 
-    def _read(self, shard_id: int, offset: int, length: int) -> bytes:
+    def _seek_index(self, shard: _Shard) -> bytes | None:
+        return None
+
+    def _read(self, shard_id: int, offset: int, length: int, verify: bool | None = None) -> bytes:
         return self._fmt.read(
-            self._fd(shard_id), self._shards[shard_id].path, offset, length, self.verify_crc
+            self._source(shard_id),
+            self._shards[shard_id].path,
+            offset,
+            length,
+            self.verify_crc if verify is None else verify,
         )
 
     # -- locating records ------------------------------------------------------
@@ -147,41 +172,58 @@ class Reader:
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
 
-    def _locate(self, key: Any) -> tuple[int, int, int] | None:
+    def _locate(self, key: Any) -> Row | None:
         key = str(key)
         if self._by_position:
             position = self._position_of_key(key)
             if position is None:
                 return None
-            shard, ordinal = self._shard_at(position)
-            located = self._many_at([(shard.id, ordinal)])
-            return located[0][:3] if located else None
+            return self._rows_at([position])[0][:5]
         row = self.catalog.reader_connection().execute(_BY_KEY, (self._id, key)).fetchone()
-        return None if row is None else (row[0], row[1], row[2])
+        return None if row is None else row[:5]
 
-    def _many_at(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, str]]:
+    def _rows_at(self, positions: Sequence[int]) -> list[tuple[Any, ...]]:
+        """Record rows (with the key last) for positions, in the order given; one query."""
+        pairs = []
+        for position in positions:
+            shard, ordinal = self._shard_at(position)
+            pairs.append((shard.id, ordinal))
         rows = (
             self.catalog.reader_connection()
             .execute(_MANY_BY_POSITION, (json.dumps(pairs),))
             .fetchall()
         )
+        if len(rows) != len(pairs):  # records of a shard this reader knew were re-indexed
+            raise StaleShardError(
+                f"dataset {self.dataset!r} changed since this reader opened: reopen it"
+            )
         rows.sort()
-        return [(r[1], r[2], r[3], r[4]) for r in rows]
+        return rows
 
     # -- records -----------------------------------------------------------------
 
-    def get_raw(self, key: Any) -> bytes | None:
-        """The record's payload bytes as stored in the shard, or None."""
-        where = self._locate(key)
-        return None if where is None else self._read(*where)
+    def get_raw(self, key: Any) -> Any:
+        """The record's bytes as stored (``{member: bytes}`` for tar), or None."""
+        row = self._locate(key)
+        return None if row is None else self._load([row], raw=True)[0]
 
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
-        raw = self.get_raw(key)
-        return None if raw is None else self._fmt.decode(raw, self.options)
+        row = self._locate(key)
+        return None if row is None else self._load([row], raw=False)[0]
 
     def get_feature(self, key: Any, feature_name: str) -> Any:
-        """The first value of one feature, or None when the key or feature is missing."""
+        """The first value of one feature, or None when the key or feature is missing.
+
+        For formats whose records have parts (tar) only that member is read.
+        """
+        if self._parts and not self._by_position:
+            row = (
+                self.catalog.reader_connection()
+                .execute(_MEMBER_BY_KEY, (self._id, str(key), feature_name))
+                .fetchone()
+            )
+            return None if row is None else self._read(*row)
         values = self.get_feature_list(key, feature_name)
         return values[0] if values else None
 
@@ -215,7 +257,8 @@ class Reader:
             raise KeyNotFoundError(
                 self._missing_message([k for i, k in enumerate(keys) if i not in found])
             )
-        return self._fetch([(r[0], r[1], r[2], r[3]) for r in rows], len(keys), raw)
+        rows.sort()
+        return self._load(rows, raw)
 
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
         """The record at ``position`` (0..len-1, negative counts from the end)."""
@@ -225,32 +268,33 @@ class Reader:
         shard, ordinal = self._shard_at(position)
         if self._by_position:
             return str(shard.first + ordinal)
-        return self._many_at([(shard.id, ordinal)])[0][3]
+        return str(self._rows_at([position])[0][5])
 
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
         """Records at ``positions`` (a sequence or a slice), one query for the batch."""
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
-        pairs = []
-        for position in positions:
-            shard, ordinal = self._shard_at(position)
-            pairs.append((shard.id, ordinal))
-        rows = (
-            self.catalog.reader_connection()
-            .execute(_MANY_BY_POSITION, (json.dumps(pairs),))
-            .fetchall()
-        )
-        return self._fetch([(r[0], r[1], r[2], r[3]) for r in rows], len(pairs), raw)
+        return self._load(self._rows_at(positions), raw)
 
-    def _fetch(self, rows: list[tuple[int, int, int, int]], n: int, raw: bool) -> list[Any]:
-        if len(rows) != n:  # records of a shard this reader knew were re-indexed meanwhile
-            raise StaleShardError(
-                f"dataset {self.dataset!r} changed since this reader opened: reopen it"
-            )
-        out: list[Any] = [None] * n
-        for index, shard_id, offset, length in sorted(rows, key=lambda r: (r[1], r[2])):
+    def _load(self, rows: Sequence[Sequence[Any]], raw: bool) -> list[Any]:
+        """Read and decode the records of ``rows`` (in batch order), in file order."""
+        if self._parts:
+            return self._load_parts(rows)
+        out: list[Any] = [None] * len(rows)
+        for index, shard_id, _, offset, length, *_ in sorted(rows, key=lambda r: (r[1], r[3])):
             data = self._read(shard_id, offset, length)
             out[index] = data if raw else self._fmt.decode(data, self.options)
+        return out
+
+    def _load_parts(self, rows: Sequence[Sequence[Any]]) -> list[dict[str, bytes]]:
+        members = (
+            self.catalog.reader_connection()
+            .execute(_MEMBERS_AT, (json.dumps([(r[1], r[2]) for r in rows]),))
+            .fetchall()
+        )
+        out: list[dict[str, bytes]] = [{} for _ in rows]
+        for index, name, offset, length in members:
+            out[index][name] = self._read(rows[index][1], offset, length)
         return out
 
     def _missing_message(self, missing: list[str]) -> str:
@@ -325,18 +369,19 @@ class Reader:
         done = 0
         for shard in self._order:
             try:
-                fd = self._fd(shard.id)
+                self._source(shard.id)
             except (StaleShardError, OSError) as exc:
                 problems.append(CorruptRecordError(shard.path, 0, str(exc)))
                 done += shard.count
                 continue
+            table = "members" if self._parts else "records"
             rows = conn.execute(
-                'SELECT "offset", length FROM records WHERE shard_id = ? ORDER BY ordinal',
+                f'SELECT "offset", length FROM {table} WHERE shard_id = ? ORDER BY "offset"',
                 (shard.id,),
             )
             for offset, length in rows:
                 try:
-                    self._fmt.read(fd, shard.path, offset, length, True)
+                    self._read(shard.id, offset, length, verify=True)
                 except CorruptRecordError as exc:
                     problems.append(exc)
                 done += 1
@@ -348,9 +393,10 @@ class Reader:
 
     def rebuild_index(self) -> None:
         """Re-index every shard of this dataset from its source patterns."""
-        sources = [absolute_path(p, self.catalog.directory) for p in self._source]
-        key = self.key_rule.partition(":")[2] if not self._by_position else None
-        self.catalog.ingest(sources, self.dataset, format=self.format, key=key, rescan=True).close()
+        sources = [absolute_path(p, self.catalog.directory) for p in self._patterns]
+        self.catalog.ingest(
+            sources, self.dataset, format=self.format, options=self.options, rescan=True
+        ).close()
         self._close_fds()
         self._load_shards()
 
@@ -372,10 +418,10 @@ class Reader:
         return self.iter_keys()
 
     def _close_fds(self) -> None:
-        if os.getpid() == self._fd_pid:
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
+        if os.getpid() == self._sources_pid:
+            for source in self._sources.values():
+                source.close()
+        self._sources = {}
 
     def close(self) -> None:
         """Close file descriptors (and the catalog, when this reader opened it)."""
@@ -424,6 +470,50 @@ class Reader:
         )
 
 
+def open_dataset(
+    paths: PathsLike,
+    *,
+    format: str,
+    index_file: str | os.PathLike[str] | None,
+    dataset: str | None,
+    readonly: bool,
+    workers: int | None,
+    options: dict[str, Any],
+    on_duplicate: str = "error",
+) -> tuple[Catalog, str, list[str]]:
+    """What every path-taking reader does: find the catalog (location rule), index
+    new or changed shards unless ``readonly``, and name the dataset.
+
+    Returns the open catalog (the caller owns it), the dataset name and the files.
+    """
+    files = resolve_paths(paths)
+    if not files:
+        raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
+    shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
+    catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
+    try:
+        name = dataset or catalog.find_dataset(paths)
+        if not readonly:
+            catalog.ingest(
+                paths,
+                name,
+                format=format,
+                options=options,
+                workers=workers,
+                on_duplicate=on_duplicate,
+            ).close()
+            name = name or catalog.find_dataset(paths)
+        if name is None:
+            raise CatalogError(
+                f"{catalog.path} has no dataset for {paths!r}; index it first "
+                "(catalog ingest) or open without readonly=True"
+            )
+    except BaseException:
+        catalog.close()
+        raise
+    return catalog, name, files
+
+
 class TFRecordReader(Reader):
     """tfd-utils' ``TFRecordRandomAccess``, backed by the catalog.
 
@@ -457,29 +547,17 @@ class TFRecordReader(Reader):
         readonly: bool = False,
     ) -> None:
         del progress_interval, use_pread, eager_open_workers  # tfd-utils knobs with no effect here
-        files = resolve_paths(tfrecord_path)
-        if not files:
-            raise CatalogError(f"No TFRecord files found for path: {tfrecord_path}")
-        shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
-        catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
+        catalog, name, files = open_dataset(
+            tfrecord_path,
+            format="tfrecord",
+            index_file=index_file,
+            dataset=dataset,
+            readonly=readonly,
+            workers=max_workers if use_multiprocessing else 1,
+            options={"key": None if key_by_position else key_feature_name},
+            on_duplicate=on_duplicate,
+        )
         try:
-            name = dataset or catalog.find_dataset(tfrecord_path)
-            if not readonly:
-                workers = max_workers if use_multiprocessing else 1
-                catalog.ingest(
-                    tfrecord_path,
-                    name,
-                    format="tfrecord",
-                    key=None if key_by_position else key_feature_name,
-                    workers=workers,
-                    on_duplicate=on_duplicate,
-                ).close()
-                name = name or catalog.find_dataset(tfrecord_path)
-            if name is None:
-                raise CatalogError(
-                    f"{catalog.path} has no dataset for {tfrecord_path!r}; "
-                    "index it first (catalog ingest) or open without readonly=True"
-                )
             super().__init__(
                 catalog,
                 name,

@@ -52,6 +52,8 @@ __all__ = [
 ]
 
 NAME = "tfrecord"
+TITLE = "TFRecord"
+PARTS = False
 EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr", ".records")
 HEADER = 12  # length + length CRC
 FOOTER = 4  # data CRC
@@ -182,16 +184,21 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
                 view.release()
 
 
-def read(fd: int, path: str, offset: int, length: int, verify: bool = False) -> bytes:
+def key_rule(options: Mapping[str, Any]) -> str:
+    key = options.get("key", "key")
+    return "position" if key is None else f"feature:{key}"
+
+
+def read(source: Any, path: str, offset: int, length: int, verify: bool = False) -> bytes:
     """The payload of the frame at ``offset``; with ``verify``, check both CRCs."""
     if not verify:
-        data = os.pread(fd, length, offset + HEADER)
+        data: bytes = source.pread(length, offset + HEADER)
         if len(data) != length:
             raise CorruptRecordError(
                 path, offset, f"truncated record: {len(data)} of {length} payload bytes"
             )
         return data
-    frame = pread_exact(fd, path, offset, HEADER + length + FOOTER)
+    frame = pread_exact(source, path, offset, HEADER + length + FOOTER)
     if _U64.unpack_from(frame, 0)[0] != length:
         raise CorruptRecordError(path, offset, "length differs from the catalog (stale shard?)")
     if masked_crc(frame[:8]) != _U32.unpack_from(frame, 8)[0]:
