@@ -1,5 +1,5 @@
 # Two entry points (see README): `make demo` and `make test`. Each creates
-# .venv and installs shardcat with its extras first.
+# .venv and installs shardcat with all its extras first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,bench,dev]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev]'
 	touch $@
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,

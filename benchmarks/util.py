@@ -19,16 +19,17 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def median_seconds(
-    fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None
-) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs (``setup`` runs untimed before each)."""
-    times = []
+def round_robin(contenders: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds per contender, running them in turn (A, B, C, A, B, C, ...).
+
+    Interleaving makes a noisy neighbour slow every contender alike, so the
+    ratios between them hold even when the absolute times wander.
+    """
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeats):
-        if setup is not None:
-            setup()
-        times.append(timed(fn))
-    return statistics.median(times)
+        for name, fn in contenders.items():
+            times[name].append(timed(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,7 +65,11 @@ def tfd_reader(ds: Any, index_file: Any = None, **kwargs: Any) -> Any:
 
 @dataclass
 class Row:
-    """One line of the results table: shardcat vs a competitor for one metric."""
+    """One line of the results table: shardcat vs a competitor for one metric.
+
+    A design target is either ``max_ratio`` (shardcat / other must not exceed
+    it) or ``max_value`` (shardcat's own number, in ``unit``, must stay below).
+    """
 
     benchmark: str
     metric: str
@@ -72,39 +77,69 @@ class Row:
     shardcat: float
     other_name: str
     other: float
-    target: str = ""
+    max_ratio: float | None = None
+    max_value: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.shardcat / self.other if self.other else float("nan")
 
+    @property
+    def target(self) -> str:
+        if self.max_ratio is not None:
+            return f"ratio <= {self.max_ratio:.2g}"
+        if self.max_value is not None:
+            return f"shardcat < {fmt(self.max_value)} {self.unit}"
+        return ""
+
+    @property
+    def met(self) -> str:
+        if self.max_ratio is not None:
+            return "yes" if self.ratio <= self.max_ratio else "**no**"
+        if self.max_value is not None:
+            return "yes" if self.shardcat < self.max_value else "**no**"
+        return ""
+
     def show(self) -> str:
+        verdict = f"  [target {self.target}: {self.met.strip('*')}]" if self.target else ""
         return (
             f"  {self.metric}: shardcat {fmt(self.shardcat)} {self.unit} | "
             f"{self.other_name} {fmt(self.other)} {self.unit} | "
-            f"ratio shardcat/{self.other_name} = {self.ratio:.3g}"
-            + (f"  (target: {self.target})" if self.target else "")
+            f"shardcat/other = {fmt_ratio(self.ratio)}{verdict}"
         )
 
 
 def fmt(x: float) -> str:
-    if x >= 100:
+    if abs(x) >= 100:
         return f"{x:,.0f}"
-    if x >= 10:
+    if abs(x) >= 10:
         return f"{x:.1f}"
     return f"{x:.3g}"
 
 
+def fmt_ratio(x: float) -> str:
+    if x < 0.1:
+        return f"{x:.2g}"
+    if x < 10:
+        return f"{x:.2f}"
+    return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
 def markdown(rows: list[Row], header: str) -> str:
+    """The rows as a markdown table (the benchmark's name only on its first row)."""
     lines = [
         header,
         "",
-        "| benchmark | metric | shardcat | compared with | other | shardcat / other | target |",
-        "| --- | --- | ---: | --- | ---: | ---: | --- |",
+        "| benchmark | metric | shardcat | compared with | other | shardcat / other "
+        "| target | met |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | --- |",
     ]
+    previous = None
     for r in rows:
+        name = "" if r.benchmark == previous else f"**{r.benchmark}**"
+        previous = r.benchmark
         lines.append(
-            f"| {r.benchmark} | {r.metric} | {fmt(r.shardcat)} {r.unit} | {r.other_name} "
-            f"| {fmt(r.other)} {r.unit} | {r.ratio:.3g} | {r.target} |"
+            f"| {name} | {r.metric} | {fmt(r.shardcat)} {r.unit} | {r.other_name} "
+            f"| {fmt(r.other)} {r.unit} | {fmt_ratio(r.ratio)} | {r.target} | {r.met} |"
         )
     return "\n".join(lines) + "\n"

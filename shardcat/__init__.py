@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
 from shardcat.catalog import Catalog, DatasetInfo, QueryResult
 from shardcat.errors import (
@@ -16,7 +17,14 @@ from shardcat.errors import (
     ShardcatError,
     StaleShardError,
 )
-from shardcat.readers.reader import Reader, TFRecordRandomAccess, TFRecordReader
+from shardcat.readers.reader import (
+    Reader,
+    RecordIOReader,
+    TarRandomAccess,
+    TarReader,
+    TFRecordRandomAccess,
+    TFRecordReader,
+)
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.readers.torch import RecordDataset
 
@@ -24,6 +32,20 @@ try:
     __version__ = _version("shardcat")
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0+unknown"
+
+if TYPE_CHECKING:
+    from shardcat.storage import TensorBlob, TensorDB
+
+
+def __getattr__(name: str) -> Any:
+    # TensorBlob/TensorDB need torch: imported on first use, so the core never imports it
+    # (without torch they import, and raise ImportError with the install hint when used)
+    if name in ("TensorBlob", "TensorDB"):
+        from shardcat import storage
+
+        return getattr(storage, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Catalog",
@@ -36,12 +58,17 @@ __all__ = [
     "QueryResult",
     "Reader",
     "RecordDataset",
+    "RecordIOReader",
     "SchemaVersionError",
     "ShardcatError",
     "StaleShardError",
     "TFRecordRandomAccess",
     "TFRecordReader",
     "TFRecordWriter",
+    "TarRandomAccess",
+    "TarReader",
+    "TensorBlob",
+    "TensorDB",
     "__version__",
     "make_example",
 ]

@@ -778,3 +778,25 @@ def test_ingest_without_a_name_never_takes_over_another_path_set(tmp_path):
         cat.ingest(tmp_path / "part-1.tfrecord").close()
         cat.ingest(tmp_path / "part-0.tfrecord").close()  # found again by its source
         assert [(d.name, d.records) for d in cat.datasets()] == [("part", 1), ("part_2", 1)]
+
+
+def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
+    """get_many must loop over the batch: a plan that scans records is O(dataset) per batch."""
+    from shardcat import Catalog
+    from shardcat.readers import reader as reader_module
+
+    path = tmp_path / "s.tfrecord"
+    with TFRecordWriter(path) as w:
+        w.write(make_example({"key": "k"}))
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(path, "d").close()
+        conn = cat.reader_connection()
+        for sql, params in [
+            (reader_module._MANY_BY_KEY, ("[]", 1)),
+            (reader_module._MANY_BY_POSITION, ("[]",)),
+            (reader_module._MEMBERS_AT, ("[]",)),
+        ]:
+            plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+            assert plan[0].startswith("SCAN j"), plan
+            steps = [step for step in plan[1:] if not step.startswith("USE TEMP B-TREE")]
+            assert steps and all(step.startswith("SEARCH") for step in steps), plan

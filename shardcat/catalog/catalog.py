@@ -29,7 +29,7 @@ from shardcat.catalog.ingest import (
     stored_path,
     sync_shards,
 )
-from shardcat.catalog.query import QueryResult, run_readonly
+from shardcat.catalog.query import QueryResult, attached, run_readonly
 from shardcat.errors import CatalogError, SchemaVersionError
 from shardcat.migrations import SCHEMA_VERSION, ensure_schema
 from shardcat.readers.formats import detect_format, get_format
@@ -59,7 +59,11 @@ def _patterns(paths: PathsLike) -> list[str]:
 
 
 def resolve_paths(paths: PathsLike) -> list[str]:
-    """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them."""
+    """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them.
+
+    A directory stands for its files except catalogs (``*.sqlite*``) and index
+    files (``*.idx``).
+    """
     found: set[str] = set()
     for pattern in _patterns(paths):
         pattern = os.path.expanduser(pattern)
@@ -67,7 +71,9 @@ def resolve_paths(paths: PathsLike) -> list[str]:
             matches = [
                 os.path.join(pattern, n)
                 for n in os.listdir(pattern)
-                if os.path.isfile(os.path.join(pattern, n)) and ".sqlite" not in n
+                if os.path.isfile(os.path.join(pattern, n))
+                and ".sqlite" not in n
+                and not n.endswith(".idx")  # MXNet/DALI index files beside the shards
             ]
         elif os.path.exists(pattern):
             matches = [pattern]
@@ -328,7 +334,7 @@ class Catalog:
                     )
                 ).inserted_primary_key[0]
                 field_store.create_field_table(conn, dataset_id)
-                field_store.create_view(conn, dataset_id, name, key is None)
+                field_store.create_view(conn, dataset_id, name, key_rule == "position")
             else:
                 dataset_id = row.id
                 if (row.format, row.key_rule, row.grouping) != (
@@ -423,15 +429,24 @@ class Catalog:
         return Reader(self, name, verify_crc=verify_crc)
 
     def query(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        attach: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> QueryResult:
         """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
 
         Every dataset is a view named after it (``key``, ``position``,
         ``shard`` and its scalar fields). Statements that would write, attach
         or change settings are refused with :class:`CatalogError`.
+        ``attach`` maps schema names to other SQLite files (or TensorDB
+        directories), attached read-only for this statement only, e.g.
+        ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e ON e.key = t.key``.
         """
-        return run_readonly(self.reader_connection(), sql, params)
+        conn = self.reader_connection()
+        with attached(conn, attach):
+            return run_readonly(conn, sql, params)
 
     def verify(self, name: str, progress: Callable[[int, int], None] | None = None) -> list[Any]:
         """Re-read every record of ``name`` checking framing and checksums.
@@ -449,6 +464,9 @@ class Catalog:
             conn.execute(delete(schema.records).where(schema.records.c.dataset_id == dataset_id))
             shard_ids = select(schema.shards.c.id).where(schema.shards.c.dataset_id == dataset_id)
             conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(shard_ids)))
+            conn.execute(
+                delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(shard_ids))
+            )
             conn.execute(delete(schema.shards).where(schema.shards.c.dataset_id == dataset_id))
             conn.execute(delete(schema.fields).where(schema.fields.c.dataset_id == dataset_id))
             field_store.drop_dataset_objects(conn, dataset_id, name)

@@ -40,6 +40,7 @@ from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.errors import DuplicateKeyError, IngestError, ShardcatError
+from shardcat.readers.compressed import scan_shard
 from shardcat.readers.formats import Entry, get_format
 
 __all__ = ["IngestJob", "ShardOutcome", "run_ingest", "stored_path", "sync_shards"]
@@ -140,6 +141,7 @@ def _clear_shard(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) ->
     ids = list(shard_ids)
     conn.execute(delete(schema.records).where(schema.records.c.shard_id.in_(ids)))
     conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(ids)))
+    conn.execute(delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(ids)))
     ftable = conn.dialect.identifier_preparer.quote_identifier(schema.field_table_name(dataset_id))
     conn.exec_driver_sql(
         f"DELETE FROM {ftable} WHERE shard_id IN ({', '.join(str(i) for i in ids)})"
@@ -389,9 +391,12 @@ def _commit(
     entries: list[Entry],
     st: os.stat_result,
     fp: str,
+    compression: str | None = None,
+    seek_index: tuple[str, bytes] | None = None,
 ) -> int:
     def record_rows() -> list[tuple[Any, ...]]:
-        by_position = job.options.get("key") is None
+        # the format's key rule decides (RecordIO without .idx files keys by position)
+        by_position = get_format(job.format).key_rule(job.options) == "position"
         return [
             (
                 job.dataset_id,
@@ -439,12 +444,21 @@ def _commit(
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
             fingerprint=fp,
+            compression=compression,
             claim_owner=None,
             claimed_at=None,
             error=None,
             indexed_at=time.time(),
         )
     )
+    # Seek points of a compressed shard commit with its records (schema version 2).
+    conn.execute(delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id == shard_id))
+    if seek_index is not None:
+        conn.execute(
+            schema.seek_indexes.insert().values(
+                shard_id=shard_id, kind=seek_index[0], data=seek_index[1]
+            )
+        )
     recompute_positions(conn, job.dataset_id)
     return len(entries)
 
@@ -459,11 +473,17 @@ def index_claimed(
     try:
         st = os.stat(path)
         fp = fingerprint(path, st.st_size)
-        entries = _dedupe_within(list(fmt.scan(path, job.options)), stored, job.on_duplicate)
+        scanned = scan_shard(fmt, path, job.options)  # plain or compressed (+ seek points)
+        entries = _dedupe_within(scanned.entries, stored, job.on_duplicate)
+        seek = (
+            None
+            if scanned.seek_kind is None or scanned.seek_index is None
+            else (scanned.seek_kind, scanned.seek_index)
+        )
         with engine.begin() as conn:
             if not _still_mine(conn, shard_id, owner):
                 return ShardOutcome(stored, 0, CLAIM_LOST)
-            n = _commit(conn, job, shard_id, stored, entries, st, fp)
+            n = _commit(conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek)
         return ShardOutcome(stored, n)
     except (ShardcatError, OSError) as exc:
         message = str(exc)

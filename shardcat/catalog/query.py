@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from shardcat.errors import CatalogError
 
-__all__ = ["QueryResult", "run_readonly"]
+__all__ = ["STORAGE_DB_NAME", "QueryResult", "attached", "run_readonly"]
+
+# The SQLite file that shardcat keeps inside a storage directory (TensorBlob,
+# TensorDB): ``attach`` accepts such a directory in place of the file.
+STORAGE_DB_NAME = ".shardcat.sqlite"
+_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # What a read-only statement may do (sqlite3 authorizer action codes).
 _ALLOWED = {
@@ -55,3 +64,42 @@ def run_readonly(
     finally:
         conn.set_authorizer(None)
     return QueryResult(rows, columns)
+
+
+def _attach_target(name: str, path: str | os.PathLike[str]) -> Path:
+    if not _ALIAS.match(name) or name.lower() in ("main", "temp"):
+        raise CatalogError(
+            f"invalid attach name {name!r}: use letters, digits and '_' (not main or temp)"
+        )
+    target = Path(path).expanduser()
+    if target.is_dir():
+        target = target / STORAGE_DB_NAME
+    if not target.is_file():
+        raise CatalogError(f"cannot attach {name!r}: no SQLite database at {target}")
+    return target.resolve()
+
+
+@contextlib.contextmanager
+def attached(
+    conn: sqlite3.Connection, attach: Mapping[str, str | os.PathLike[str]] | None
+) -> Iterator[None]:
+    """ATTACH each ``name -> path`` read-only for the duration of the block, then DETACH.
+
+    ``path`` is a SQLite file, or a TensorBlob/TensorDB directory (its
+    ``.shardcat.sqlite``). Attaching happens before :func:`run_readonly`
+    installs its authorizer (which refuses ``ATTACH`` in the user's SQL), and
+    every database is attached with ``mode=ro``: nothing can be written.
+    """
+    targets = {name: _attach_target(name, path) for name, path in (attach or {}).items()}
+    done: list[str] = []
+    try:
+        for name, target in targets.items():
+            try:
+                conn.execute(f'ATTACH DATABASE ? AS "{name}"', (target.as_uri() + "?mode=ro",))
+            except sqlite3.Error as exc:
+                raise CatalogError(f"cannot attach {name!r} ({target}): {exc}") from None
+            done.append(name)
+        yield
+    finally:
+        for name in reversed(done):
+            conn.execute(f'DETACH DATABASE "{name}"')

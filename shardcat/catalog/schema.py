@@ -15,6 +15,9 @@
   table per dataset, ``fields_<dataset id>`` (``shard_id, ordinal`` + one
   column per field), exposed with the key and position through a view named
   after the dataset.
+- ``seek_indexes`` (schema version 2): seek points into the decompressed
+  stream of each gzip/bz2-compressed shard; record and member offsets of
+  compressed shards are decompressed-stream offsets.
 - ``catalog_meta``: key/value pairs; ``schema_version`` among them.
 """
 
@@ -27,6 +30,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -103,6 +107,22 @@ members = Table(
     Column("length", BigInteger, nullable=False),
     PrimaryKeyConstraint("shard_id", "ordinal", "name"),
     sqlite_with_rowid=False,
+)
+
+# Schema version 2: seek points of compressed shards (one blob per shard, written
+# in the transaction that commits the shard's records; see readers/compressed.py).
+seek_indexes = Table(
+    "seek_indexes",
+    metadata,
+    Column(
+        "shard_id",
+        Integer,
+        ForeignKey("shards.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("kind", String(32), nullable=False),  # "zran" (gzip) or "bz2-blocks"
+    Column("data", LargeBinary, nullable=False),
 )
 
 FIELD_TYPES = ("integer", "real", "text")

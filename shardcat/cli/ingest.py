@@ -50,6 +50,13 @@ def ingest(
         str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
     ] = "error",
     rescan: Annotated[bool, typer.Option(help="Re-index unchanged shards too.")] = False,
+    grouping: Annotated[
+        str | None,
+        typer.Option(
+            help="tar: how members form samples: webdataset (default; split at the first "
+            "dot of the basename) or tfd (at the last dot, as tfd-utils)."
+        ),
+    ] = None,
 ) -> None:
     """Index shards into the catalog (only new or changed shards are read).
 
@@ -92,6 +99,7 @@ def ingest(
                 workers=workers,
                 on_duplicate=on_duplicate,
                 rescan=rescan,
+                grouping=grouping,
                 progress=progress,
             )
         except IngestError as exc:

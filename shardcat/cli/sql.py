@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, open_catalog, print_json
+from shardcat.errors import CatalogError
 
 
 @handle_errors
@@ -23,13 +24,31 @@ def query(
     ] = None,
     json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
+    attach: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--attach",
+            help="NAME=PATH: also query another SQLite file or a TensorDB directory "
+            "as schema NAME, read-only (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Run read-only SQL; every dataset is a view named after it.
 
     Example: catalog query "SELECT label, count(*) FROM train GROUP BY label"
+
+    With --attach emb=emb.db, a TensorDB's rows join a dataset's records:
+    catalog query "SELECT t.key, e.position FROM train t JOIN emb.rows e ON e.key = t.key"
+    --attach emb=emb.db
     """
+    attached: dict[str, str] = {}
+    for item in attach or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CatalogError(f"--attach takes NAME=PATH, not {item!r}")
+        attached[name] = path
     with open_catalog(catalog) as cat:
-        rows = cat.query(sql, param or [])
+        rows = cat.query(sql, param or [], attach=attached)
     if json:
         print_json([dict(zip(rows.columns, row, strict=True)) for row in rows])
     elif as_csv:

@@ -18,10 +18,17 @@ from shardcat.errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _add_seek_indexes(conn: Connection) -> None:
+    """1 -> 2: the ``seek_indexes`` table (seek points of compressed shards).
+    Version 1 could not ingest compressed shards, so there is nothing to fill."""
+    schema.seek_indexes.create(conn)
+
 
 # STEPS[n] upgrades a catalog from version n to n + 1.
-STEPS: dict[int, Callable[[Connection], None]] = {}
+STEPS: dict[int, Callable[[Connection], None]] = {1: _add_seek_indexes}
 
 
 def read_version(conn: Connection) -> int | None:

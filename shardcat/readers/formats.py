@@ -18,9 +18,18 @@ nothing about SQL. It provides:
 - ``PARTS``: True when records are made of separately stored members (tar:
   ``Entry.members``); a reader then reads one member per feature, and the
   record is ``{feature: bytes}``;
-- ``feature_list(record, name) -> list | None``,
+- ``feature_list(record, name) -> Sequence | None`` (no copy needed),
   ``describe(record) -> dict[str, str]`` (feature name -> type name) and
-  ``features(record) -> dict[str, list]`` (feature name -> all its values).
+  ``features(record) -> dict[str, list]`` (feature name -> all its values);
+- optional ``scan_stream(stream, path, options) -> Iterator[Entry]``: ``scan``
+  over a binary stream read sequentially; formats that have it can be read
+  from gzip/bz2/xz-compressed shards (ingest hands them the decompressed
+  stream, which records seek points; offsets are decompressed offsets, see
+  :mod:`shardcat.readers.compressed`);
+- optional ``dali_index_lines(entries, options) -> Iterator[str]``: the lines
+  (without newlines) of the DALI index file for one shard, given its
+  :class:`Entry` rows in file order (``members`` filled for ``PARTS``
+  formats); ``catalog export-index`` uses it.
 
 Adding a format means adding its module and one line in ``_MODULES``.
 """
@@ -28,7 +37,7 @@ Adding a format means adding its module and one line in ``_MODULES``.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
@@ -75,7 +84,7 @@ class Format(Protocol):
 
     def decode(self, raw: bytes, options: Mapping[str, Any]) -> Any: ...
 
-    def feature_list(self, record: Any, name: str) -> list[Any] | None: ...
+    def feature_list(self, record: Any, name: str) -> Sequence[Any] | None: ...
 
     def describe(self, record: Any) -> dict[str, str]: ...
 
@@ -84,6 +93,8 @@ class Format(Protocol):
 
 _MODULES = {
     "tfrecord": "shardcat.readers.tfrecord",
+    "recordio": "shardcat.readers.recordio",
+    "tar": "shardcat.readers.tar",
 }
 
 SNIFF_BYTES = 512
@@ -105,9 +116,11 @@ def get_format(name: str) -> Format:
 
 
 def detect_format(path: str) -> str:
-    """Name of the format of the file at ``path``, from its first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(SNIFF_BYTES)
+    """Name of the format of the file at ``path``, from its first bytes (of the
+    decompressed content for gzip/bz2/xz-compressed files)."""
+    from shardcat.readers.compressed import read_head
+
+    head = read_head(path, SNIFF_BYTES)
     matches = [name for name in known_formats() if get_format(name).sniff(head)]
     if len(matches) > 1:
         ext = [n for n in matches if path.endswith(get_format(n).EXTENSIONS)]

@@ -24,25 +24,34 @@ from shardcat.errors import CatalogError, CorruptRecordError, KeyNotFoundError, 
 from shardcat.readers.formats import get_format
 from shardcat.readers.source import Source, open_source
 
-__all__ = ["Reader", "TFRecordRandomAccess", "TFRecordReader", "open_dataset"]
+__all__ = [
+    "Reader",
+    "RecordIOReader",
+    "TFRecordRandomAccess",
+    "TFRecordReader",
+    "TarRandomAccess",
+    "TarReader",
+    "open_dataset",
+]
 
-# Rows are (batch index, shard_id, ordinal, offset, length[, key]).
+# Rows are (batch index, shard_id, ordinal, offset, length[, key]). CROSS JOIN makes
+# SQLite loop over the batch and look each item up, instead of scanning the records.
 _BY_KEY = (
     'SELECT 0, shard_id, ordinal, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
 )
 _MANY_BY_KEY = (
     'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length FROM json_each(?) j '
-    "JOIN records r ON r.dataset_id = ? AND r.key = j.value"
+    "CROSS JOIN records r ON r.dataset_id = ? AND r.key = j.value"
 )
 _MANY_BY_POSITION = (
     'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length, r.key FROM json_each(?) j '
-    "JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
     "AND r.ordinal = json_extract(j.value, '$[1]')"
 )
 # Members of records (formats whose records have parts): (batch index, name, offset, length).
 _MEMBERS_AT = (
     'SELECT j.key, m.name, m."offset", m.length FROM json_each(?) j '
-    "JOIN members m ON m.shard_id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN members m ON m.shard_id = json_extract(j.value, '$[0]') "
     "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
 )
 _MEMBER_BY_KEY = (
@@ -145,11 +154,17 @@ class Reader:
         return source
 
     def _seek_index(self, shard: _Shard) -> bytes | None:
-        return None
+        """The stored seek points of a compressed shard (None: none stored)."""
+        row = (
+            self.catalog.reader_connection()
+            .execute("SELECT data FROM seek_indexes WHERE shard_id = ?", (shard.id,))
+            .fetchone()
+        )
+        return None if row is None else bytes(row[0])
 
     def _read(self, shard_id: int, offset: int, length: int, verify: bool | None = None) -> bytes:
         return self._fmt.read(
-            self._source(shard_id),
+            self._sources.get(shard_id) or self._source(shard_id),
             self._shards[shard_id].path,
             offset,
             length,
@@ -210,7 +225,11 @@ class Reader:
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
         row = self._locate(key)
-        return None if row is None else self._load([row], raw=False)[0]
+        if row is None:
+            return None
+        if self._parts:
+            return self._load_parts([row])[0]
+        return self._fmt.decode(self._read(row[1], row[3], row[4]), self.options)
 
     def get_feature(self, key: Any, feature_name: str) -> Any:
         """The first value of one feature, or None when the key or feature is missing.
@@ -224,7 +243,10 @@ class Reader:
                 .fetchone()
             )
             return None if row is None else self._read(*row)
-        values = self.get_feature_list(key, feature_name)
+        record = self.get_record(key)
+        if record is None:
+            return None
+        values = self._fmt.feature_list(record, feature_name)
         return values[0] if values else None
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
@@ -232,7 +254,8 @@ class Reader:
         record = self.get_record(key)
         if record is None:
             return None
-        return self._fmt.feature_list(record, feature_name) or None  # empty -> None, as tfd-utils
+        values = self._fmt.feature_list(record, feature_name)
+        return list(values) if values else None  # empty -> None, as tfd-utils
 
     def get_many(self, keys: Sequence[Any], *, raw: bool = False) -> list[Any]:
         """Records for ``keys`` in the same order, found with one query.
@@ -384,8 +407,13 @@ class Reader:
                     self._read(shard.id, offset, length, verify=True)
                 except CorruptRecordError as exc:
                     problems.append(exc)
-                done += 1
-                if progress is not None and done % 1000 == 0:
+                if not self._parts:  # rows are members for tar: count records per shard
+                    done += 1
+                    if progress is not None and done % 1000 == 0:
+                        progress(done, self._len)
+            if self._parts:
+                done += shard.count
+                if progress is not None:
                     progress(done, self._len)
         if progress is not None:
             progress(done, self._len)
@@ -586,4 +614,134 @@ class TFRecordReader(Reader):
         self.index_file = str(self.catalog.path)
 
 
+class RecordIOReader(Reader):
+    """MXNet RecordIO shards (``.rec``), backed by the catalog.
+
+    Takes a path, a glob or a list of them; shards are indexed on first use
+    as :class:`TFRecordReader` does (``index_file`` is the catalog file).
+    ``get_record(key)`` returns the payload exactly as MXNet's
+    ``MXIndexedRecordIO.read_idx`` does. Keys come from the ``.idx`` beside
+    each ``.rec`` when the first one has it, else they are positions
+    ``"0".."n-1"`` (``key_by_position=True`` forces that). ``header``: whether
+    payloads start with an ``IRHeader`` (None: detected from the first
+    record); its label(s), id and id2 become SQL fields and features.
+    """
+
+    def __init__(
+        self,
+        rec_path: PathsLike,
+        index_file: str | os.PathLike[str] | None = None,
+        max_workers: int | None = None,
+        file_pool_size: int = 100,
+        *,
+        dataset: str | None = None,
+        key_by_position: bool = False,
+        header: bool | None = None,
+        on_duplicate: str = "error",
+        readonly: bool = False,
+    ) -> None:
+        options: dict[str, Any] = {"key": None if key_by_position else "key"}
+        if header is not None:
+            options["header"] = header
+        catalog, name, files = open_dataset(
+            rec_path,
+            format="recordio",
+            index_file=index_file,
+            dataset=dataset,
+            readonly=readonly,
+            workers=max_workers,
+            options=options,
+            on_duplicate=on_duplicate,
+        )
+        try:
+            super().__init__(catalog, name, file_pool_size=file_pool_size, owns_catalog=True)
+        except BaseException:
+            catalog.close()
+            raise
+        self.rec_files = files
+        self.index_file = str(catalog.path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "rec_files": self.rec_files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.rec_files = state["rec_files"]
+        self.index_file = str(self.catalog.path)
+
+
+class TarReader(Reader):
+    """tfd-utils' ``TarRandomAccess``, backed by the catalog.
+
+    Takes a ``.tar`` (or ``.tar.gz``/``.tar.bz2``/``.tar.xz``, detected by
+    content) path, a glob or a list of them; indexed into the catalog on first
+    use as :class:`TFRecordReader` does (``index_file`` is the catalog file).
+    Records are samples ``{feature: bytes}``; ``get_feature`` reads only that
+    member. ``grouping`` is ``"tfd"`` by default, so keys are tfd-utils' (the
+    member path without its last suffix); ``"webdataset"`` splits at the
+    first dot of the basename, as WebDataset and ``catalog ingest`` do. A
+    dataset already in the catalog keeps the grouping it was ingested with:
+    open it with the same one. ``progress_interval`` and
+    ``use_multiprocessing=False`` (one indexing process) are accepted for
+    compatibility. New: ``dataset``, ``key_by_position``, ``on_duplicate``
+    (a stem that comes back later in an archive is a duplicate key),
+    ``verify`` (check each member's tar header on read) and ``readonly``.
+    """
+
+    def __init__(
+        self,
+        tar_path: PathsLike,
+        index_file: str | os.PathLike[str] | None = None,
+        progress_interval: int = 1024,
+        max_workers: int | None = None,
+        use_multiprocessing: bool = True,
+        file_pool_size: int = 20,
+        *,
+        dataset: str | None = None,
+        grouping: str = "tfd",
+        key_by_position: bool = False,
+        on_duplicate: str = "error",
+        verify: bool = False,
+        readonly: bool = False,
+    ) -> None:
+        del progress_interval  # tfd-utils knob with no effect here
+        catalog, name, files = open_dataset(
+            tar_path,
+            format="tar",
+            index_file=index_file,
+            dataset=dataset,
+            readonly=readonly,
+            workers=max_workers if use_multiprocessing else 1,
+            options={"key": None if key_by_position else "key", "grouping": grouping},
+            on_duplicate=on_duplicate,
+        )
+        try:
+            super().__init__(
+                catalog,
+                name,
+                verify_crc=verify,
+                file_pool_size=file_pool_size,
+                owns_catalog=True,
+            )
+        except BaseException:
+            catalog.close()
+            raise
+        self.tar_files = files
+        self.index_file = str(catalog.path)
+
+    def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
+        """``[bytes]`` of one member (only that member is read), or None."""
+        value = self.get_feature(key, feature_name)
+        return None if value is None else [value]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "tar_files": self.tar_files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.tar_files = state["tar_files"]
+        self.index_file = str(self.catalog.path)
+
+
 TFRecordRandomAccess = TFRecordReader
+TarRandomAccess = TarReader

@@ -11,8 +11,6 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
-from shardcat.errors import CatalogError
-
 __all__ = ["FileSource", "Source", "open_source"]
 
 
@@ -38,7 +36,13 @@ class FileSource:
 def open_source(
     fd: int, path: str, compression: str | None, load_seek_index: Callable[[], bytes | None]
 ) -> Source:
-    """The source for a shard; ``load_seek_index`` fetches its seek points when needed."""
+    """The source for a shard; ``load_seek_index`` fetches its seek points when needed.
+
+    Compressed shards read in decompressed-stream offsets (see
+    :mod:`shardcat.readers.compressed`); the source owns ``fd`` either way.
+    """
     if compression is None:
         return FileSource(fd)
-    raise CatalogError(f"{path}: reading {compression}-compressed shards is not supported yet")
+    from shardcat.readers.compressed import open_compressed_source
+
+    return open_compressed_source(fd, path, compression, load_seek_index)

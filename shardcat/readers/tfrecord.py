@@ -17,10 +17,12 @@ most ``MAX_TEXT_FIELD`` bytes. The key feature is the ``key`` column itself.
 
 from __future__ import annotations
 
+import lzma
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import crc32c as _crc32c
@@ -40,6 +42,7 @@ from shardcat.readers.formats import Entry, Scalar, pread_exact
 
 __all__ = [
     "TFRecordWriter",
+    "dali_index_lines",
     "decode",
     "describe",
     "feature_list",
@@ -48,6 +51,7 @@ __all__ = [
     "masked_crc",
     "read",
     "scan",
+    "scan_stream",
     "sniff",
 ]
 
@@ -184,6 +188,63 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
                 view.release()
 
 
+def _read_full(stream: Any, size: int) -> bytes:
+    parts = []
+    while size > 0:
+        chunk = stream.read(size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+    """:func:`scan` over a binary stream read sequentially, with the same checks,
+    errors and offsets: ingest hands in the decompressed stream of a
+    GZIP-compressed TFRecord (``compression_type="GZIP"``), whose offsets are
+    then decompressed-stream offsets."""
+    key_feature: str | None = options.get("key", "key")
+    want_fields: bool = options.get("fields", True)
+    parse = SequenceExample.FromString
+    pos = 0
+    while True:
+        header = _read_full(stream, HEADER)
+        if not header:
+            return
+        if len(header) < HEADER:
+            raise CorruptRecordError(
+                path, pos, f"truncated frame header ({len(header)} of {HEADER} bytes)"
+            )
+        (length,) = _U64.unpack_from(header, 0)
+        if masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
+            raise CorruptRecordError(path, pos, "length CRC mismatch")
+        body = _read_full(stream, length + FOOTER)
+        if len(body) < length + FOOTER:
+            raise CorruptRecordError(
+                path,
+                pos,
+                f"truncated record: needs {HEADER + length + FOOTER} bytes, "
+                f"file has {HEADER + len(body)} left",
+            )
+        data = body[:length]
+        if masked_crc(data) != _U32.unpack_from(body, length)[0]:
+            raise CorruptRecordError(path, pos, "data CRC mismatch")
+        if key_feature is None and not want_fields:
+            yield Entry(None, pos, length)
+        else:
+            try:
+                context = parse(data).context
+            except Exception as exc:  # protobuf's DecodeError varies by runtime
+                raise CorruptRecordError(
+                    path, pos, f"payload is not a tf.train.Example: {exc}"
+                ) from None
+            key = None if key_feature is None else _key_of(context, key_feature, path, pos)
+            fields = _scalars(context, key_feature) if want_fields else {}
+            yield Entry(key, pos, length, fields)
+        pos += HEADER + length + FOOTER
+
+
 def key_rule(options: Mapping[str, Any]) -> str:
     key = options.get("key", "key")
     return "position" if key is None else f"feature:{key}"
@@ -220,14 +281,14 @@ def _features(record: Any) -> Any:
     return record.context if isinstance(record, SequenceExample) else record.features
 
 
-def feature_list(record: Any, name: str) -> list[Any] | None:
-    """All values of feature ``name``, or None when the record lacks it."""
-    features = _features(record)
-    if name not in features.feature:
+def feature_list(record: Any, name: str) -> Sequence[Any] | None:
+    """All values of feature ``name`` (the protobuf list, not a copy), or None."""
+    features = _features(record).feature
+    if name not in features:  # indexing a missing name would insert an empty feature
         return None
-    feature = features.feature[name]
+    feature = features[name]
     kind = feature.WhichOneof("kind")
-    return list(getattr(feature, kind).value) if kind else None
+    return getattr(feature, kind).value if kind else None
 
 
 def features(record: Any) -> dict[str, list[Any]]:
@@ -261,16 +322,28 @@ def describe(record: Any) -> dict[str, str]:
 def detect_options(path: str) -> dict[str, Any]:
     """Dataset options read off the first shard: ``message`` is ``sequence_example``
     when its first record carries feature lists, else ``example``."""
-    with open(path, "rb") as f:
-        header = f.read(HEADER)
-        if len(header) < HEADER:
-            return {"message": "example"}
-        data = f.read(_U64.unpack_from(header, 0)[0])
+    from shardcat.readers.compressed import open_stream  # GZIP TFRecords too
+
+    try:
+        with open_stream(path) as f:
+            header = f.read(HEADER)
+            if len(header) < HEADER:
+                return {"message": "example"}
+            data = f.read(_U64.unpack_from(header, 0)[0])
+    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
+        return {"message": "example"}  # a broken compressed stream: the scan reports it
     try:
         seq = SequenceExample.FromString(data)
     except Exception:  # the scan reports undecodable payloads with their offset
         return {"message": "example"}
     return {"message": "sequence_example" if seq.feature_lists.feature_list else "example"}
+
+
+def dali_index_lines(entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
+    """The lines of DALI's ``tfrecord2idx`` index for one shard: ``<offset> <size>``,
+    the byte offset of each frame and its size (length, CRCs and data)."""
+    for entry in entries:
+        yield f"{entry.offset} {HEADER + entry.length + FOOTER}"
 
 
 # -- writing -------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""tar and .tar.gz side by side with tfd-utils' TarRandomAccess, in one run.
+
+``python -m benchmarks.tar_bench [--mb 100] [--reads 300] [--gz-reads-tfd 8] [--data DIR]``
+
+Measures: ingest of a tar shard set (4 shards) against tfd-utils' index build;
+random ``get_feature`` on one ~100 MB ``.tar`` and on the same archive as
+``.tar.gz`` (median µs per read, fresh readers, the same random keys for both
+tools). tfd-utils reads a ``.tar.gz`` through ``tarfile``/``gzip``, which
+decompresses from the start of the file for every backward seek, so its
+``.tar.gz`` reads are sampled fewer times (``--gz-reads-tfd``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gzip
+import io
+import json
+import os
+import random
+import shutil
+import statistics
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from shardcat import Catalog, TarReader
+
+
+def _payload(rng: random.Random, words: list[bytes], n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + b" "
+        if rng.random() < 0.3:
+            out += rng.randbytes(8)
+    return bytes(out[:n])
+
+
+def make_archives(directory: Path, total_mb: int, shards: int = 4) -> list[Path]:
+    """``shards`` WebDataset tars of ``total_mb`` MB in all: jpg-like (half
+    compressible), json and cls members per sample; plus ``big.tar(.gz)`` of
+    ``total_mb`` MB for random reads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    words = [rng.randbytes(rng.randint(3, 9)).hex().encode() for _ in range(500)]
+    paths = []
+    for i in range(shards):
+        paths.append(directory / f"part-{i:02d}.tar")
+        _write_tar(paths[-1], rng, words, total_mb * 1_000_000 // shards, i)
+    big = directory / "big.tar"
+    _write_tar(big, rng, words, total_mb * 1_000_000, 99)
+    with open(big, "rb") as src, gzip.open(directory / "big.tar.gz", "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return paths
+
+
+def _write_tar(path: Path, rng: random.Random, words: list[bytes], size: int, shard: int) -> None:
+    total, i = 0, 0
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        while total < size:
+            key = f"s{shard:02d}_{i:06d}"
+            members = (
+                ("jpg", _payload(rng, words, rng.randint(20_000, 60_000))),
+                ("json", json.dumps({"width": i, "height": i % 7}).encode()),
+                ("cls", str(i % 10).encode()),
+            )
+            for ext, data in members:
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+                total += len(data) + 512
+            i += 1
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        yield
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _median_us(read: Callable[[str], object], keys: list[str]) -> float:
+    times = []
+    for key in keys:
+        start = time.perf_counter()
+        value = read(key)
+        times.append(time.perf_counter() - start)
+        if value is None:
+            raise RuntimeError(f"no jpg for {key}")
+    return statistics.median(times) * 1e6
+
+
+def run(
+    data: Path, total_mb: int, reads: int, gz_reads_tfd: int
+) -> list[tuple[str, str, str, str]]:
+    from tfd_utils import TarRandomAccess as TfdTar
+
+    if not (data / "big.tar.gz").exists():
+        make_archives(data, total_mb)
+    parts = sorted(data.glob("part-*.tar"))
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="tar_bench_"))
+    try:
+        # ingest of the shard set vs tfd-utils' index build (both from scratch, 2 workers)
+        ours = _timed(
+            lambda: (
+                Catalog(work / "ingest.sqlite")
+                .ingest([str(p) for p in parts], "parts", workers=2)
+                .close()
+            )
+        )
+        with _quiet():
+            tfd = TfdTar([str(p) for p in parts], index_file=work / "t.tar_index", max_workers=2)
+            theirs = _timed(lambda: tfd.index)
+            tfd.close()
+        mb = sum(p.stat().st_size for p in parts) / 1e6
+        rows.append(
+            (
+                f"ingest {len(parts)} tars, {mb:.0f} MB",
+                f"{ours:.2f} s",
+                f"{theirs:.2f} s",
+                f"{ours / theirs:.2f}x",
+            )
+        )
+        for name, n_tfd in (("big.tar", reads), ("big.tar.gz", gz_reads_tfd)):
+            path = str(data / name)
+            with TarReader(path, index_file=work / f"{name}.sqlite", grouping="tfd") as reader:
+                keys = reader.get_keys()
+                sample = random.Random(1).sample(keys, reads)
+                _median_us(lambda k: reader.get_feature(k, "jpg"), sample[:20])  # warm up
+                ours_us = _median_us(lambda k: reader.get_feature(k, "jpg"), sample)
+            with _quiet():
+                tfd = TfdTar(path, index_file=work / f"{name}.tar_index")
+                _ = tfd.index
+                read_theirs = functools.partial(tfd.get_feature, feature_name="jpg")
+                theirs_us = _median_us(read_theirs, sample[:n_tfd])
+                tfd.close()
+            rows.append(
+                (
+                    f"random get_feature, {name} ({os.path.getsize(path) / 1e6:.0f} MB)",
+                    f"{ours_us:,.0f} µs",
+                    f"{theirs_us:,.0f} µs",
+                    f"{ours_us / theirs_us:.4f}x",
+                )
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tar_bench", description=__doc__)
+    parser.add_argument("--mb", type=int, default=100, help="archive size (MB)")
+    parser.add_argument("--reads", type=int, default=300, help="random reads per tool")
+    parser.add_argument("--gz-reads-tfd", type=int, default=8, help="tfd-utils .tar.gz reads")
+    parser.add_argument(
+        "--data", type=Path, default=Path(__file__).parent / "data" / "tar", help="data directory"
+    )
+    args = parser.parse_args(argv)
+    rows = run(args.data / f"{args.mb}mb", args.mb, args.reads, args.gz_reads_tfd)
+    header = ("what", "shardcat", "tfd-utils 1.3.0", "shardcat / tfd-utils")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""convert: tar archives -> TFRecord files (tfd-utils' ``tfd convert``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from shardcat.cli.common import JsonOpt, handle_errors, print_json
+from shardcat.convert import ConvertResult, convert_tars, tar_inputs
+from shardcat.errors import CatalogError
+
+
+@handle_errors
+def convert(
+    inputs: Annotated[list[str], typer.Argument(help="Tar archives: files, directories or globs.")],
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir", "-o", help="Where to write the TFRecords (default: beside each tar)."
+        ),
+    ] = None,
+    delete: Annotated[
+        bool,
+        typer.Option(
+            "--delete",
+            "-d",
+            help="Delete each tar once its TFRecord was written, read back and verified.",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", "-w", help="Archives converted in parallel (default: cores)."),
+    ] = None,
+    grouping: Annotated[
+        str,
+        typer.Option(
+            help="Member grouping: tfd (key = name without its last suffix, as tfd-utils) "
+            "or webdataset (split at the first dot of the basename)."
+        ),
+    ] = "tfd",
+    json_out: JsonOpt = False,
+) -> None:
+    """Convert tar archives to TFRecord files, one <archive stem>.tfrecord per archive.
+
+    Each sample becomes one tf.train.Example: a 'key' feature plus one bytes
+    feature per member (named after its extension), as `tfd convert` writes
+    them. Compressed archives (.tar.gz, .tar.bz2, .tar.xz) work too. Each
+    TFRecord is read back and checked before it replaces an older file, and
+    --delete removes a tar only after that. The results ingest at once:
+    `catalog ingest 'OUT/*.tfrecord'`.
+    """
+    sources = tar_inputs(inputs)
+    if not sources:
+        raise CatalogError(f"no tar archives found for {' '.join(inputs)}")
+    n_workers = workers if workers is not None else min(len(sources), os.cpu_count() or 1)
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]convert"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("archives {task.fields[records]:,} records"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=json_out,
+    ) as bar:
+        task = bar.add_task("convert", total=len(sources), records=0)
+        counted = {"records": 0}
+
+        def progress(result: ConvertResult) -> None:
+            counted["records"] += result.records
+            bar.update(task, advance=1, records=counted["records"])
+
+        results = convert_tars(
+            sources,
+            output_dir,
+            delete=delete,
+            workers=max(1, n_workers),
+            grouping=grouping,
+            progress=progress,
+        )
+    failed = [r for r in results if r.error is not None]
+    if json_out:
+        print_json([asdict(r) for r in results])
+    else:
+        for r in results:
+            if r.error is None:
+                typer.echo(f"{r.source} -> {r.output} ({r.records:,} records)")
+    for r in failed:
+        typer.echo(f"failed: {r.error}", err=True)
+    if failed:
+        raise CatalogError(
+            f"{len(failed)} of {len(results)} archive(s) failed; their sources are kept"
+        )
+    if not json_out:
+        deleted = sum(r.deleted for r in results)
+        typer.echo(
+            f"converted {len(results)} archive(s), {counted['records']:,} records"
+            + (f"; deleted {deleted} source(s)" if deleted else ""),
+            err=True,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(convert)

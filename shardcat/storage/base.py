@@ -1,0 +1,448 @@
+"""What TensorBlob and TensorDB share: modes, the file position, indexing, commits."""
+
+from __future__ import annotations
+
+import io
+import math
+import operator
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+
+from shardcat.storage.column import BlockColumn, default_max_cached_blocks
+from shardcat.storage.meta import KINDS, META_FILE, Layout, Metadata, probe
+
+__all__ = ["Chunk", "Storage", "check_mode"]
+
+S = TypeVar("S", bound="Storage")
+# One piece of rows to write: first position, {field: rows}, optional keys.
+Chunk = tuple[int, dict[str, torch.Tensor], Sequence[str | None] | None]
+_CHUNK_BYTES = 1 << 24  # rows copied per step when extending row-wise
+
+
+def check_mode(mode: str) -> None:
+    """tensorblob's mode rules: one of r/w/a, at most one '+', nothing else."""
+    chars = set(mode)
+    if chars - set("raw+") or len(mode) > len(chars):
+        raise ValueError(f"Invalid mode: {mode}")
+    if sum(c in "raw" for c in mode) != 1 or mode.count("+") > 1:
+        raise ValueError(
+            f"Must have exactly one of read/write/append mode and at most one plus: {mode}"
+        )
+
+
+class Storage:
+    """Fields of row-aligned tensors in block files, with file-like access.
+
+    Subclasses set ``kind`` and provide the user-facing API; everything that
+    changes the row count goes through :meth:`_commit_rows`,
+    :meth:`_truncate_at` or :meth:`_extend_blocks`, each one SQLite
+    transaction (see :mod:`shardcat.storage.meta`).
+    """
+
+    kind: ClassVar[str]
+    noun: ClassVar[str]
+
+    def __init__(
+        self, path: Path, mode: str, meta: Metadata, max_cached_blocks: int | None
+    ) -> None:
+        self.filename = os.fspath(path)
+        self.mode = mode
+        self.block_size = meta.block_size
+        self._readable = "r" in mode or "+" in mode
+        self._writable = mode != "r"
+        self._append = "a" in mode
+        self._closed = False
+        self._meta = meta
+        self._max_cached_arg = max_cached_blocks
+        if max_cached_blocks is not None and max_cached_blocks < 0:
+            raise ValueError(f"max_cached_blocks must be positive, got {max_cached_blocks}")
+        # None or 0 means the default (as in tensorblob); a TensorDB's default is
+        # shared out among its fields, an explicit number applies to each field.
+        per_field = max_cached_blocks or max(default_max_cached_blocks() // len(meta.fields), 16)
+        self.max_cached_blocks = max_cached_blocks or default_max_cached_blocks()
+        self._columns = {
+            spec.name: BlockColumn(
+                path,
+                spec,
+                meta.block_size,
+                meta,
+                per_field,
+                self._writable,
+                "the blob" if self.kind == "blob" else f"field {spec.name!r}",
+            )
+            for spec in meta.fields
+        }
+        self._pos = meta.length if self._append else 0
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def _open(
+        cls: type[S],
+        filename: str | os.PathLike[str],
+        mode: str,
+        max_cached_blocks: int | None,
+        layout: Callable[[], Layout],
+    ) -> S:
+        check_mode(mode)
+        path = Path(filename).expanduser().resolve()
+        name = KINDS[cls.kind]
+        writable = mode != "r"
+        meta: Metadata | None = None
+        state = probe(path)
+        if state == "shardcat":
+            meta = Metadata.load(path, writable=writable)
+            if meta is None:  # a creation or conversion that was killed before it committed
+                state = probe(path, ignore_metadata=True)
+        if state == "tensorblob":
+            Metadata.import_tensorblob(path, cls.kind)
+            meta = Metadata(path, writable=writable)
+        if meta is None:
+            if state == "foreign" and "w" in mode:
+                raise FileExistsError(
+                    f"{str(path)!r} exists and is not a {name} (it has no {META_FILE}); "
+                    "choose a new path"
+                )
+            if state == "foreign" or "r" in mode or "a" in mode:
+                raise FileNotFoundError(f"{cls.noun.capitalize()} not found: {str(path)!r}")
+            meta = Metadata.create(path, layout())  # missing, or an empty directory
+        elif meta.kind != cls.kind:
+            meta.close()
+            raise ValueError(f"{str(path)!r} holds a {KINDS[meta.kind]}, not a {name}")
+        try:
+            storage = cls(path, mode, meta, max_cached_blocks)
+            if "w" in mode and meta.length:
+                storage._truncate_at(0)
+        except BaseException:
+            meta.close()
+            raise
+        return storage
+
+    @classmethod
+    def _unlink(cls, filename: str | os.PathLike[str]) -> bool:
+        import shutil
+        import warnings
+
+        path = Path(filename).expanduser().resolve()
+        if not path.exists():
+            return True
+        try:
+            state = probe(path)
+            if state not in ("shardcat", "tensorblob", "empty"):
+                raise ValueError(f"not a {KINDS[cls.kind]} directory")
+            shutil.rmtree(path)
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"Failed to unlink {cls.noun} at {str(path)!r}: {exc}", stacklevel=3)
+            return False
+        return True
+
+    # -- file-like ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return self._meta.length
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def tell(self) -> int:
+        """The current row position."""
+        self._check_closed()
+        return self._pos
+
+    def seek(self, pos: int = 0, whence: int = io.SEEK_SET) -> int:
+        """Move to a row position (clamped to ``0 .. len``); returns it."""
+        self._check_closed()
+        if whence == io.SEEK_SET:
+            target = pos
+        elif whence == io.SEEK_CUR:
+            target = self._pos + pos
+        elif whence == io.SEEK_END:
+            target = len(self) + pos
+        else:
+            raise ValueError(f"Invalid whence: {whence!r}")
+        self._pos = max(min(target, len(self)), 0)
+        return self._pos
+
+    def flush(self) -> None:
+        """Nothing to do: every write, truncate and extend has already committed."""
+        self._check_writable()
+
+    def close(self) -> None:
+        """Unmap every block and close the metadata (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for column in self._columns.values():
+            column.clear()
+        self._meta.close()
+
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise OSError(f"I/O operation on closed {self.noun}.")
+
+    def _check_writable(self) -> None:
+        if not self._writable:
+            raise OSError(f"{self.noun.capitalize()} is not open for writing (mode='{self.mode}')")
+        self._check_closed()
+
+    def _check_readable(self) -> None:
+        if not self._readable:
+            raise OSError(f"{self.noun.capitalize()} is not open for reading (mode='{self.mode}')")
+        self._check_closed()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._writable:
+            raise TypeError(
+                f"cannot pickle a {KINDS[self.kind]} open for writing (mode {self.mode!r}); "
+                "pickle one opened with mode 'r'"
+            )
+        return {
+            "filename": self.filename,
+            "mode": self.mode,
+            "max_cached_blocks": self._max_cached_arg,
+            "pos": self._pos,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        fresh = self._open(
+            state["filename"], state["mode"], state["max_cached_blocks"], self._no_layout
+        )
+        self.__dict__.update(fresh.__dict__)
+        self._pos = state["pos"]
+
+    @staticmethod
+    def _no_layout() -> Layout:
+        raise FileNotFoundError("the storage was removed")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} rows"
+        return f"{KINDS[self.kind]}({self.filename!r}, mode={self.mode!r}, {state})"
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _n_blocks(self, length: int) -> int:
+        return math.ceil(length / self.block_size)
+
+    def _select(self, idx: Any, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Rows of ``names`` at an int, a slice, or a batch of positions."""
+        self._check_closed()
+        n = len(self)
+        columns = [self._columns[name] for name in names]
+        if isinstance(idx, (torch.Tensor, np.ndarray)) and idx.ndim == 0:
+            if idx.dtype in (torch.bool, np.bool_) or not _is_integer(idx):
+                raise TypeError(f"Index must have an integer dtype, got {idx.dtype}")
+            idx = int(idx)
+        if isinstance(idx, int):
+            i = idx + n if idx < 0 else idx
+            if not 0 <= i < n:
+                raise IndexError(f"Index out of bounds: {idx!r} (length: {n})")
+            return {c.name: c.row(i) for c in columns}
+        if isinstance(idx, slice):
+            rng = range(*idx.indices(n))
+            if not rng:
+                return {c.name: c.empty(0) for c in columns}
+            if rng.step > 0:
+                return {c.name: c.read(rng.start, rng.stop, rng.step) for c in columns}
+            low, high = rng[-1], rng[0] + 1
+            return {c.name: c.read(low, high, -rng.step).flip(0) for c in columns}
+        if isinstance(idx, (list, tuple, torch.Tensor, np.ndarray)):
+            positions = _positions(idx, n)
+            return {c.name: c.gather(positions) for c in columns}
+        try:
+            i = operator.index(idx)
+        except TypeError:
+            raise TypeError(
+                f"Index must be int, slice, or a sequence of int, got {type(idx).__name__!r}!"
+            ) from None
+        return self._select(i, names)
+
+    def _read_at_position(self, size: int | None, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        self._check_readable()
+        n = len(self)
+        end = n if size is None or size < 0 else min(self._pos + size, n)
+        end = max(end, self._pos)
+        out = {name: self._columns[name].read(self._pos, end) for name in names}
+        self._pos = end
+        return out
+
+    def _iter_rows(self, names: Sequence[str]) -> Iterator[dict[str, torch.Tensor]]:
+        """Rows from the current position to the end, read a few MB at a time."""
+        row_bytes = sum(self._columns[name].row_bytes for name in names) or 1
+        step = max(1, min(self.block_size, _CHUNK_BYTES // 4 // row_bytes))
+        while self._pos < len(self):
+            start = self._pos
+            stop = min(start + step, len(self))
+            chunk = {name: self._columns[name].read(start, stop) for name in names}
+            for j in range(stop - start):
+                self._pos = start + j + 1
+                yield {name: rows[j].clone() for name, rows in chunk.items()}
+
+    # -- committing ----------------------------------------------------------------------
+
+    def _mirror(
+        self,
+        conn: sqlite3.Connection,
+        pos: int,
+        data: dict[str, torch.Tensor],
+        keys: Sequence[str | None] | None,
+    ) -> None:
+        """Mirror written rows into SQL (TensorDB); inside the commit's transaction."""
+
+    def _mirror_needed(self, keys: Sequence[str | None] | None) -> bool:
+        return False
+
+    def _mirror_truncate(self, conn: sqlite3.Connection, length: int) -> None:
+        """Forget mirrored rows at ``length ...`` (TensorDB)."""
+
+    def _directories(self) -> dict[str, Path]:
+        return {name: column.directory for name, column in self._columns.items()}
+
+    def _commit_rows(self, end: int, chunks: Iterable[Chunk], *, transaction: bool) -> None:
+        """Write ``chunks`` (positions up to ``end``) and commit the new length, all or nothing.
+
+        New blocks are reserved (as pending) and created first; the rows, their
+        SQL mirror, the block list and the length then commit together.
+        Without ``transaction`` and without new blocks, the commit is a single
+        autocommit statement (the row-by-row write path).
+        """
+        meta = self._meta
+        old_blocks = self._n_blocks(len(self))
+        new_length = max(len(self), end)
+        wanted = self._n_blocks(new_length) - old_blocks
+        names = meta.reserve({f: wanted for f in self._columns}) if wanted > 0 else {}
+        try:
+            for field, column in self._columns.items():
+                if names:
+                    column.create_files(names[field])
+                    column.adopt(old_blocks, names[field])
+
+            def work(conn: sqlite3.Connection | None) -> None:
+                for pos, data, keys in chunks:
+                    if conn is not None:
+                        self._mirror(conn, pos, data, keys)
+                    for field, rows in data.items():
+                        self._columns[field].write(pos, rows)
+
+            added = {f: list(enumerate(ns, old_blocks)) for f, ns in names.items()}
+            if transaction or names:
+                meta.commit(new_length, added, work=work)
+            else:
+                work(None)
+                meta.commit(new_length)
+        except BaseException:
+            for column in self._columns.values():
+                column.forget(old_blocks)
+            meta.release([(f, n) for f, ns in names.items() for n in ns], self._directories())
+            raise
+
+    def _truncate_at(self, length: int) -> None:
+        """Drop rows ``length ...`` (one transaction), then delete the unused block files."""
+        cut = self._n_blocks(length)
+        dropped = self._meta.commit(
+            length, cut=cut, work=lambda conn: self._mirror_truncate(conn, length)
+        )
+        for column in self._columns.values():
+            column.forget(cut)
+        self._meta.release(dropped, self._directories())
+
+    def _extend_rows(self, other: Any, fetch: Callable[[int, int], Chunk]) -> None:
+        """Append ``other``'s rows in order, a few MB at a time, in one commit."""
+        start_len, total = len(self), len(other)
+        row_bytes = sum(c.row_bytes for c in self._columns.values()) or 1
+        step = max(1, _CHUNK_BYTES // row_bytes)
+
+        def chunks() -> Iterator[Chunk]:
+            for start in range(0, total, step):
+                first, data, keys = fetch(start, min(start + step, total))
+                yield start_len + first, data, keys
+
+        self._commit_rows(start_len + total, chunks(), transaction=True)
+
+    def _extend_blocks(self, other: Storage, mirror: Callable[[sqlite3.Connection], None]) -> None:
+        """Append ``other`` (same block size) by copying its full block files.
+
+        ``self``'s partial last block and ``other``'s partial last block are
+        combined into new blocks after ``other``'s full blocks; with a full
+        last block this keeps the row order. One commit replaces the block
+        list; ``mirror(conn)`` moves the SQL rows to match.
+        """
+        bs = self.block_size
+        length, other_length = len(self), len(other)
+        full, other_full = length // bs, other_length // bs
+        tails = {
+            name: torch.cat(
+                [
+                    column.read(full * bs, length),
+                    other._columns[name].read(other_full * bs, other_length),
+                ]
+            )
+            for name, column in self._columns.items()
+        }
+        tail_blocks = self._n_blocks(next(iter(tails.values())).shape[0])
+        names = self._meta.reserve({f: other_full + tail_blocks for f in self._columns})
+        try:
+            for field, column in self._columns.items():
+                copied, fresh = names[field][:other_full], names[field][other_full:]
+                column.copy_files(other._columns[field], range(other_full), copied)
+                column.create_files(fresh)
+                for j, name in enumerate(fresh):
+                    column.write_file(name, 0, tails[field][j * bs : (j + 1) * bs])
+            added = {f: list(enumerate(ns, full)) for f, ns in names.items()}
+            dropped = self._meta.commit(length + other_length, added, cut=full, work=mirror)
+        except BaseException:
+            self._meta.release([(f, n) for f, ns in names.items() for n in ns], self._directories())
+            raise
+        for field, column in self._columns.items():
+            column.forget(full)
+            column.adopt(full, names[field])
+        self._meta.release(dropped, self._directories())
+
+
+def _is_integer(value: torch.Tensor | np.ndarray) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+    return bool(np.issubdtype(value.dtype, np.integer))
+
+
+def _positions(idx: Any, n: int) -> torch.Tensor:
+    """A batch index (list, tuple, 1-D tensor or array of ints) as in-range int64 positions."""
+    if isinstance(idx, np.ndarray):
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"Batch index must have an integer dtype, got dtype {idx.dtype}!")
+        positions = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+    else:
+        try:
+            positions = torch.as_tensor(idx)
+        except (RuntimeError, TypeError):
+            raise TypeError(
+                f"Index must be int, slice, or a sequence of int, got {idx!r}"
+            ) from None
+        if positions.numel() and not _is_integer(positions):
+            got = (
+                f"dtype {idx.dtype}"
+                if isinstance(idx, torch.Tensor)
+                else f"elements of type {type(idx[0]).__name__!r}"
+            )
+            raise TypeError(f"Batch index must have an integer dtype, got {got}!")
+    if positions.ndim != 1:
+        raise ValueError(f"Batch index must be 1-dimensional, got {positions.ndim}!")
+    positions = positions.to(torch.int64)
+    if not positions.numel():
+        return positions
+    positions = torch.where(positions < 0, positions + n, positions)
+    if bool(((positions < 0) | (positions >= n)).any()):
+        raise IndexError(f"Index out of bounds (length: {n})")
+    return positions

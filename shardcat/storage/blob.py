@@ -1,0 +1,184 @@
+"""TensorBlob: tensorblob's API, with the metadata in SQLite."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from shardcat.storage.base import Storage
+from shardcat.storage.column import parse_dtype, parse_shape
+from shardcat.storage.meta import BLOB_FIELD, FieldSpec, Layout
+
+__all__ = ["TensorBlob"]
+
+_FIELDS = (BLOB_FIELD,)
+
+
+class TensorBlob(Storage):
+    """A growable, memory-mapped sequence of same-shaped tensors with a file-like API.
+
+    A drop-in for ``tensorblob.TensorBlob``: the same ``open`` arguments,
+    modes, methods and errors. The directory holds block files of
+    ``block_size`` rows (tensordict ``MemoryMappedTensor`` files) and
+    ``.shardcat.sqlite``, where the row count and the block list commit
+    together: every ``write``, ``truncate`` and ``extend`` is one transaction,
+    so a killed process leaves the rows of the last one that returned.
+    A directory written by the tensorblob package (``.conf``/``.stat``) is
+    converted in place on first open; its block files are kept as they are.
+    """
+
+    kind = "blob"
+    noun = "blob"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._data = self._columns[BLOB_FIELD]
+        self.dtype: str = self._data.dtype_name
+        self.shape: tuple[int, ...] = self._data.shape
+
+    @classmethod
+    def open(
+        cls,
+        filename: str | os.PathLike[str],
+        mode: str = "r",
+        *,
+        dtype: str | torch.dtype | None = None,
+        shape: int | tuple[int, ...] | None = None,
+        block_size: int = 8192,
+        max_cached_blocks: int | None = None,
+    ) -> TensorBlob:
+        """Open (or create) the blob directory ``filename``.
+
+        Modes as tensorblob (and ``open()``): ``r`` read; ``w`` create or
+        truncate (an existing blob keeps its dtype, shape and block size);
+        ``a`` append (writes always go to the end); ``r+``, ``w+``, ``a+`` read
+        and write. ``dtype`` (a ``torch.dtype`` or its name) and ``shape`` (an
+        int or a tuple: the shape of one row) are required to create a blob
+        and ignored otherwise. ``max_cached_blocks`` bounds how many blocks
+        are mapped at once (default: 1/16 of ``vm.max_map_count``).
+
+        Raises ``FileNotFoundError`` (``r``/``a`` modes, no blob),
+        ``ValueError`` (bad mode, no dtype/shape for a new blob) and
+        ``TypeError`` (dtype neither str nor ``torch.dtype``).
+        """
+
+        def layout() -> Layout:
+            if dtype is None or shape is None:
+                raise ValueError(
+                    "Arguments ``dtype`` and ``shape`` are required for new blob; "
+                    f"got: {dtype!r} and {shape!r}"
+                )
+            if not isinstance(block_size, int) or block_size < 1:
+                raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+            spec = FieldSpec(BLOB_FIELD, parse_dtype(dtype), parse_shape(shape), ".")
+            return Layout("blob", block_size, (spec,))
+
+        return cls._open(filename, mode, max_cached_blocks, layout)
+
+    @classmethod
+    def unlink(cls, filename: str | os.PathLike[str]) -> bool:
+        """Delete a blob directory; True when it is gone (warns and returns False if not)."""
+        return cls._unlink(filename)
+
+    # -- indexing ------------------------------------------------------------------------
+
+    def __getitem__(self, idx: Any) -> torch.Tensor:
+        """Copies of rows: ``blob[i]``, ``blob[a:b:step]``, ``blob[[i, j, ...]]``.
+
+        Ints may be negative (``IndexError`` out of range), slices take any
+        step, and a list/tuple/1-D tensor/array of ints gathers rows in its
+        order (repeats and negative positions allowed).
+        """
+        if type(idx) is int and not self._closed:  # the single-row hot path
+            n = self._meta.length
+            i = idx + n if idx < 0 else idx
+            if not 0 <= i < n:
+                raise IndexError(f"Index out of bounds: {idx!r} (length: {n})")
+            return self._data.row(i)
+        return self._select(idx, _FIELDS)[BLOB_FIELD]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        """Rows from the current position to the end (the position follows)."""
+        self._check_closed()
+        for row in self._iter_rows(_FIELDS):
+            yield row[BLOB_FIELD]
+
+    @property
+    def mapped_blocks(self) -> int:
+        """How many block files are mapped right now (at most ``max_cached_blocks``)."""
+        return self._data.mapped_blocks
+
+    # -- file-like -------------------------------------------------------------------------
+
+    def read(self, size: int | None = None) -> torch.Tensor:
+        """Up to ``size`` rows (all when None) from the current position, which moves past them."""
+        return self._read_at_position(size, _FIELDS)[BLOB_FIELD]
+
+    def write(self, ts: torch.Tensor) -> int:
+        """Write rows at the current position (the end in append modes); returns how many.
+
+        ``ts`` is one row (the blob's shape) or a batch of rows (leading
+        dims). A dtype mismatch raises ``TypeError``, a shape mismatch
+        ``ValueError``: nothing is cast. The rows and the new length are
+        committed when ``write`` returns.
+        """
+        self._check_writable()
+        rows = self._data.as_rows(ts)
+        if self._append:
+            self._pos = len(self)
+        n = len(rows)
+        if n:
+            pos = self._pos
+            self._commit_rows(pos + n, [(pos, {BLOB_FIELD: rows}, None)], transaction=False)
+            self._pos = pos + n
+        return n
+
+    def truncate(self, pos: int | None = None) -> int:
+        """Cut the blob to ``pos`` rows (default: the current position); returns the new length.
+
+        The position moves to the cut (clamped to the length, as in
+        tensorblob: truncate never grows a blob).
+        """
+        self._check_writable()
+        if pos is not None and pos < 0:
+            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
+        self.seek(pos if pos is not None else self.tell())
+        self._truncate_at(self._pos)
+        return self._pos
+
+    def extend(self, other: Any, maintain_order: bool = False) -> None:
+        """Append all rows of ``other`` (a blob of the same dtype and shape), in one commit.
+
+        Block files of ``other`` are copied whole when the block sizes match
+        and either ``maintain_order`` is False or this blob ends on a block
+        boundary; otherwise rows are copied a few MB at a time, in order.
+        Without ``maintain_order``, this blob's last partial block moves after
+        ``other``'s full blocks. ``other`` may also be a ``tensorblob.TensorBlob``.
+        """
+        other_dtype, other_shape = getattr(other, "dtype", None), getattr(other, "shape", None)
+        if other_dtype is None or other_shape is None:
+            raise TypeError(f"cannot extend a blob with {type(other).__name__!r}")
+        if self.dtype != parse_dtype(other_dtype) or self.shape != tuple(other_shape):
+            raise ValueError("Blob data types and shapes must match to extend blobs!")
+        self._check_writable()
+        self.seek(0, io.SEEK_END)
+        if len(other) == 0:
+            return
+        if (
+            isinstance(other, TensorBlob)
+            and other.block_size == self.block_size
+            and (not maintain_order or len(self) % self.block_size == 0)
+        ):
+            self._extend_blocks(other, lambda conn: None)
+            self.seek(0, io.SEEK_END)
+            return
+
+        def fetch(start: int, stop: int) -> tuple[int, dict[str, torch.Tensor], None]:
+            return start, {BLOB_FIELD: other[start:stop]}, None
+
+        self._extend_rows(other, fetch)
+        self.seek(0, io.SEEK_END)

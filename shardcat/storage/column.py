@@ -1,0 +1,301 @@
+"""One field's rows in fixed-size memory-mapped block files, with an LRU of mappings."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+try:
+    import numpy as np
+    import torch
+    from tensordict import MemoryMappedTensor
+except ImportError as exc:  # pragma: no cover - exercised without torch installed
+    raise ImportError(
+        "shardcat's TensorBlob and TensorDB need torch and tensordict: "
+        "pip install 'shardcat[torch]'"
+    ) from exc
+
+from shardcat.storage.meta import FieldSpec, Metadata
+
+__all__ = [
+    "DTYPES",
+    "BlockColumn",
+    "default_max_cached_blocks",
+    "parse_dtype",
+    "parse_shape",
+]
+
+# Every dtype tensordict memory-maps and this module's tests cover.
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_COPY_CHUNK = 1 << 30  # bytes per copy_file_range call
+
+
+def parse_dtype(dtype: Any) -> str:
+    """The canonical name of a dtype given as ``torch.float32``, ``"float32"`` or ``"float"``."""
+    if isinstance(dtype, str):
+        found = getattr(torch, dtype, None)
+        if not isinstance(found, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+        dtype = found
+    elif not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be str or torch.dtype, got {type(dtype).__name__!r}")
+    name = str(dtype).rpartition(".")[2]
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name} cannot be stored; supported: {', '.join(DTYPES)}")
+    return name
+
+
+def parse_shape(shape: Any) -> tuple[int, ...]:
+    """A row shape given as an int or a sequence of ints."""
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        raise ValueError(f"shape must be positive ints, got {shape!r}")
+    return dims
+
+
+@functools.cache
+def default_max_cached_blocks() -> int:
+    """1/16 of the kernel's per-process mapping limit (``vm.max_map_count``), at least 128.
+
+    The rest stays for everything else the process maps (libraries, torch,
+    other storages); ~4,000 with Linux's default limit of 65,530.
+    """
+    limit = 65530
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    return max(limit // 16, 128)
+
+
+def _create_block_file(path: Path, nbytes: int) -> None:
+    """A block file of ``nbytes`` zero bytes (sparse: no data written)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copy a block file; in the kernel (and as a reflink where the filesystem can)."""
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is None:  # pragma: no cover - not Linux
+        shutil.copyfile(src, dst)
+        return
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        remaining = os.fstat(fin.fileno()).st_size
+        os.ftruncate(fout.fileno(), remaining)
+        offset = 0
+        while remaining:
+            try:
+                size = min(remaining, _COPY_CHUNK)
+                n = copy_range(fin.fileno(), fout.fileno(), size, offset, offset)
+            except OSError:  # e.g. across filesystems on old kernels
+                fout.seek(offset)
+                fin.seek(offset)
+                shutil.copyfileobj(fin, fout)
+                return
+            if n == 0:
+                raise OSError(f"{src}: file shorter than expected while copying")
+            offset += n
+            remaining -= n
+
+
+class BlockColumn:
+    """The block files of one field, mapped on demand, at most ``cache_size`` at a time.
+
+    Block ``b`` holds rows ``b * block_size ... (b + 1) * block_size - 1``.
+    Reads return copies, never views of a mapping, so an evicted block is
+    unmapped as soon as it leaves the cache.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        spec: FieldSpec,
+        block_size: int,
+        meta: Metadata,
+        cache_size: int,
+        writable: bool,
+        label: str,
+    ) -> None:
+        self.name = spec.name
+        self.label = label
+        self.dtype_name = parse_dtype(spec.dtype)
+        self.dtype = DTYPES[self.dtype_name]
+        self.shape = parse_shape(spec.shape)
+        self.block_size = block_size
+        self.directory = root / spec.directory
+        self.meta = meta
+        self.cache_size = cache_size
+        self.writable = writable
+        self.row_bytes = math.prod(self.shape) * self.dtype.itemsize
+        self._files: dict[int, str] = {}
+        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    # -- blocks ----------------------------------------------------------------------
+
+    @property
+    def mapped_blocks(self) -> int:
+        return len(self._cache)
+
+    def file(self, b: int) -> str:
+        name = self._files.get(b)
+        if name is None:
+            name = self._files[b] = self.meta.block_file(self.name, b)
+        return name
+
+    def path(self, b: int) -> Path:
+        return self.directory / self.file(b)
+
+    def _map(self, path: Path) -> torch.Tensor:
+        mapped = MemoryMappedTensor.from_filename(
+            os.fspath(path),
+            dtype=self.dtype,
+            shape=(self.block_size, *self.shape),
+            mode="r+" if self.writable else "r",
+        )
+        # a plain tensor on the same storage: indexing skips the subclass dispatch
+        return mapped.as_subclass(torch.Tensor)
+
+    def block(self, b: int) -> torch.Tensor:
+        cache = self._cache
+        mapped = cache.get(b)
+        if mapped is not None:
+            cache.move_to_end(b)
+            return mapped
+        mapped = self._map(self.path(b))
+        cache[b] = mapped
+        if len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        return mapped
+
+    def create_files(self, names: list[str]) -> None:
+        """Empty (sparse) block files, not yet part of the column."""
+        for name in names:
+            _create_block_file(self.directory / name, self.block_size * self.row_bytes)
+
+    def copy_files(self, other: BlockColumn, blocks: range, names: list[str]) -> None:
+        """Copies of ``other``'s blocks ``blocks`` under ``names``, not yet part of the column."""
+        for b, name in zip(blocks, names, strict=True):
+            _copy_file(other.path(b), self.directory / name)
+
+    def write_file(self, name: str, offset: int, rows: torch.Tensor) -> None:
+        """Write rows into a block file that is not (yet) part of the column."""
+        if len(rows):
+            self._map(self.directory / name)[offset : offset + len(rows)].copy_(rows)
+
+    def adopt(self, first: int, names: list[str]) -> None:
+        """Blocks ``first ...`` are now ``names`` (after a commit said so)."""
+        for i, name in enumerate(names):
+            self._files[first + i] = name
+
+    def forget(self, first: int) -> None:
+        """Drop what is known and mapped of blocks ``first ...`` (truncated or replaced)."""
+        for b in [b for b in self._cache if b >= first]:
+            del self._cache[b]
+        for b in [b for b in self._files if b >= first]:
+            del self._files[b]
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    # -- rows --------------------------------------------------------------------------
+
+    def empty(self, n: int) -> torch.Tensor:
+        return torch.empty((n, *self.shape), dtype=self.dtype)
+
+    def row(self, i: int) -> torch.Tensor:
+        b, o = divmod(i, self.block_size)
+        return self.block(b)[o].clone()
+
+    def read(self, start: int, stop: int, step: int = 1) -> torch.Tensor:
+        """Rows ``range(start, stop, step)``, ``step > 0``, as a new tensor."""
+        count = len(range(start, stop, step))
+        out = self.empty(count)
+        bs, k, i = self.block_size, 0, start
+        while k < count:
+            b, o = divmod(i, bs)
+            take = min((bs - 1 - o) // step + 1, count - k)
+            if step == 1:
+                out[k : k + take].copy_(self.block(b)[o : o + take])
+            else:
+                out[k : k + take].copy_(self.block(b)[o : o + (take - 1) * step + 1 : step])
+            k += take
+            i += take * step
+        return out
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows at the (in-range, non-negative) int64 positions ``idx``, in that order."""
+        bs = self.block_size
+        blocks = torch.div(idx, bs, rounding_mode="floor")
+        offsets = idx - blocks * bs
+        if len(idx) == 0:
+            return self.empty(0)
+        first = int(blocks[0])
+        if bool((blocks == first).all()):
+            return self.block(first).index_select(0, offsets)
+        order = torch.argsort(blocks, stable=True)
+        ids, counts = torch.unique_consecutive(blocks[order], return_counts=True)
+        offsets = offsets[order]
+        buf = self.empty(len(idx))
+        lo = 0
+        for b, c in zip(ids.tolist(), counts.tolist(), strict=True):
+            torch.index_select(self.block(b), 0, offsets[lo : lo + c], out=buf[lo : lo + c])
+            lo += c
+        out = self.empty(len(idx))
+        out.index_copy_(0, order, buf)
+        return out
+
+    def write(self, pos: int, rows: torch.Tensor) -> None:
+        """Copy ``rows`` into positions ``pos ...`` (their blocks must exist)."""
+        bs, n, k = self.block_size, len(rows), 0
+        while k < n:
+            b, o = divmod(pos + k, bs)
+            take = min(bs - o, n - k)
+            self.block(b)[o : o + take].copy_(rows[k : k + take])
+            k += take
+
+    def as_rows(self, value: Any) -> torch.Tensor:
+        """``value`` as a batch of rows: the row shape, with any leading batch dims.
+
+        A dtype mismatch is a ``TypeError`` and a shape mismatch a
+        ``ValueError``; nothing is cast or reinterpreted. A 1-D tensor also
+        counts as a batch of one-element rows (``(n,)`` for shape ``(1,)``).
+        """
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(value).__name__!r}")
+        if value.dtype != self.dtype:
+            raise TypeError(
+                f"Tensor dtype {value.dtype} does not match the dtype {self.dtype} "
+                f"of {self.label} (no implicit casts: use .to({self.dtype}))"
+            )
+        k = len(self.shape)
+        dims = tuple(value.shape)
+        if (len(dims) >= k and dims[len(dims) - k :] == self.shape) or (
+            len(dims) == 1 and math.prod(self.shape) == 1
+        ):
+            return value.reshape(-1, *self.shape)
+        raise ValueError(
+            f"tensor of shape {dims} does not hold rows of shape {self.shape} for {self.label}"
+        )

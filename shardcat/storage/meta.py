@@ -1,0 +1,534 @@
+"""The SQLite metadata of a TensorBlob or TensorDB directory (no torch needed here).
+
+A storage directory holds fixed-size block files (raw memory-mapped rows) and
+one SQLite file, ``.shardcat.sqlite``, that says what they mean:
+
+- ``storage_meta``: ``schema_version``, ``kind`` (``blob``/``db``),
+  ``block_size``, ``created_at`` and, for converted directories,
+  ``imported_from``.
+- ``storage_fields``: one row per field (a TensorBlob has one, ``data``):
+  dtype, shape (JSON), the sub-directory of its block files and whether its
+  values are mirrored into SQL (``sql``: NULL, ``filter`` or ``index``).
+- ``storage_state``: one row: the committed ``length`` (row count) and a
+  ``version`` bumped by every commit (a second writer is detected, not
+  silently interleaved).
+- ``storage_blocks``: ``(field, idx) -> file``; block ``idx`` of a field holds
+  rows ``idx * block_size ...``. There are always exactly
+  ``ceil(length / block_size)`` blocks per field.
+- ``storage_pending``: block files that may exist on disk without being
+  referenced: reserved before a write creates them, or dropped by a commit
+  and not yet deleted. A writable open deletes the ones whose owner is gone.
+- ``rows`` (TensorDB only): ``position INTEGER PRIMARY KEY`` (so ``rowid`` is
+  the row position), an optional unique ``key`` and one column per
+  filterable field, so ``ATTACH``-ing the file lets SQL join rows with a
+  catalog dataset.
+
+Every change of the row count commits the length, the block lists of all
+fields and the ``rows`` mirror in one transaction: a process killed at any
+point leaves the last committed rows, all fields aligned.
+
+The plain ``sqlite3`` module is used rather than SQLAlchemy Core (which owns
+the catalog's schema): this file is SQLite-only by nature (it sits beside
+local memory-mapped files, never on a server database), its schema is small
+and fixed, and a row-by-row ``write`` commits on the hot path, where one
+Core ``execute`` would cost more than the commit itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardcat.catalog.engine import BUSY_TIMEOUT_MS, connect_readonly, fork_generation
+from shardcat.catalog.query import STORAGE_DB_NAME
+from shardcat.errors import SchemaVersionError
+
+__all__ = [
+    "META_FILE",
+    "SCHEMA_VERSION",
+    "FieldSpec",
+    "Layout",
+    "Metadata",
+    "StaleWriterError",
+    "probe",
+    "quote",
+    "sql_type",
+]
+
+META_FILE = STORAGE_DB_NAME
+SCHEMA_VERSION = 1
+KINDS = {"blob": "TensorBlob", "db": "TensorDB"}
+BLOB_FIELD = "data"  # the one field of a TensorBlob
+SQL_TYPES = {"float": "REAL", "int": "INTEGER"}
+_BLOCK_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_HOST = socket.gethostname()
+
+
+class StaleWriterError(RuntimeError):
+    """Another process committed to this storage since it was opened for writing."""
+
+
+def quote(name: str) -> str:
+    """A SQL identifier for any field name."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field: canonical torch dtype name, row shape, block directory, SQL mirroring."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    directory: str = "."
+    sql: str | None = None  # None, "filter" or "index"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What is fixed when a storage is created."""
+
+    kind: str
+    block_size: int
+    fields: tuple[FieldSpec, ...]
+
+
+def sql_type(dtype: str) -> str:
+    """The SQL column type mirroring a scalar field of torch dtype ``dtype``."""
+    return "REAL" if "float" in dtype or dtype in ("half", "double") else "INTEGER"
+
+
+def _ddl(layout: Layout) -> list[str]:
+    statements = [
+        "CREATE TABLE storage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE storage_state (id INTEGER PRIMARY KEY CHECK (id = 0), "
+        "length INTEGER NOT NULL, version INTEGER NOT NULL)",
+        "CREATE TABLE storage_fields (name TEXT PRIMARY KEY, ord INTEGER NOT NULL UNIQUE, "
+        "dtype TEXT NOT NULL, shape TEXT NOT NULL, directory TEXT NOT NULL, sql TEXT)",
+        "CREATE TABLE storage_blocks (field TEXT NOT NULL REFERENCES storage_fields (name), "
+        "idx INTEGER NOT NULL, file TEXT NOT NULL, PRIMARY KEY (field, idx), "
+        "UNIQUE (field, file)) WITHOUT ROWID",
+        "CREATE TABLE storage_pending (field TEXT NOT NULL, file TEXT NOT NULL, "
+        "owner TEXT NOT NULL, PRIMARY KEY (field, file)) WITHOUT ROWID",
+    ]
+    if layout.kind == "db":
+        columns = ["position INTEGER PRIMARY KEY", "key TEXT UNIQUE"]
+        columns += [f"{quote(f.name)} {sql_type(f.dtype)}" for f in layout.fields if f.sql]
+        statements.append(f"CREATE TABLE rows ({', '.join(columns)})")
+        statements += [
+            f"CREATE INDEX {quote('rows_' + f.name)} ON rows ({quote(f.name)})"
+            for f in layout.fields
+            if f.sql == "index"
+        ]
+    return statements
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        conn.execute("PRAGMA journal_mode = WAL")
+    # NORMAL in WAL mode: a commit survives the process being killed (the
+    # failure this file is about); only a power cut may lose the last commits.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def probe(directory: Path, *, ignore_metadata: bool = False) -> str:
+    """What lives at ``directory``, from the file names alone.
+
+    ``missing``; ``shardcat`` (a metadata file: :meth:`Metadata.load` tells
+    whether its creation committed); ``tensorblob`` (a directory written by
+    the tensorblob package); ``empty`` (nothing, or only an uncommitted
+    metadata file when ``ignore_metadata``); or ``foreign``.
+    """
+    if not directory.exists():
+        return "missing"
+    if not directory.is_dir():
+        raise NotADirectoryError(f"not a directory: {str(directory)!r}")
+    if not ignore_metadata and (directory / META_FILE).is_file():
+        return "shardcat"
+    if (directory / ".conf").is_file():
+        return "tensorblob"
+    others = [n for n in os.listdir(directory) if not n.startswith(META_FILE)]
+    return "foreign" if others else "empty"
+
+
+class _Uncommitted(Exception):
+    """The metadata file exists, but its creation never committed."""
+
+
+def _owner() -> str:
+    return f"{_HOST}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != _HOST or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class Metadata:
+    """The open metadata of one storage directory (one SQLite connection)."""
+
+    def __init__(self, directory: Path, *, writable: bool) -> None:
+        self.directory = directory
+        self.path = directory / META_FILE
+        self.writable = writable
+        self._conn: sqlite3.Connection | None = None
+        self._generation = -1
+        self._ro: sqlite3.Connection | None = None
+        self._ro_generation = -1
+        conn = self.conn
+        try:
+            meta = dict(conn.execute("SELECT name, value FROM storage_meta").fetchall())
+        except sqlite3.OperationalError as exc:
+            self.close()
+            if "no such table" in str(exc):
+                raise _Uncommitted from None
+            raise
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise ValueError(f"{self.path} is not shardcat storage metadata: {exc}") from None
+        if "schema_version" not in meta:
+            self.close()
+            raise _Uncommitted
+        version = int(meta["schema_version"])
+        if version > SCHEMA_VERSION:
+            self.close()
+            raise SchemaVersionError(
+                f"{self.path} has storage schema version {version}, but this shardcat only "
+                f"knows versions up to {SCHEMA_VERSION}: upgrade shardcat "
+                "(pip install -U shardcat) to open it"
+            )
+        self.kind: str = meta["kind"]
+        self.block_size = int(meta["block_size"])
+        self.imported_from: str | None = meta.get("imported_from")
+        self.fields = tuple(
+            FieldSpec(name, dtype, tuple(json.loads(shape)), directory_, sql)
+            for name, dtype, shape, directory_, sql in conn.execute(
+                "SELECT name, dtype, shape, directory, sql FROM storage_fields ORDER BY ord"
+            )
+        )
+        self.length, self.version = conn.execute(
+            "SELECT length, version FROM storage_state WHERE id = 0"
+        ).fetchone()
+        if writable:
+            self.collect_garbage()
+
+    @classmethod
+    def load(cls, directory: Path, *, writable: bool) -> Metadata | None:
+        """The committed metadata in ``directory``, or None if its creation never committed."""
+        try:
+            return cls(directory, writable=writable)
+        except _Uncommitted:
+            return None
+
+    # -- creation ----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, layout: Layout) -> Metadata:
+        """Create the metadata of a new, empty storage in ``directory`` (one transaction)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", "-wal", "-shm", "-journal"):  # an uncommitted earlier attempt
+            _unlink(directory / (META_FILE + suffix))
+        for spec in layout.fields:
+            (directory / spec.directory).mkdir(parents=True, exist_ok=True)
+        conn = _connect(directory / META_FILE)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            _write_schema(conn, layout, length=0, extra={})
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return cls(directory, writable=True)
+
+    @classmethod
+    def import_tensorblob(cls, directory: Path, kind: str) -> None:
+        """Convert a tensorblob directory's ``.conf``/``.stat`` JSON into SQLite, in place.
+
+        Block files stay where they are; blocks past the committed length and
+        the JSON files are deleted once the SQLite metadata has committed.
+        """
+        conf = _read_json(directory / ".conf")
+        class_name = str(conf.get("__notes__", {}).get("class_name", ""))
+        found = "db" if class_name.endswith("TensorDB") or "schema" in conf else "blob"
+        if found != kind:
+            raise ValueError(
+                f"{str(directory)!r} holds a tensorblob {KINDS[found]}, not a {KINDS[kind]}"
+            )
+        block_size = int(conf["block_size"])
+        blocks: dict[str, list[str]] = {}
+        fields: list[FieldSpec] = []
+        if kind == "blob":
+            stat = _read_json(directory / ".stat")
+            length = int(stat["len"])
+            fields.append(FieldSpec(BLOB_FIELD, conf["dtype"], tuple(conf["shape"]), "."))
+            blocks[BLOB_FIELD] = list(stat["bds"])
+            json_files = [directory / ".conf", directory / ".stat"]
+        else:
+            length = int(_read_json(directory / ".stat")["len"])
+            json_files = [directory / ".conf", directory / ".stat"]
+            for name, (dtype, shape) in conf["schema"].items():
+                sub = directory / name
+                field_conf = _read_json(sub / ".conf")
+                field_stat = _read_json(sub / ".stat")
+                if int(field_conf["block_size"]) != block_size:
+                    raise ValueError(f"{sub}: block size differs from the database's")
+                length = min(length, int(field_stat["len"]))  # tensorblob's own recovery rule
+                fields.append(FieldSpec(name, dtype, tuple(shape), name))
+                blocks[name] = list(field_stat["bds"])
+                json_files += [sub / ".conf", sub / ".stat"]
+        n_blocks = math.ceil(length / block_size)
+        stray: list[Path] = []
+        for spec in fields:
+            names = blocks[spec.name]
+            if len(names) < n_blocks:
+                raise FileNotFoundError(
+                    f"{directory / spec.directory}: .stat lists {len(names)} blocks "
+                    f"for {length} rows of {block_size}"
+                )
+            for name in names[:n_blocks]:
+                block = directory / spec.directory / name
+                if not block.is_file():
+                    raise FileNotFoundError(f"block file missing: {block}")
+            stray += [directory / spec.directory / n for n in names[n_blocks:]]
+            blocks[spec.name] = names[:n_blocks]
+        layout = Layout(kind, block_size, tuple(fields))
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            _unlink(directory / (META_FILE + suffix))
+        conn = _connect(directory / META_FILE)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            _write_schema(conn, layout, length=length, extra={"imported_from": "tensorblob"})
+            conn.executemany(
+                "INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)",
+                [(f, i, n) for f, names in blocks.items() for i, n in enumerate(names)],
+            )
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        for path in stray + json_files:
+            _unlink(path)
+
+    # -- connections ---------------------------------------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This process's connection (read-write when writable; reopened after fork)."""
+        if self._conn is None or self._generation != fork_generation():
+            # one inherited through fork is dropped, never used or closed here
+            self._conn = _connect(self.path) if self.writable else connect_readonly(self.path)
+            self._generation = fork_generation()
+        return self._conn
+
+    @property
+    def readonly_conn(self) -> sqlite3.Connection:
+        """A connection that cannot write, for user SQL (``where``, ``query``)."""
+        if self._ro is None or self._ro_generation != fork_generation():
+            self._ro = connect_readonly(self.path)
+            self._ro_generation = fork_generation()
+        return self._ro
+
+    def close(self) -> None:
+        for conn, generation in ((self._conn, self._generation), (self._ro, self._ro_generation)):
+            if conn is not None and generation == fork_generation():
+                conn.close()
+        self._conn = self._ro = None
+
+    # -- blocks --------------------------------------------------------------------
+
+    def block_file(self, field: str, idx: int) -> str:
+        row = self.conn.execute(
+            "SELECT file FROM storage_blocks WHERE field = ? AND idx = ?", (field, idx)
+        ).fetchone()
+        if row is None:
+            raise FileNotFoundError(f"{self.directory}: no block {idx} of field {field!r}")
+        return str(row[0])
+
+    def block_files(self, field: str, start: int = 0, stop: int | None = None) -> list[str]:
+        """The files of blocks ``start <= idx < stop`` of ``field``, in order."""
+        return [
+            str(r[0])
+            for r in self.conn.execute(
+                "SELECT file FROM storage_blocks WHERE field = ? AND idx >= ? AND idx < ? "
+                "ORDER BY idx",
+                (field, start, 2**62 if stop is None else stop),
+            )
+        ]
+
+    def reserve(self, wanted: Mapping[str, int]) -> dict[str, list[str]]:
+        """New block file names per field, recorded as pending before any file exists."""
+        names = {field: [str(uuid.uuid4()) for _ in range(n)] for field, n in wanted.items()}
+        rows = [(f, n, _owner()) for f, ns in names.items() for n in ns]
+        if rows:
+            with self.transaction() as conn:
+                conn.executemany(
+                    "INSERT INTO storage_pending (field, file, owner) VALUES (?, ?, ?)", rows
+                )
+        return names
+
+    def release(self, files: Sequence[tuple[str, str]], directories: Mapping[str, Path]) -> None:
+        """Delete pending block files that no commit references, and forget them."""
+        for field, file in files:
+            _unlink(directories[field] / file)
+        if files:
+            with self.transaction() as conn:
+                conn.executemany(
+                    "DELETE FROM storage_pending WHERE field = ? AND file = ?", list(files)
+                )
+
+    def collect_garbage(self) -> None:
+        """Delete block files left by killed writers (reserved, or dropped but not deleted)."""
+        conn = self.conn
+        pending = conn.execute("SELECT field, file, owner FROM storage_pending").fetchall()
+        stale = [(f, n) for f, n, owner in pending if not _owner_alive(owner)]
+        if not stale:
+            return
+        directories = {spec.name: self.directory / spec.directory for spec in self.fields}
+        orphans = [
+            (f, n)
+            for f, n in stale
+            if conn.execute(
+                "SELECT 1 FROM storage_blocks WHERE field = ? AND file = ?", (f, n)
+            ).fetchone()
+            is None
+            and _BLOCK_NAME.match(n)
+        ]
+        for field, file in orphans:
+            _unlink(directories[field] / file)
+        with self.transaction() as c:
+            c.executemany("DELETE FROM storage_pending WHERE field = ? AND file = ?", stale)
+
+    # -- transactions ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (joins a transaction already open)."""
+        conn = self.conn
+        if conn.in_transaction:
+            yield conn
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def commit(
+        self,
+        length: int,
+        added: Mapping[str, Sequence[tuple[int, str]]] | None = None,
+        cut: int | None = None,
+        work: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> list[tuple[str, str]]:
+        """Commit a new row count and block lists in one transaction.
+
+        Inside it, after checking that no other writer committed meanwhile,
+        ``work(conn)`` runs (it writes the rows and their SQL mirror), blocks
+        ``idx >= cut`` of every field are dropped and ``added`` ``(idx, file)``
+        blocks referenced. Dropped files are recorded as pending and returned,
+        for the caller to delete (:meth:`release`) after the commit. A plain
+        length change is a single autocommit statement.
+        """
+        conn = self.conn
+        update = (
+            "UPDATE storage_state SET length = ?, version = version + 1 "
+            "WHERE id = 0 AND version = ?"
+        )
+        if work is None and not added and cut is None:
+            if conn.execute(update, (length, self.version)).rowcount != 1:
+                raise self._stale()
+            self.length, self.version = length, self.version + 1
+            return []
+        dropped: list[tuple[str, str]] = []
+        with self.transaction():
+            if conn.execute(update, (length, self.version)).rowcount != 1:
+                raise self._stale()
+            if work is not None:
+                work(conn)
+            if cut is not None:
+                for spec in self.fields:  # one primary-key range per field
+                    where = "FROM storage_blocks WHERE field = ? AND idx >= ?"
+                    dropped += conn.execute(f"SELECT field, file {where}", (spec.name, cut))
+                    conn.execute(f"DELETE {where}", (spec.name, cut))
+                conn.executemany(
+                    "INSERT OR REPLACE INTO storage_pending (field, file, owner) VALUES (?, ?, ?)",
+                    [(f, n, _owner()) for f, n in dropped],
+                )
+            rows = [(f, i, n) for f, blocks in (added or {}).items() for i, n in blocks]
+            conn.executemany("INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)", rows)
+            conn.executemany(
+                "DELETE FROM storage_pending WHERE field = ? AND file = ?",
+                [(f, n) for f, _, n in rows],
+            )
+        self.length, self.version = length, self.version + 1
+        return dropped
+
+    def _stale(self) -> StaleWriterError:
+        return StaleWriterError(
+            f"{self.directory} was changed by another writer since it was opened here; "
+            "reopen it (one writer at a time)"
+        )
+
+
+def _write_schema(
+    conn: sqlite3.Connection, layout: Layout, *, length: int, extra: Mapping[str, str]
+) -> None:
+    for statement in _ddl(layout):
+        conn.execute(statement)
+    meta = {
+        "schema_version": str(SCHEMA_VERSION),
+        "kind": layout.kind,
+        "block_size": str(layout.block_size),
+        "created_at": repr(time.time()),
+        **extra,
+    }
+    conn.executemany("INSERT INTO storage_meta (name, value) VALUES (?, ?)", meta.items())
+    conn.executemany(
+        "INSERT INTO storage_fields (name, ord, dtype, shape, directory, sql) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (f.name, i, f.dtype, json.dumps(list(f.shape)), f.directory, f.sql)
+            for i, f in enumerate(layout.fields)
+        ],
+    )
+    conn.execute("INSERT INTO storage_state (id, length, version) VALUES (0, ?, 0)", (length,))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read())
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"tensorblob metadata missing: {str(path)!r}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a tensorblob metadata file")
+    return value

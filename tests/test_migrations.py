@@ -1,0 +1,160 @@
+"""Schema versions: a version-1 catalog upgrades to version 2 (``seek_indexes``)
+and then equals a freshly created one, with every lookup unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sqlite3
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from shardcat import Catalog, SchemaVersionError, migrations
+from shardcat.readers.tfrecord import TFRecordWriter, make_example
+
+# The catalog tables exactly as shardcat's schema version 1 created them (frozen:
+# a change to these tables needs a new version and a migration step).
+V1_DDL = {
+    "catalog_meta": "CREATE TABLE catalog_meta (\n\tname VARCHAR(64) NOT NULL, \n\tvalue TEXT "
+    "NOT NULL, \n\tPRIMARY KEY (name)\n)",
+    "datasets": "CREATE TABLE datasets (\n\tid INTEGER NOT NULL, \n\tname VARCHAR(128) NOT NULL, "
+    "\n\tformat VARCHAR(32) NOT NULL, \n\tkey_rule VARCHAR(256) NOT NULL, \n\tgrouping "
+    "VARCHAR(32), \n\toptions TEXT NOT NULL, \n\tsource TEXT NOT NULL, \n\tcreated_at FLOAT NOT "
+    "NULL, \n\tPRIMARY KEY (id), \n\tUNIQUE (name)\n)",
+    "fields": "CREATE TABLE fields (\n\tdataset_id INTEGER NOT NULL, \n\tname TEXT NOT NULL, \n\t"
+    "column_name TEXT NOT NULL, \n\tsql_type VARCHAR(16) NOT NULL, \n\tidx INTEGER NOT NULL, \n\t"
+    "PRIMARY KEY (dataset_id, name), \n\tFOREIGN KEY(dataset_id) REFERENCES datasets (id) ON "
+    "DELETE CASCADE\n)",
+    "members": "CREATE TABLE members (\n\tshard_id INTEGER NOT NULL, \n\tordinal BIGINT NOT NULL, "
+    '\n\tname TEXT NOT NULL, \n\t"offset" BIGINT NOT NULL, \n\tlength BIGINT NOT NULL, \n\t'
+    "PRIMARY KEY (shard_id, ordinal, name), \n\tFOREIGN KEY(shard_id) REFERENCES shards (id) ON "
+    "DELETE CASCADE\n)\n WITHOUT ROWID\n\n",
+    "records": 'CREATE TABLE records (\n\tdataset_id INTEGER NOT NULL, \n\t"key" TEXT NOT NULL, '
+    '\n\tshard_id INTEGER NOT NULL, \n\tordinal BIGINT NOT NULL, \n\t"offset" BIGINT NOT NULL, '
+    '\n\tlength BIGINT NOT NULL, \n\tPRIMARY KEY (dataset_id, "key"), \n\tFOREIGN KEY(dataset_id) '
+    "REFERENCES datasets (id) ON DELETE CASCADE, \n\tFOREIGN KEY(shard_id) REFERENCES shards (id) "
+    "ON DELETE CASCADE\n)\n WITHOUT ROWID\n\n",
+    "records_by_shard": "CREATE UNIQUE INDEX records_by_shard ON records (shard_id, ordinal)",
+    "shards": "CREATE TABLE shards (\n\tid INTEGER NOT NULL, \n\tdataset_id INTEGER NOT NULL, \n\t"
+    "path TEXT NOT NULL, \n\tsize BIGINT NOT NULL, \n\tmtime_ns BIGINT NOT NULL, \n\tfingerprint "
+    "VARCHAR(64), \n\tcompression VARCHAR(16), \n\tnum_records BIGINT NOT NULL, \n\t"
+    "first_position BIGINT, \n\tstate VARCHAR(16) NOT NULL, \n\terror TEXT, \n\tclaim_owner "
+    "VARCHAR(256), \n\tclaimed_at FLOAT, \n\tindexed_at FLOAT, \n\tPRIMARY KEY (id), \n\tUNIQUE "
+    "(dataset_id, path), \n\tFOREIGN KEY(dataset_id) REFERENCES datasets (id) ON DELETE CASCADE\n)",
+    "sqlite_autoindex_catalog_meta_1": None,
+    "sqlite_autoindex_datasets_1": None,
+    "sqlite_autoindex_fields_1": None,
+    "sqlite_autoindex_shards_1": None,
+}
+
+
+def schema_rows(db: Path) -> list[tuple[str, str, str, str | None]]:
+    """Every schema object (tables, indexes, views) but the per-dataset ones' root pages."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+
+
+def catalog_objects(db: Path) -> dict[str, str | None]:
+    """The catalog's own tables and indexes (not the per-dataset fields tables and views)."""
+    return {
+        name: sql
+        for kind, name, table, sql in schema_rows(db)
+        if kind in ("table", "index") and not table.startswith("fields_")
+    }
+
+
+def build(directory: Path) -> Path:
+    """A catalog with a TFRecord and a tar dataset (the data version 1 could hold)."""
+    directory.mkdir()
+    with TFRecordWriter(directory / "a.tfrecord") as w:
+        for i in range(30):
+            w.write(make_example({"key": f"r{i}", "label": i % 3, "image": bytes([i]) * 50}))
+    with tarfile.open(directory / "b.tar", "w") as tf:
+        for i in range(10):
+            for ext, data in (("jpg", bytes([i]) * 100), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    db = directory / "catalog.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(directory / "a.tfrecord", "tf").close()
+        cat.ingest(directory / "b.tar", "wds").close()
+    return db
+
+
+def downgrade_to_v1(db: Path) -> None:
+    """What a version-1 catalog of the same data is: no seek_indexes, version 1."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE seek_indexes")
+        conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
+
+
+def lookups(db: Path) -> dict[str, object]:
+    with Catalog(db, readonly=True) as cat:
+        out: dict[str, object] = {}
+        with cat.dataset("tf") as reader:
+            for key in reader.get_keys():
+                out[f"tf/{key}"] = reader.get_feature(key, "image")
+            out["tf/where"] = reader.where("label = 1")
+        with cat.dataset("wds") as reader:
+            for key in reader.get_keys():
+                out[f"wds/{key}"] = reader.get_record(key)
+        out["sql"] = cat.query("SELECT key, cls FROM wds ORDER BY position")
+        return out
+
+
+@pytest.fixture
+def v1_catalog(tmp_path: Path) -> Path:
+    db = build(tmp_path / "v1")
+    downgrade_to_v1(db)
+    return db
+
+
+def test_fixture_is_a_true_version_1_catalog(v1_catalog: Path):
+    assert catalog_objects(v1_catalog) == V1_DDL
+    with sqlite3.connect(v1_catalog) as conn:
+        version = conn.execute("SELECT value FROM catalog_meta WHERE name = 'schema_version'")
+        assert version.fetchone() == ("1",)
+
+
+def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
+    with pytest.raises(SchemaVersionError, match="open it once without readonly=True"):
+        Catalog(v1_catalog, readonly=True)
+    fresh = build(tmp_path / "fresh")
+    expected = lookups(fresh)
+    with Catalog(v1_catalog):  # opening for writing upgrades
+        pass
+    assert schema_rows(v1_catalog) == schema_rows(fresh)
+    with sqlite3.connect(v1_catalog) as conn:
+        version = conn.execute("SELECT value FROM catalog_meta WHERE name = 'schema_version'")
+        assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
+    assert migrations.SCHEMA_VERSION == 2
+    assert lookups(v1_catalog) == expected
+    # the upgraded catalog takes compressed shards like a fresh one
+    gz = tmp_path / "v1" / "c.tfrecord"
+    gz.write_bytes(gzip.compress((tmp_path / "v1" / "a.tfrecord").read_bytes()))
+    with Catalog(v1_catalog) as cat, cat.ingest(gz, "gz") as reader:
+        assert reader.get_feature("r7", "image") == bytes([7]) * 50
+        assert cat.reader_connection().execute("SELECT kind FROM seek_indexes").fetchall() == [
+            ("zran",)
+        ]
+
+
+def test_a_failed_step_leaves_version_1(v1_catalog: Path, monkeypatch: pytest.MonkeyPatch):
+    def broken(conn: object) -> None:
+        migrations.STEPS[1].__wrapped__(conn)  # type: ignore[attr-defined]
+        raise RuntimeError("disk full")
+
+    original = migrations.STEPS[1]
+    broken.__wrapped__ = original  # type: ignore[attr-defined]
+    monkeypatch.setitem(migrations.STEPS, 1, broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        Catalog(v1_catalog)
+    assert catalog_objects(v1_catalog) == V1_DDL  # the step's table was rolled back too
+    monkeypatch.setitem(migrations.STEPS, 1, original)
+    with Catalog(v1_catalog) as cat:
+        assert cat.datasets()[0].name == "tf"

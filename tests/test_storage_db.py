@@ -1,0 +1,707 @@
+"""TensorDB: row-aligned fields, one commit for all of them, SQL over filterable fields."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import re
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("tensordict")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from shardcat import (  # noqa: E402
+    Catalog,
+    CatalogError,
+    DuplicateKeyError,
+    KeyNotFoundError,
+    TensorDB,
+    TFRecordWriter,
+    make_example,
+)
+from shardcat.cli import app  # noqa: E402
+from shardcat.storage import meta as storage_meta  # noqa: E402
+from shardcat.storage.meta import META_FILE  # noqa: E402
+
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+SCHEMA = {
+    "price": ("float32", 1, {"index": True}),
+    "label": ("int64", (), {"filter": True}),
+    "embed": (torch.float16, (2, 3)),
+}
+
+
+def batch(n: int, start: int = 0) -> dict[str, Any]:
+    """Rows whose every field is derived from the row number (so alignment is checkable)."""
+    i = torch.arange(start, start + n)
+    return {
+        "price": (i * 10).to(torch.float32).view(n, 1),
+        "label": i % 7,
+        "embed": (i.view(n, 1, 1) + torch.zeros(n, 2, 3)).to(torch.float16),
+    }
+
+
+def keys(n: int, start: int = 0, prefix: str = "k") -> list[str]:
+    return [f"{prefix}{i:05d}" for i in range(start, start + n)]
+
+
+def cat(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+
+
+def assert_rows(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert set(got) == set(expected)
+    for name in expected:
+        assert got[name].shape == expected[name].shape, name
+        assert torch.equal(got[name], expected[name]), name
+
+
+def make(path: Path, n: int, block_size: int = 4) -> Path:
+    with TensorDB.open(path, "w", schema=SCHEMA, block_size=block_size) as db:
+        db.write(batch(n), keys=keys(n))
+    return path
+
+
+def mirror(db: Any) -> list[tuple[Any, ...]]:
+    return list(db.query("SELECT position, key, price, label FROM rows ORDER BY position"))
+
+
+def assert_mirror_matches(db: Any) -> None:
+    """Every mirrored row has the values of the tensors at its position."""
+    rows = mirror(db)
+    assert [r[0] for r in rows] == list(range(len(db)))
+    data = db[:]
+    assert [r[2] for r in rows] == data["price"].view(-1).tolist()
+    assert [r[3] for r in rows] == data["label"].tolist()
+
+
+# -- opening ---------------------------------------------------------------------------------
+
+
+def test_schema_is_required_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with pytest.raises(ValueError, match="schema"):
+        TensorDB.open(path, "w")
+    for bad in ({}, [("a", ("float32", 1))], "a"):
+        with pytest.raises(ValueError, match="non-empty dict"):
+            TensorDB.open(path, "w", schema=bad)
+    for name in ("", ".hidden", "a/b", 3):
+        with pytest.raises(ValueError, match="Invalid field name"):
+            TensorDB.open(path, "w", schema={name: ("float32", 1)})
+    with pytest.raises(TypeError, match="dtype must be"):
+        TensorDB.open(path, "w", schema={"a": (float, 1)})
+    with pytest.raises(ValueError, match="one value per row"):
+        TensorDB.open(path, "w", schema={"a": ("float32", 2, {"filter": True})})
+    with pytest.raises(ValueError, match="taken in SQL"):
+        TensorDB.open(path, "w", schema={"Key": ("int64", 1, {"index": True})})
+    with pytest.raises(ValueError, match="unknown options"):
+        TensorDB.open(path, "w", schema={"a": ("int64", 1, {"unique": True})})
+    with pytest.raises(ValueError, match="letter case"):
+        TensorDB.open(
+            path,
+            "w",
+            schema={"a": ("int64", 1, {"filter": True}), "A": ("int8", 1, {"filter": True})},
+        )
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("mode", ["r", "r+", "a", "a+"])
+def test_missing_database(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(FileNotFoundError, match="Database not found"):
+        TensorDB.open(tmp_path / "db", mode)
+
+
+@pytest.mark.parametrize("mode", ["", "rw", "w++", "x"])
+def test_invalid_modes(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        TensorDB.open(tmp_path / "db", mode, schema=SCHEMA)
+
+
+def test_modes(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 6)
+    with TensorDB.open(path) as db:
+        assert (db.mode, db.tell(), len(db), db.filterable) == ("r", 0, 6, ("price", "label"))
+        assert db.schema == {
+            "price": ("float32", (1,)),
+            "label": ("int64", ()),
+            "embed": ("float16", (2, 3)),
+        }
+        with pytest.raises(OSError, match="not open for writing"):
+            db.write(batch(1))
+        with pytest.raises(OSError, match="not open for writing"):
+            db.truncate(0)
+    with TensorDB.open(path, "a") as db:
+        assert db.tell() == 6
+        db.seek(0)
+        db.write(batch(2, 6))
+        with pytest.raises(OSError, match="not open for reading"):
+            db.read()
+    with TensorDB.open(path, "r+") as db:
+        db.seek(7)
+        db.write(batch(3, 100))
+        assert_rows(db[:], cat(batch(7), batch(3, 100)))
+    with TensorDB.open(path, "w", schema={"other": ("int8", 1)}) as db:  # keeps the schema
+        assert (len(db), list(db.schema)) == (0, ["price", "label", "embed"])
+        assert db.query("SELECT count(*) FROM rows") == [(0,)]
+        db.write(batch(2))
+    with TensorDB.open(path, "a+") as db:
+        assert db.tell() == 2
+        db.seek(0)
+        assert_rows(db.read(1), batch(1))
+        db.write(batch(1, 2))
+        assert_rows(db[:], batch(3))
+    from shardcat import TensorBlob
+
+    with TensorBlob.open(tmp_path / "blob", "w", dtype="int8", shape=1):
+        pass
+    with pytest.raises(ValueError, match="holds a TensorBlob, not a TensorDB"):
+        TensorDB.open(tmp_path / "blob")
+
+
+# -- reading and writing ---------------------------------------------------------------------
+
+
+def test_write_is_dense_and_checked(tmp_path: Path) -> None:
+    with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA) as db:
+        with pytest.raises(TypeError, match="dict"):
+            db.write([batch(1)])
+        with pytest.raises(ValueError, match="missing: \\['embed'\\]"):
+            db.write({k: v for k, v in batch(1).items() if k != "embed"})
+        with pytest.raises(ValueError, match="unexpected: \\['extra'\\]"):
+            db.write({**batch(1), "extra": torch.zeros(1)})
+        with pytest.raises(ValueError, match="same row count"):
+            db.write({**batch(2), "label": torch.zeros(3, dtype=torch.int64)})
+        with pytest.raises(TypeError, match="field 'price'"):
+            db.write({**batch(2), "price": torch.zeros(2, 1, dtype=torch.float64)})
+        with pytest.raises(ValueError, match="keys for"):
+            db.write(batch(2), keys=["a"])
+        with pytest.raises(TypeError, match="keys must be"):
+            db.write(batch(1), keys="a")
+        with pytest.raises(TypeError, match="keys must be str"):
+            db.write(batch(1), keys=[1])
+        assert len(db) == 0
+        assert db.write(batch(3)) == 3
+        one = {name: t[0] for name, t in batch(1, 3).items()}  # a single row
+        assert db.write(one) == 1
+        assert_rows(db[:], batch(4))
+
+
+def test_reading_forms(tmp_path: Path) -> None:
+    data = batch(23)
+    with TensorDB.open(make(tmp_path / "db", 23)) as db:
+        assert_rows(db[5], {k: v[5] for k, v in data.items()})
+        assert_rows(db[-1], {k: v[-1] for k, v in data.items()})
+        assert_rows(db[3:20:4], {k: v[3:20:4] for k, v in data.items()})
+        assert_rows(db[::-5], {k: v.flip(0)[::5] for k, v in data.items()})
+        picks = [22, 0, 7, 7, -2]
+        assert_rows(db[picks], {k: v[[p % 23 for p in picks]] for k, v in data.items()})
+        assert_rows(db[torch.tensor(picks)], db[tuple(picks)])
+        with pytest.raises(IndexError):
+            db[23]
+        with pytest.raises(TypeError, match="Index must be"):
+            db[2.5]
+        db.seek(20)
+        assert_rows(db.read(), {k: v[20:] for k, v in data.items()})
+        db.seek(-4, io.SEEK_END)
+        assert_rows(db.read(2, fields=["label"]), {"label": data["label"][19:21]})
+        assert db.tell() == 21
+        seen = list(db)
+        assert len(seen) == 2 and db.tell() == 23
+        assert_rows(seen[1], {k: v[22] for k, v in data.items()})
+        empty = db.read()
+        assert empty["embed"].shape == (0, 2, 3) and empty["label"].shape == (0,)
+
+
+def test_column_projection_maps_only_that_field(tmp_path: Path) -> None:
+    with TensorDB.open(make(tmp_path / "db", 40)) as db:
+        price = db.column("price")
+        assert (price.dtype, price.shape, len(price)) == ("float32", (1,), 40)
+        assert torch.equal(price[:], batch(40)["price"])
+        assert torch.equal(db["label"][[3, 1]], torch.tensor([3, 1]))
+        assert price.mapped_blocks == 10
+        assert db.column("embed").mapped_blocks == 0  # never touched
+        assert_rows(db.get("k00007", fields=["label"]), {"label": torch.tensor(0)})
+        assert db.column("embed").mapped_blocks == 0
+        with pytest.raises(KeyError, match="no field 'nope'"):
+            db.column("nope")
+
+
+def test_cache_bound_applies_per_field(tmp_path: Path) -> None:
+    with TensorDB.open(make(tmp_path / "db", 40), max_cached_blocks=2) as db:
+        assert db.max_cached_blocks == 2
+        for i in range(0, 40, 3):
+            db[i]
+            assert all(db.column(n).mapped_blocks <= 2 for n in db.schema)
+    with TensorDB.open(tmp_path / "db") as db:
+        assert db.max_cached_blocks is None  # as tensorblob: the default is not spelled out
+
+
+# -- truncate and extend -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", [0, 1, 4, 6, 12, 40])
+def test_truncate_keeps_fields_and_rows_aligned(tmp_path: Path, cut: int) -> None:
+    path = make(tmp_path / "db", 13)
+    with TensorDB.open(path, "r+") as db:
+        assert db.truncate(cut) == min(cut, 13)
+        assert_mirror_matches(db)
+        assert (db.get("k00012") is None) == (cut < 13)
+        assert db.query("SELECT count(key) FROM rows") == [(min(cut, 13),)]
+    for field in SCHEMA:
+        blocks = [n for n in os.listdir(path / field) if UUID.match(n)]
+        assert len(blocks) == math.ceil(min(cut, 13) / 4)
+    with TensorDB.open(path, "a+") as db:
+        db.write(batch(5, 13), keys=keys(5, 13))
+        assert_rows(db[:], cat(batch(min(cut, 13)), batch(5, 13)))
+        assert_mirror_matches(db)
+
+
+@pytest.mark.parametrize("n_self", [0, 3, 8])
+@pytest.mark.parametrize("n_other", [1, 4, 9])
+@pytest.mark.parametrize("maintain_order", [True, False])
+def test_extend_moves_keys_and_sql_rows_with_the_data(
+    tmp_path: Path, n_self: int, n_other: int, maintain_order: bool
+) -> None:
+    bs = 4
+    make(tmp_path / "a", n_self, block_size=bs)
+    with TensorDB.open(tmp_path / "b", "w", schema=SCHEMA, block_size=bs) as b:
+        b.write(batch(n_other, 500), keys=keys(n_other, 0, "o"))
+    with TensorDB.open(tmp_path / "a", "r+") as a, TensorDB.open(tmp_path / "b") as b:
+        a.extend(b, maintain_order=maintain_order)
+        assert len(a) == a.tell() == n_self + n_other
+        full, other_full = n_self // bs * bs, n_other // bs * bs
+        mine, theirs = batch(n_self), batch(n_other, 500)
+        if maintain_order:
+            expected = cat(mine, theirs)
+        else:
+            part = lambda d, lo, hi: {k: v[lo:hi] for k, v in d.items()}  # noqa: E731
+            expected = cat(
+                part(mine, 0, full),
+                part(theirs, 0, other_full),
+                part(mine, full, n_self),
+                part(theirs, other_full, n_other),
+            )
+        assert_rows(a[:], expected)
+        assert_mirror_matches(a)
+        for i, key in enumerate(keys(n_self)):
+            assert torch.equal(a.get(key)["price"], mine["price"][i])
+        for i, key in enumerate(keys(n_other, 0, "o")):
+            assert torch.equal(a.get(key)["embed"], theirs["embed"][i])
+
+
+def test_extend_checks_schemas_and_keys(tmp_path: Path) -> None:
+    make(tmp_path / "a", 5)
+    make(tmp_path / "b", 3)  # the same keys k00000..k00002
+    with TensorDB.open(tmp_path / "c", "w", schema={"price": ("float32", 1)}) as c:
+        pass
+    with (
+        TensorDB.open(tmp_path / "a", "r+") as a,
+        TensorDB.open(tmp_path / "b") as b,
+        TensorDB.open(tmp_path / "c") as c,
+    ):
+        with pytest.raises(ValueError, match="Schema fields must match"):
+            a.extend(c)
+        for order in (True, False):
+            with pytest.raises(DuplicateKeyError, match="k00000"):
+                a.extend(b, maintain_order=order)
+            assert len(a) == 5
+            assert_rows(a[:], batch(5))
+            assert_mirror_matches(a)
+    for field in SCHEMA:  # the copied blocks of the failed extends are gone
+        assert len([n for n in os.listdir(tmp_path / "a" / field) if UUID.match(n)]) == 2
+
+
+def test_extend_with_a_tensorblob_database(tmp_path: Path) -> None:
+    tensorblob = pytest.importorskip("tensorblob")
+    plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
+    with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain) as t:
+        t.write(batch(6, 40))
+        make(tmp_path / "a", 3)
+        with TensorDB.open(tmp_path / "a", "a") as a:
+            a.extend(t)
+            assert_rows(a[:], cat(batch(3), batch(6, 40)))
+            assert_mirror_matches(a)
+
+
+# -- SQL ----------------------------------------------------------------------------------------
+
+
+def test_where_filters_with_sql(tmp_path: Path) -> None:
+    n = 500
+    with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA, block_size=64) as db:
+        db.write(batch(n))
+        data = db[:]
+        mask = (data["price"].view(-1) > 1000) & (data["label"] == 3)
+        expected = mask.nonzero().view(-1).tolist()
+        assert db.where("price > 1000 AND label = 3") == expected
+        assert db.where("price > ? AND label = ?", [1000, 3]) == expected
+        assert db.where("label = :l", {"l": 6}) == list(range(6, n, 7))
+        assert db.where("position BETWEEN 3 AND 5") == [3, 4, 5]
+        assert_rows(db[db.where("label = 2")], {k: v[2::7] for k, v in data.items()})
+        assert db.where("price < 0") == []
+        db.seek(10)
+        db.write({**batch(1), "label": torch.tensor([99])})  # overwrite: the mirror follows
+        assert db.where("label = 99") == [10]
+        for bad in ("1); DELETE FROM rows; --", "nope > 1", "price >", "1); ATTACH 'x' AS y; --"):
+            with pytest.raises(CatalogError, match="query failed"):
+                db.where(bad)
+        assert db.query("SELECT count(*) FROM rows") == [(n,)]
+        with pytest.raises(CatalogError, match="read-only"):
+            db.query("UPDATE rows SET label = 0")
+        indexes = [r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type = 'index'")]
+        assert "rows_price" in indexes and "rows_label" not in indexes
+
+
+def test_filterable_types(tmp_path: Path) -> None:
+    schema = {
+        "flag": ("bool", (), {"filter": True}),
+        "half": ("bfloat16", 1, {"filter": True}),
+        "small": ("uint8", (), {"index": True}),
+    }
+    with TensorDB.open(tmp_path / "db", "w", schema=schema) as db:
+        db.write(
+            {
+                "flag": torch.tensor([True, False, True]),
+                "half": torch.tensor([[0.5], [1.5], [-2.0]], dtype=torch.bfloat16),
+                "small": torch.tensor([1, 200, 3], dtype=torch.uint8),
+            }
+        )
+        assert db.where("flag AND half < 0") == [2]
+        assert db.where("small > 100") == [1]
+        assert db.query("SELECT typeof(flag), typeof(half), typeof(small) FROM rows LIMIT 1") == [
+            ("integer", "real", "integer")
+        ]
+
+
+def test_keys(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 10)
+    with TensorDB.open(path, "r+") as db:
+        assert db.position("k00007") == 7
+        assert_rows(db.get("k00007"), db[7])
+        assert db.get("missing") is None
+        assert db.get("missing", default=-1) == -1
+        with pytest.raises(KeyNotFoundError, match="missing"):
+            db.position("missing")
+        with pytest.raises(KeyError):
+            db.get_many(["k00001", "missing"])
+        assert db.positions(["k00009", "k00000", "k00009"]) == [9, 0, 9]
+        assert_rows(db.get_many(["k00003", "k00001"]), db[[3, 1]])
+        before = (mirror(db), db[:])
+        with pytest.raises(DuplicateKeyError, match="twice"):
+            db.write(batch(2, 10), keys=["x", "x"])
+        with pytest.raises(DuplicateKeyError, match="already the key of row 4"):
+            db.write(batch(2, 10), keys=["new", "k00004"])
+        db.seek(0)
+        with pytest.raises(DuplicateKeyError, match="already the key of row 5"):
+            db.write(batch(1, 77), keys=["k00005"])  # an overwrite in place is checked too
+        assert (mirror(db), len(db)) == (before[0], 10)
+        assert_rows(db[:], before[1])
+        db.seek(2)
+        db.write(batch(2, 50))  # overwritten without keys: the keys stay
+        assert db.positions(["k00002", "k00003"]) == [2, 3]
+        db.seek(2)
+        db.write(batch(1, 60), keys=["renamed"])
+        assert db.get("k00002") is None and db.position("renamed") == 2
+        assert db.where("key LIKE 'k0000%' AND label = 0") == [0, 7]
+    with TensorDB.open(tmp_path / "plain", "w", schema={"x": ("int8", 1)}) as db:
+        db.write({"x": torch.ones(3, 1, dtype=torch.int8)}, keys=["a", "b", "c"])
+        db.write({"x": torch.ones(2, 1, dtype=torch.int8)})  # rows without keys
+        assert db.query("SELECT position, key FROM rows") == [(0, "a"), (1, "b"), (2, "c")]
+        assert db.position("c") == 2 and len(db) == 5
+
+
+def test_metadata_is_one_sqlite_file(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 9)
+    assert sorted(os.listdir(path)) == sorted([META_FILE, "price", "label", "embed"])
+    conn = sqlite3.connect(path / META_FILE)
+    assert conn.execute("SELECT length FROM storage_state").fetchone() == (9,)
+    assert conn.execute(
+        "SELECT field, count(*) FROM storage_blocks GROUP BY field ORDER BY field"
+    ).fetchall() == [("embed", 3), ("label", 3), ("price", 3)]
+    assert conn.execute("SELECT count(*), count(key) FROM rows").fetchone() == (9, 9)
+    conn.close()
+
+
+def test_pickle_and_unlink(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 5)
+    with TensorDB.open(path) as db:
+        clone = pickle.loads(pickle.dumps(db))
+        assert_rows(clone[:], db[:])
+        assert clone.get("k00004") is not None
+        clone.close()
+    assert TensorDB.unlink(path) is True
+    assert not path.exists()
+
+
+# -- crash consistency ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_killed_mid_write_keeps_all_fields_aligned(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 6)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_fd)
+            db = TensorDB.open(path, "a")
+            db.write(batch(3, 6), keys=keys(3, 6))  # committed
+
+            def commit(
+                self: Any, length: int, added: Any = None, cut: Any = None, work: Any = None
+            ) -> Any:
+                self.conn.execute("BEGIN IMMEDIATE")
+                work(self.conn)  # every field's rows and the SQL rows written, not committed
+                os.write(write_fd, b"in-commit\n")
+                time.sleep(600)
+
+            storage_meta.Metadata.commit = commit  # type: ignore[method-assign]
+            db.write(batch(10, 9), keys=keys(10, 9))
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    buf = b""
+    deadline = time.monotonic() + 20
+    while b"in-commit" not in buf:
+        assert time.monotonic() < deadline
+        chunk = os.read(read_fd, 100)
+        assert chunk, "the child died early"
+        buf += chunk
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(read_fd)
+    with TensorDB.open(path) as db:
+        assert len(db) == 9
+        assert_rows(db[:], batch(9))
+        assert_mirror_matches(db)
+        assert db.get("k00009") is None
+        assert db.position("k00008") == 8
+    with TensorDB.open(path, "r+") as db:  # a writer cleans up the dead writer's blocks
+        for field in SCHEMA:
+            assert len([n for n in os.listdir(path / field) if UUID.match(n)]) == 3
+        db.seek(0, io.SEEK_END)
+        db.write(batch(1, 9), keys=keys(1, 9))
+        assert_rows(db[:], batch(10))
+
+
+# -- joining with a catalog dataset ----------------------------------------------------------
+
+
+@pytest.fixture
+def catalog_and_embeddings(tmp_path: Path) -> dict[str, Path]:
+    with TFRecordWriter(tmp_path / "train-00000.tfrecord") as writer:
+        for i in range(20):
+            writer.write(make_example({"key": f"k{i:05d}", "label": i % 4, "image": b"x" * i}))
+    catalog = tmp_path / "shardcat.sqlite"
+    with Catalog(catalog) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "train").close()
+    with TensorDB.open(tmp_path / "emb.db", "w", schema=SCHEMA, block_size=4) as db:
+        # embeddings for every other sample, in another order
+        chosen = list(range(18, -1, -2))
+        db.write(batch(len(chosen)), keys=[f"k{i:05d}" for i in chosen])
+    return {"catalog": catalog, "emb": tmp_path / "emb.db"}
+
+
+JOIN = (
+    "SELECT t.key, e.rowid, e.price, t.label FROM train t JOIN emb.rows e ON e.key = t.key "
+    "WHERE t.label = 2 ORDER BY t.key"
+)
+
+
+def test_catalog_query_joins_an_attached_database(catalog_and_embeddings: dict[str, Path]) -> None:
+    paths = catalog_and_embeddings
+    with Catalog(paths["catalog"]) as cat:
+        rows = cat.query(JOIN, attach={"emb": paths["emb"]})
+        assert rows.columns == ["key", "position", "price", "label"]  # rowid is the position
+        assert rows == [
+            ("k00002", 8, 80.0, 2),
+            ("k00006", 6, 60.0, 2),
+            ("k00010", 4, 40.0, 2),
+            ("k00014", 2, 20.0, 2),
+            ("k00018", 0, 0.0, 2),
+        ]
+        with TensorDB.open(paths["emb"]) as db:  # rowid is the position in the TensorDB
+            assert torch.equal(
+                db[[r[1] for r in rows]]["price"].view(-1), torch.tensor([80.0, 60, 40, 20, 0])
+            )
+        # the file itself works too, and the attachment ends with the statement
+        assert cat.query("SELECT count(*) FROM x.rows", attach={"x": paths["emb"] / META_FILE}) == [
+            (10,)
+        ]
+        with pytest.raises(CatalogError, match="no such table"):
+            cat.query("SELECT count(*) FROM emb.rows")
+        # still read-only: writes into the attached file and ATTACH in SQL are refused
+        for sql in ("DELETE FROM emb.rows", "ATTACH DATABASE 'other.sqlite' AS o"):
+            with pytest.raises(CatalogError, match="read-only"):
+                cat.query(sql, attach={"emb": paths["emb"]})
+        with pytest.raises(CatalogError, match="invalid attach name"):
+            cat.query("SELECT 1", attach={"main": paths["emb"]})
+        with pytest.raises(CatalogError, match="no SQLite database"):
+            cat.query("SELECT 1", attach={"emb": paths["emb"] / "missing"})
+    with TensorDB.open(paths["emb"]) as db:
+        assert len(db) == 10 and db.query("SELECT count(*) FROM rows") == [(10,)]
+
+
+def test_cli_query_attach(catalog_and_embeddings: dict[str, Path]) -> None:
+    paths = catalog_and_embeddings
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        ["query", JOIN, "-c", str(paths["catalog"]), "--attach", f"emb={paths['emb']}", "--csv"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "key,position,price,label"
+    assert lines[1:] == [
+        "k00002,8,80.0,2",
+        "k00006,6,60.0,2",
+        "k00010,4,40.0,2",
+        "k00014,2,20.0,2",
+        "k00018,0,0.0,2",
+    ]
+    bad = runner.invoke(app, ["query", "SELECT 1", "-c", str(paths["catalog"]), "--attach", "emb"])
+    assert bad.exit_code == 1
+    assert "--attach takes NAME=PATH" in bad.output
+
+
+# -- tensorblob directories -------------------------------------------------------------------
+
+
+def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
+    tensorblob = pytest.importorskip("tensorblob")
+    plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
+    with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
+        t.write(batch(13))
+
+    def inodes() -> dict[str, list[int]]:
+        found = {}
+        for field in plain:
+            names = [n for n in os.listdir(tmp_path / "t" / field) if UUID.match(n)]
+            found[field] = sorted(os.stat(tmp_path / "t" / field / n).st_ino for n in names)
+        return found
+
+    before = inodes()
+    with TensorDB.open(tmp_path / "t") as db:
+        assert (len(db), db.block_size, db.filterable) == (13, 4, ())
+        assert db.schema == {
+            "price": ("float32", (1,)),
+            "label": ("int64", ()),
+            "embed": ("float16", (2, 3)),
+        }
+        assert_rows(db[:], batch(13))
+    assert inodes() == before  # the same block files: nothing copied
+    leftovers = [p.name for p in (tmp_path / "t").rglob(".*") if p.name in (".conf", ".stat")]
+    assert leftovers == []
+    with TensorDB.open(tmp_path / "t", "a") as db:
+        db.write(batch(2, 13), keys=["x", "y"])
+        assert db.position("y") == 14
+
+
+def test_tensorblob_database_after_a_crash_uses_the_committed_rows(tmp_path: Path) -> None:
+    tensorblob = pytest.importorskip("tensorblob")
+    plain = {"price": ("float32", 1), "label": ("int64", ())}
+    with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
+        t.write({"price": batch(10)["price"], "label": batch(10)["label"]})
+    # as if killed between writing one field and committing: .stat says 6 rows
+    (tmp_path / "t" / ".stat").write_text('{"len":6}')
+    with TensorDB.open(tmp_path / "t", "r+") as db:
+        assert len(db) == 6
+        assert_rows(db[:], {"price": batch(6)["price"], "label": batch(6)["label"]})
+    for field in plain:  # blocks past the committed rows were dropped
+        assert len([n for n in os.listdir(tmp_path / "t" / field) if UUID.match(n)]) == 2
+
+
+# -- tensorblob's README examples --------------------------------------------------------------
+
+# Verbatim from tensorblob 0.3.0's README but for the import line; checked below.
+CREATE = """\
+from shardcat import TensorDB
+
+# Create a database with a fixed schema mapping field names to (dtype, shape)
+with TensorDB.open("events.db", "w",
+                   schema={"price": ("float32", 1),
+                           "embed": ("float16", 768)}) as db:
+    # Rows are dense: every write must supply every field with the same row count
+    db.write({"price": torch.randn(100_000, 1),
+              "embed": torch.randn(100_000, 768).half()})
+    print(f"Wrote {len(db)} rows")
+
+# No need to specify the schema again after creation
+with TensorDB.open("events.db", "r") as db:
+    row = db[42]          # {"price": tensor of shape (1,), "embed": (768,)}
+    batch = db[10:100]    # {"price": (90, 1), "embed": (90, 768)}
+    print(f"Fields: {list(batch)}, price range: {batch['price'].min()}..{batch['price'].max()}")
+"""
+
+FILE_LIKE = """\
+with TensorDB.open("events.db", "r+") as db:
+    db.seek(1000)
+    batch = db.read(size=100)                 # dict of (100, ...) tensors
+
+    db.seek(-500, whence=io.SEEK_END)
+    db.write({"price": new_prices, "embed": new_embeds})  # overwrite in place
+
+    db.truncate(10_000)                       # truncate all fields at once
+    db.extend(other_db, maintain_order=False) # merge another db with the same schema
+
+# Cleanup removes the whole database directory
+TensorDB.unlink("events.db")
+"""
+
+DB_EXAMPLES = [CREATE, FILE_LIKE]
+
+
+def test_db_examples_match_the_readme() -> None:
+    pytest.importorskip("tensorblob")
+    from importlib.metadata import metadata
+
+    text = metadata("tensorblob").get_payload()  # type: ignore[attr-defined]
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    found = [b.replace("from tensorblob", "from shardcat") for b in blocks if "TensorDB" in b]
+    assert found == DB_EXAMPLES
+
+
+def test_readme_db_examples_run_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    ns: dict[str, Any] = {"torch": torch, "io": io}  # imported by earlier README examples
+    exec(CREATE, ns)
+    out = capsys.readouterr().out
+    assert "Wrote 100000 rows" in out and "Fields: ['price', 'embed']" in out
+    assert ns["row"]["price"].shape == (1,) and ns["row"]["embed"].shape == (768,)
+    assert ns["batch"]["embed"].shape == (90, 768)
+    with TensorDB.open("events.db") as db:
+        head = db[1000:1100]
+    schema = {"price": ("float32", 1), "embed": ("float16", 768)}
+    with TensorDB.open("other.db", "w", schema=schema) as other:
+        other.write({"price": torch.full((700, 1), 7.0), "embed": torch.ones(700, 768).half()})
+    ns["new_prices"] = torch.zeros(500, 1)
+    ns["new_embeds"] = torch.zeros(500, 768).half()
+    final: dict[str, Any] = {}
+    real_unlink = TensorDB.unlink
+
+    def unlink(filename: str) -> bool:  # look at the result before the example deletes it
+        with TensorDB.open(filename) as db:
+            final.update(length=len(db), rows=db[9_990:], mirror=db.query("SELECT 1 FROM rows"))
+        return real_unlink(filename)
+
+    monkeypatch.setattr(TensorDB, "unlink", unlink)
+    with TensorDB.open("other.db") as other_db:
+        ns["other_db"] = other_db
+        exec(FILE_LIKE, ns)
+        assert_rows(ns["batch"], head)
+        assert len(other_db) == 700
+    assert not (tmp_path / "events.db").exists()
+    assert final["length"] == 10_700 and final["mirror"] == []
+    assert torch.equal(final["rows"]["price"][10:], torch.full((700, 1), 7.0))
