@@ -287,3 +287,23 @@ def test_debug_env_shows_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 )
 def test_file_extension(data: bytes, ext: str):
     assert file_extension(data) == ext
+
+
+def test_reingest_keeps_the_options_the_dataset_was_ingested_with(tmp_path: Path):
+    shard = tmp_path / "a.tfrecord"
+    with TFRecordWriter(shard) as w:
+        for i in range(3):
+            w.write(make_example({"id": i, "label": i}))
+    catalog = tmp_path / "c.sqlite"
+    run("ingest", shard, "-d", "ids", "-k", "id", "--no-fields", "-c", catalog)
+    with TFRecordWriter(tmp_path / "b.tfrecord") as w:
+        w.write(make_example({"id": 7, "label": 7}))
+    result = run("ingest", str(tmp_path / "*.tfrecord"), "-d", "ids", "-c", catalog)
+    assert "4 records in 2 shards (1 indexed now)" in result.output
+    info = json.loads(run("datasets", "-c", catalog, "--json").output)[0]
+    assert info["key_rule"] == "feature:id"
+    assert info["options"]["fields"] is False
+    assert info["fields"] == {}
+    assert run("get", "ids", "7", "label", "-c", catalog).output.strip() == "7"
+    changed = run("ingest", shard, "-d", "ids", "-k", "label", "-c", catalog, ok=False)
+    assert "keyed by feature:id, not tfrecord keyed by feature:label" in changed.output

@@ -280,3 +280,20 @@ def test_filter_count_does_not_touch_records(built: dict[str, Any]) -> None:
     assert any("records" in step for step in plan), plan
     with Catalog(built["db"]) as cat:
         assert cat.query('SELECT count(*) FROM "train" WHERE label < 10') == [(SHARDS * PER_SHARD,)]
+
+
+def test_float_fields_compare_equal_to_their_decimal_spelling(tmp_path: Path) -> None:
+    """TFRecord floats are float32: the view stores the shortest decimal that rounds to it."""
+    path = tmp_path / "f.tfrecord"
+    with TFRecordWriter(path) as w:
+        for i, score in enumerate([0.967, 0.1, 1e-7, 3.0]):
+            w.write(make_example({"key": f"k{i}", "score": score}))
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(path, "f").close()
+        assert cat.query("SELECT key FROM f WHERE score = 0.967") == [("k0",)]
+        assert cat.query("SELECT score FROM f ORDER BY position") == [
+            (0.967,),
+            (0.1,),
+            (1e-7,),
+            (3.0,),
+        ]

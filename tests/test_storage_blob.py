@@ -342,6 +342,9 @@ def test_fancy_indexing(blob: Any) -> None:
     ):
         assert torch.equal(blob[index], expected), type(index)
     assert torch.equal(blob[[6, 6, 6]], data[[6, 6, 6]])
+    ordered = [0, 1, 1, 5, 9, 9, 14, 22]  # grouped by block: no reordering needed
+    assert torch.equal(blob[ordered], data[ordered])
+    assert torch.equal(blob[[5, 4, 7, 13, 12]], data[[5, 4, 7, 13, 12]])
     assert torch.equal(blob[[9]], data[[9]])
     every = list(range(23))
     random.Random(3).shuffle(every)

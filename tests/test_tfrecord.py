@@ -329,7 +329,7 @@ def test_scalar_field_rule(tmp_path: Path) -> None:
         "neg": -(2**63),
         "flag": 1,
         "score": 0.25,
-        "ratio": float(np.float32(0.1)),
+        "ratio": 0.1,  # the shortest decimal that is float32(0.1), not 0.10000000149011612
         "name": "hello",
         "blank": "",
         "text256": "x" * 256,

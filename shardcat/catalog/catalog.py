@@ -106,6 +106,16 @@ def _check_name(name: str) -> None:
         )
 
 
+class Keep:
+    """Default of ``Catalog.ingest(key=...)``: keep the dataset's key rule (new: ``"key"``)."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
     """A dataset as the catalog describes it."""
@@ -266,8 +276,8 @@ class Catalog:
         dataset: str | None = None,
         *,
         format: str | None = None,
-        key: str | None = "key",
-        fields: bool = True,
+        key: str | Keep | None = KEEP,
+        fields: bool | None = None,
         grouping: str | None = None,
         options: Mapping[str, Any] | None = None,
         workers: int | None = None,
@@ -282,8 +292,11 @@ class Catalog:
         set becomes exactly these files (new ones are indexed, changed ones
         re-indexed, missing ones dropped, unchanged ones skipped).
         ``format``: detected from the first file's bytes when None.
-        ``key``: the feature holding each record's key (TFRecord); None keys
-        records by position. ``fields``: extract scalar fields for SQL.
+        ``key``: the feature holding each record's key (TFRecord; ``"key"``
+        unless the dataset was ingested with another); None keys records by
+        position. ``fields``: extract scalar fields for SQL (default: as the
+        dataset was ingested, else True). Options left out keep the values the
+        dataset was ingested with.
         ``grouping``: how tar members form samples. ``options``: further
         format options (they override the arguments above).
         ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
@@ -309,18 +322,21 @@ class Catalog:
         _check_name(name)
         fmt_name = format or detect_format(files[0])
         fmt = get_format(fmt_name)
-        opts: dict[str, Any] = {
-            **fmt.detect_options(files[0]),
-            "key": key,
-            "fields": fields,
+        # Precedence: detected from the first shard < stored with the dataset < given here.
+        detected = fmt.detect_options(files[0])
+        explicit: dict[str, Any] = {
+            **({} if isinstance(key, Keep) else {"key": key}),
+            **({} if fields is None else {"fields": fields}),
             **({} if grouping is None else {"grouping": grouping}),
             **(options or {}),
         }
-        key_rule = fmt.key_rule(opts)
         source = self.normalized_source(paths)
         with engine.begin() as conn:
             d = schema.datasets
             row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
+            stored = {} if row is None else json.loads(row.options)
+            opts: dict[str, Any] = {**detected, **stored, **explicit}
+            key_rule = fmt.key_rule(opts)
             if row is None:
                 dataset_id = conn.execute(
                     d.insert().values(
@@ -349,7 +365,6 @@ class Catalog:
                         + ": ingest into "
                         f"another dataset or drop it first (catalog drop {name})"
                     )
-                opts = {**json.loads(row.options), **opts}
                 conn.execute(
                     d.update()
                     .where(d.c.id == dataset_id)

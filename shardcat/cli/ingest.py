@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shardcat.catalog import Catalog, resolve_paths
+from shardcat.catalog.catalog import KEEP
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import DUPLICATE_POLICIES, ShardOutcome
 from shardcat.cli.common import CatalogOpt, DatasetArg, handle_errors, open_catalog
@@ -30,8 +31,11 @@ def ingest(
         int | None, typer.Option("--workers", "-w", help="Indexing processes (default: cores).")
     ] = None,
     key: Annotated[
-        str, typer.Option("--key", "-k", help="Feature holding each record's key.")
-    ] = "key",
+        str | None,
+        typer.Option(
+            "--key", "-k", help="Feature holding each record's key (default: key, or as before)."
+        ),
+    ] = None,
     by_position: Annotated[
         bool, typer.Option("--by-position", help="Key records by position: '0'..'n-1'.")
     ] = False,
@@ -94,8 +98,8 @@ def ingest(
                 paths,
                 dataset,
                 format=format,
-                key=None if by_position else key,
-                fields=not no_fields,
+                key=None if by_position else (KEEP if key is None else key),
+                fields=False if no_fields else None,
                 workers=workers,
                 on_duplicate=on_duplicate,
                 rescan=rescan,

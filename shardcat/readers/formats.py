@@ -37,6 +37,8 @@ Adding a format means adding its module and one line in ``_MODULES``.
 from __future__ import annotations
 
 import importlib
+import math
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -147,3 +149,21 @@ def pread_exact(source: Any, path: str, offset: int, length: int) -> bytes:
             path, offset, f"expected {length} bytes, file ends after {len(data)}"
         )
     return data
+
+
+_F32 = struct.Struct("<f")
+
+
+def float32_shortest(value: float) -> float:
+    """The shortest decimal that rounds to the same float32 (0.1 for float32(0.1)).
+
+    A float32 has 6 to 9 significant decimal digits; ``g`` formatting drops
+    trailing zeros, so 6 digits already give ``0.1`` or ``3.1``.
+    """
+    if value.is_integer() or not math.isfinite(value):
+        return value
+    for digits in (6, 7, 8, 9):
+        text = float(f"{value:.{digits}g}")
+        if _F32.unpack(_F32.pack(text))[0] == value:
+            return text
+    return value

@@ -72,7 +72,7 @@ from typing import IO, Any, Literal, NamedTuple
 import numpy as np
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.formats import Entry, Scalar, pread_exact
+from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact
 
 __all__ = [
     "MAGIC",
@@ -299,21 +299,6 @@ def _parse(buf: Any, offset: int, length: int) -> tuple[int, Any, int, int, int]
     return flag, struct.unpack_from(f"<{flag}f", buf, offset + IR_SIZE), id_, id2, end
 
 
-def _shortest(value: float) -> float:
-    """The shortest decimal that rounds to the same float32 (0.1 for float32(0.1)).
-
-    A float32 has 6 to 9 significant decimal digits; ``g`` formatting drops
-    trailing zeros, so 6 digits already give ``0.1`` or ``3.1``.
-    """
-    if value.is_integer() or not math.isfinite(value):
-        return value
-    for digits in (6, 7, 8, 9):
-        text = float(f"{value:.{digits}g}")
-        if _F32.unpack(_F32.pack(text))[0] == value:
-            return text
-    return value
-
-
 def _fields(buf: Any, offset: int, length: int) -> dict[str, Scalar]:
     parsed = _parse(buf, offset, length)
     if parsed is None:
@@ -322,9 +307,9 @@ def _fields(buf: Any, offset: int, length: int) -> dict[str, Scalar]:
     out: dict[str, Scalar] = {"flag": flag}
     if flag == 0:
         if not math.isnan(label):  # SQLite stores NaN as NULL anyway
-            out["label"] = _shortest(label)
+            out["label"] = float32_shortest(label)
     else:
-        out["labels"] = json.dumps([_shortest(v) for v in label])
+        out["labels"] = json.dumps([float32_shortest(v) for v in label])
     if id_ <= _INT64_MAX:
         out["id"] = id_
     if id2 <= _INT64_MAX:

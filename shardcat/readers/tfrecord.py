@@ -12,7 +12,9 @@ length (the same convention as tfd-utils' ``.index`` files).
 
 Scalar fields for SQL: a feature becomes a column of the dataset's view when
 it holds exactly one value that is an int64, a float, or a UTF-8 string of at
-most ``MAX_TEXT_FIELD`` bytes. The key feature is the ``key`` column itself.
+most ``MAX_TEXT_FIELD`` bytes. Floats are stored as the shortest decimal that
+rounds to the same float32 (``0.967``, not ``0.9670000076293945``). The key
+feature is the ``key`` column itself.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
-from shardcat.readers.formats import Entry, Scalar, pread_exact
+from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact
 
 __all__ = [
     "TFRecordWriter",
@@ -119,6 +121,8 @@ def _scalars(features: Any, skip: str | None) -> dict[str, Scalar]:
                 out[name] = value.decode("utf-8")
             except UnicodeDecodeError:
                 continue
+        elif kind == "float_list":
+            out[name] = float32_shortest(value)  # so that `score = 0.967` matches in SQL
         else:
             out[name] = value
     return out

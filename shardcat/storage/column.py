@@ -119,6 +119,11 @@ def _copy_file(src: Path, dst: Path) -> None:
             remaining -= n
 
 
+def _byte_rows(rows: torch.Tensor) -> np.ndarray:
+    """The bytes of a batch of rows as a ``(rows, row_bytes)`` uint8 array (a view if possible)."""
+    return rows.reshape(len(rows), -1).contiguous().view(torch.uint8).numpy()
+
+
 class BlockColumn:
     """The block files of one field, mapped on demand, at most ``cache_size`` at a time.
 
@@ -149,7 +154,8 @@ class BlockColumn:
         self.writable = writable
         self.row_bytes = math.prod(self.shape) * self.dtype.itemsize
         self._files: dict[int, str] = {}
-        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        # block -> (the mapping as a tensor, the same bytes as a (rows, row_bytes) array)
+        self._cache: OrderedDict[int, tuple[torch.Tensor, np.ndarray]] = OrderedDict()
 
     # -- blocks ----------------------------------------------------------------------
 
@@ -166,7 +172,7 @@ class BlockColumn:
     def path(self, b: int) -> Path:
         return self.directory / self.file(b)
 
-    def _map(self, path: Path) -> torch.Tensor:
+    def _map(self, path: Path) -> tuple[torch.Tensor, np.ndarray]:
         mapped = MemoryMappedTensor.from_filename(
             os.fspath(path),
             dtype=self.dtype,
@@ -174,9 +180,10 @@ class BlockColumn:
             mode="r+" if self.writable else "r",
         )
         # a plain tensor on the same storage: indexing skips the subclass dispatch
-        return mapped.as_subclass(torch.Tensor)
+        tensor = mapped.as_subclass(torch.Tensor)
+        return tensor, _byte_rows(tensor)
 
-    def block(self, b: int) -> torch.Tensor:
+    def _mapping(self, b: int) -> tuple[torch.Tensor, np.ndarray]:
         cache = self._cache
         mapped = cache.get(b)
         if mapped is not None:
@@ -187,6 +194,10 @@ class BlockColumn:
         if len(cache) > self.cache_size:
             cache.popitem(last=False)
         return mapped
+
+    def block(self, b: int) -> torch.Tensor:
+        """Block ``b`` mapped (through the LRU), as a ``(block_size, *shape)`` tensor."""
+        return self._mapping(b)[0]
 
     def create_files(self, names: list[str]) -> None:
         """Empty (sparse) block files, not yet part of the column."""
@@ -201,7 +212,8 @@ class BlockColumn:
     def write_file(self, name: str, offset: int, rows: torch.Tensor) -> None:
         """Write rows into a block file that is not (yet) part of the column."""
         if len(rows):
-            self._map(self.directory / name)[offset : offset + len(rows)].copy_(rows)
+            _, target = self._map(self.directory / name)
+            target[offset : offset + len(rows)] = _byte_rows(rows)
 
     def adopt(self, first: int, names: list[str]) -> None:
         """Blocks ``first ...`` are now ``names`` (after a commit said so)."""
@@ -253,25 +265,36 @@ class BlockColumn:
         first = int(blocks[0])
         if bool((blocks == first).all()):
             return self.block(first).index_select(0, offsets)
-        order = torch.argsort(blocks, stable=True)
-        ids, counts = torch.unique_consecutive(blocks[order], return_counts=True)
-        offsets = offsets[order]
+        # group by block (one index_select per block), then put rows back in order;
+        # indices already grouped by block (e.g. sorted) skip the reordering copy
+        grouped = bool((blocks[1:] >= blocks[:-1]).all())
+        order = None if grouped else torch.argsort(blocks, stable=True)
+        if order is not None:
+            blocks, offsets = blocks[order], offsets[order]
+        ids, counts = torch.unique_consecutive(blocks, return_counts=True)
         buf = self.empty(len(idx))
         lo = 0
         for b, c in zip(ids.tolist(), counts.tolist(), strict=True):
             torch.index_select(self.block(b), 0, offsets[lo : lo + c], out=buf[lo : lo + c])
             lo += c
+        if order is None:
+            return buf
         out = self.empty(len(idx))
         out.index_copy_(0, order, buf)
         return out
 
     def write(self, pos: int, rows: torch.Tensor) -> None:
-        """Copy ``rows`` into positions ``pos ...`` (their blocks must exist)."""
+        """Copy ``rows`` into positions ``pos ...`` (their blocks must exist).
+
+        A single-threaded byte copy: torch's multi-threaded ``copy_`` into
+        freshly mapped (page-faulting) memory is several times slower.
+        """
+        source = _byte_rows(rows)
         bs, n, k = self.block_size, len(rows), 0
         while k < n:
             b, o = divmod(pos + k, bs)
             take = min(bs - o, n - k)
-            self.block(b)[o : o + take].copy_(rows[k : k + take])
+            self._mapping(b)[1][o : o + take] = source[k : k + take]
             k += take
 
     def as_rows(self, value: Any) -> torch.Tensor:
@@ -285,6 +308,8 @@ class BlockColumn:
             value = torch.from_numpy(value)
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(value).__name__!r}")
+        if value.device.type != "cpu":
+            value = value.cpu()
         if value.dtype != self.dtype:
             raise TypeError(
                 f"Tensor dtype {value.dtype} does not match the dtype {self.dtype} "
