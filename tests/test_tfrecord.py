@@ -782,3 +782,14 @@ def test_round_trip(records: list[tuple[str, bytes]]) -> None:
                 assert all_features(decode(raw, {})) == {"key": [k.encode()], "data": [p]}
         finally:
             os.close(fd)
+
+
+def test_fields_follow_each_records_own_feature_kind(tmp_path: Path) -> None:
+    """The per-shard kind cache must not carry one record's kind over to the next."""
+    path = tmp_path / "kinds.tfrecord"
+    values: list[object] = [1, "a", [1, 2], 2.5, [], b"\xff", 7]
+    with TFRecordWriter(path) as w:
+        for i, value in enumerate(values):
+            w.write(make_example({"key": f"k{i}", "x": value}))
+    fields = [e.fields for e in scan(str(path), {})]
+    assert fields == [{"x": 1}, {"x": "a"}, {}, {"x": 2.5}, {}, {}, {"x": 7}]

@@ -23,6 +23,7 @@ from shardcat.catalog.ingest import (
     DEFAULT_LEASE,
     DUPLICATE_POLICIES,
     IngestJob,
+    ProvideEntries,
     ShardOutcome,
     raise_for_failures,
     run_ingest,
@@ -285,6 +286,7 @@ class Catalog:
         rescan: bool = False,
         lease: float = DEFAULT_LEASE,
         progress: Callable[[ShardOutcome, int], None] | None = None,
+        provided: Mapping[str, ProvideEntries] | None = None,
     ) -> Reader:
         """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
 
@@ -301,6 +303,9 @@ class Catalog:
         format options (they override the arguments above).
         ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
         record in position order. ``rescan``: re-index unchanged shards too.
+        ``provided`` maps absolute shard paths to functions giving their
+        entries instead of a scan (``catalog migrate`` hands in verified legacy
+        indexes this way; see :data:`~shardcat.catalog.ingest.ProvideEntries`).
         ``progress(outcome, total_shards)`` is called after every shard this
         process indexed. Other processes ingesting the same dataset at the
         same time share the work; every shard is indexed once.
@@ -383,7 +388,12 @@ class Catalog:
         )
         n_workers = workers if workers is not None else min(len(files), os.cpu_count() or 1)
         callback = None if progress is None else (lambda o: progress(o, len(files)))
-        outcomes = run_ingest(engine, job, max(1, n_workers), callback)
+        by_stored = (
+            None
+            if provided is None
+            else {stored_path(p, self.directory): f for p, f in provided.items()}
+        )
+        outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
         raise_for_failures(outcomes)
         return Reader(self, name)
 

@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +40,28 @@ from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.errors import DuplicateKeyError, IngestError, ShardcatError
-from shardcat.readers.compressed import scan_shard
+from shardcat.readers.compressed import ShardScan, scan_shard
 from shardcat.readers.formats import Entry, get_format
 
-__all__ = ["IngestJob", "ShardOutcome", "run_ingest", "stored_path", "sync_shards"]
+__all__ = [
+    "IngestJob",
+    "ProvideEntries",
+    "ShardOutcome",
+    "run_ingest",
+    "stored_path",
+    "sync_shards",
+]
 
 DUPLICATE_POLICIES = ("error", "first", "last")
 DEFAULT_LEASE = 600.0
 POLL_SECONDS = 0.2
 CLAIM_LOST = "claim lost to another process"
 _FINGERPRINT_SPAN = 64 * 1024
+
+# Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
+# legacy index). Called with the shard's path and stat once the shard is claimed;
+# None means "scan it after all". The result is committed like a scan's.
+ProvideEntries = Callable[[str, os.stat_result], ShardScan | None]
 
 
 @dataclass(frozen=True)
@@ -248,8 +260,13 @@ def _engine(catalog: str) -> Engine:
     return _engines[key]
 
 
-def claim_next(engine: Engine, job: IngestJob, owner: str) -> tuple[int, str] | None:
-    """Claim a pending shard (or one whose claimer died); None when there is none."""
+def claim_next(
+    engine: Engine, job: IngestJob, owner: str, only: Container[str] | None = None
+) -> tuple[int, str] | None:
+    """Claim a pending shard (or one whose claimer died); None when there is none.
+
+    ``only``: claim only shards whose stored path is in it.
+    """
     s = schema.shards
     with engine.begin() as conn:
         rows = conn.execute(
@@ -258,6 +275,8 @@ def claim_next(engine: Engine, job: IngestJob, owner: str) -> tuple[int, str] | 
             .order_by(s.c.path)
         ).all()
         for r in rows:
+            if only is not None and r.path not in only:
+                continue
             if r.state == "pending" or claim_is_dead(r.claim_owner, r.claimed_at, job.lease):
                 conn.execute(
                     update(s)
@@ -464,16 +483,27 @@ def _commit(
 
 
 def index_claimed(
-    engine: Engine, job: IngestJob, shard_id: int, stored: str, owner: str
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    provide: ProvideEntries | None = None,
 ) -> ShardOutcome:
-    """Scan a claimed shard and commit it (or record why it failed)."""
+    """Scan a claimed shard and commit it (or record why it failed).
+
+    ``provide`` may hand in the shard's entries instead of a scan (see
+    :data:`ProvideEntries`); they go through the same checks and commit.
+    """
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
     s = schema.shards
     try:
         st = os.stat(path)
         fp = fingerprint(path, st.st_size)
-        scanned = scan_shard(fmt, path, job.options)  # plain or compressed (+ seek points)
+        scanned = None if provide is None else provide(path, st)
+        if scanned is None:
+            scanned = scan_shard(fmt, path, job.options)  # plain or compressed (+ seek points)
         entries = _dedupe_within(scanned.entries, stored, job.on_duplicate)
         seek = (
             None
@@ -544,9 +574,15 @@ def run_ingest(
     job: IngestJob,
     workers: int,
     progress: Callable[[ShardOutcome], None] | None = None,
+    provided: Mapping[str, ProvideEntries] | None = None,
 ) -> list[ShardOutcome]:
     """Index every pending shard of the dataset, sharing the work with any other
-    process doing the same; returns once no shard is pending or being indexed."""
+    process doing the same; returns once no shard is pending or being indexed.
+
+    ``provided`` maps stored shard paths to where their entries come from
+    instead of a scan: those shards are claimed and committed first, in this
+    process; the rest are scanned by ``workers`` processes as usual.
+    """
     outcomes: list[ShardOutcome] = []
 
     def note(outcome: ShardOutcome | None) -> None:
@@ -555,6 +591,11 @@ def run_ingest(
             if progress is not None:
                 progress(outcome)
 
+    if provided:
+        owner = owner_id()
+        while (claimed := claim_next(engine, job, owner, only=provided)) is not None:
+            shard_id, stored = claimed
+            note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     idle = False
     while True:
         open_count, _ = _open_shards(engine, job.dataset_id)

@@ -30,7 +30,7 @@ def _root(
         bool, typer.Option("--debug", help="Show the full traceback of errors.")
     ] = False,
 ) -> None:
-    """One SQLite catalog for every record of your TFRecord shards: ingest, query, read.
+    """One SQLite catalog for every record of your TFRecord, tar and RecordIO shards.
 
     The catalog file comes from --catalog, else $SHARDCAT_CATALOG, else
     ./shardcat.sqlite (ingest: shardcat.sqlite beside the shards).
