@@ -110,7 +110,7 @@ def _scalars(features: Any, skip: str | None, kinds: dict[str, str]) -> dict[str
             continue
         feature = fmap[name]
         kind = kinds.get(name)
-        values = getattr(feature, kind).value if kind else ()
+        values: Sequence[Any] = getattr(feature, kind).value if kind else ()
         if len(values) != 1:
             kind = feature.WhichOneof("kind")  # not the cached kind, or not one value
             if kind is None:
