@@ -15,6 +15,7 @@ __all__ = [
     "DuplicateKeyError",
     "IngestError",
     "KeyNotFoundError",
+    "LegacyIndexError",
     "SchemaVersionError",
     "ShardcatError",
     "StaleShardError",
@@ -47,6 +48,11 @@ class CorruptRecordError(ShardcatError, ValueError):
         self.offset = offset
         self.problem = problem
         super().__init__(f"{path}: at byte {offset}: {problem}")
+
+
+class LegacyIndexError(CorruptRecordError):
+    """A legacy index file (tfd-utils pickle, DALI/MXNet/vahidk text index) that
+    cannot be read, or that is refused because it is not plain data."""
 
 
 class DuplicateKeyError(ShardcatError, ValueError):

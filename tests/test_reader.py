@@ -800,3 +800,26 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
             assert plan[0].startswith("SCAN j"), plan
             steps = [step for step in plan[1:] if not step.startswith("USE TEMP B-TREE")]
             assert steps and all(step.startswith("SEARCH") for step in steps), plan
+
+
+def test_lookups_use_a_short_snapshot_and_queries_see_the_latest_commit(tmp_path, monkeypatch):
+    import time
+
+    from shardcat import Catalog
+    from shardcat.catalog import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "SNAPSHOT_SECONDS", 0.2)
+    for name in ("a", "b"):
+        with TFRecordWriter(tmp_path / f"{name}.tfrecord") as w:
+            w.write(make_example({"key": f"{name}0"}))
+    with Catalog(tmp_path / "c.sqlite") as cat, Catalog(tmp_path / "c.sqlite") as other:
+        cat.ingest(tmp_path / "a.tfrecord", "d").close()
+        with cat.dataset("d") as reader:
+            assert reader.contains_key("a0")
+            assert cat.reader_connection().in_transaction is False  # only lookups hold one
+            reader.contains_key("a0")
+            assert cat.reader_connection(snapshot=True).in_transaction is True
+            other.ingest(str(tmp_path / "*.tfrecord"), "d").close()  # another connection
+            assert cat.query("SELECT count(*) FROM d") == [(2,)]  # queries: latest commit
+            time.sleep(0.25)
+            assert reader.contains_key("b0")  # lookups: at most SNAPSHOT_SECONDS later

@@ -493,6 +493,11 @@ def test_unlink(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="Failed to unlink"):
         assert TensorBlob.unlink(tmp_path / "mine") is False
     assert (tmp_path / "mine" / "keep.txt").exists()
+    with TensorDB.open(tmp_path / "db", "w", schema={"x": ("int8", 1)}):
+        pass
+    with pytest.warns(UserWarning, match="holds a TensorDB"):
+        assert TensorBlob.unlink(tmp_path / "db") is False
+    assert TensorDB.unlink(tmp_path / "db") is True
 
 
 # -- metadata in SQLite ----------------------------------------------------------------------
@@ -705,6 +710,37 @@ def test_tensorblob_directory_is_converted_in_place(tmp_path: Path) -> None:
         b.write(rows(5, 37))
     with TensorBlob.open(tmp_path / "b") as b:
         assert torch.equal(b[:], rows(42))
+
+
+def test_tensorblob_conversion_recovers_from_being_killed(tmp_path: Path) -> None:
+    tensorblob = pytest.importorskip("tensorblob")
+    data = rows(9)
+    for name in ("before", "after"):
+        with tensorblob.TensorBlob.open(tmp_path / name, "w", dtype="float32", shape=(2, 3)) as b:
+            b.write(data)
+    (tmp_path / "before" / META_FILE).write_bytes(b"")  # killed before its commit
+    with TensorBlob.open(tmp_path / "before") as b:
+        assert torch.equal(b[:], data)
+    conf = (tmp_path / "after" / ".conf").read_bytes()
+    stat = (tmp_path / "after" / ".stat").read_bytes()
+    with TensorBlob.open(tmp_path / "after"):
+        pass
+    (tmp_path / "after" / ".conf").write_bytes(conf)  # killed after its commit, before cleanup
+    (tmp_path / "after" / ".stat").write_bytes(stat)
+    with TensorBlob.open(tmp_path / "after") as b:  # the SQLite metadata wins
+        assert torch.equal(b[:], data)
+    with TensorBlob.open(tmp_path / "after", "a"):  # a writer removes the stale JSON
+        assert not (tmp_path / "after" / ".conf").exists()
+
+
+def test_tensorblob_directory_with_an_unsupported_dtype_is_left_alone(tmp_path: Path) -> None:
+    tensorblob = pytest.importorskip("tensorblob")
+    with tensorblob.TensorBlob.open(tmp_path / "c", "w", dtype="complex64", shape=2) as b:
+        b.write(torch.ones(3, 2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="cannot be stored"):
+        TensorBlob.open(tmp_path / "c")
+    assert (tmp_path / "c" / ".conf").exists() and (tmp_path / "c" / ".stat").exists()
+    assert not (tmp_path / "c" / META_FILE).exists()
 
 
 def test_tensorblob_blob_extends_a_shardcat_blob(tmp_path: Path) -> None:

@@ -362,6 +362,26 @@ def test_where_filters_with_sql(tmp_path: Path) -> None:
         assert "rows_price" in indexes and "rows_label" not in indexes
 
 
+def test_bulk_appends_rebuild_the_sql_indexes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardcat.storage import db as db_module
+
+    monkeypatch.setattr(db_module, "BULK_ROWS", 8)
+    with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA, block_size=4) as db:
+        statements: list[str] = []
+        db._meta.conn.set_trace_callback(statements.append)
+        db.write(batch(10), keys=keys(10))  # bulk: 10 rows into an empty table
+        db.write(batch(3, 10))  # not bulk: 3 rows into 10
+        db._meta.conn.set_trace_callback(None)
+        assert sum(s.startswith("DROP INDEX") for s in statements) == 1
+        assert sum(s.startswith("CREATE INDEX") for s in statements) == 1
+        plan = db.query("EXPLAIN QUERY PLAN SELECT position FROM rows WHERE price > 100")
+        assert "rows_price" in str(plan)
+        assert db.where("price > 100") == list(range(11, 13))
+        assert_mirror_matches(db)
+
+
 def test_filterable_types(tmp_path: Path) -> None:
     schema = {
         "flag": ("bool", (), {"filter": True}),

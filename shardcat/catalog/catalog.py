@@ -45,6 +45,9 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Shard numbering at the end of a file stem: "-00003", "_00003-of-00016", ".7".
 _SHARD_SUFFIX = re.compile(r"(?:[-_.]+of|[-_.]*\d+)+$")
 
+# How long a reader's lookups may keep one read snapshot (see reader_connection).
+SNAPSHOT_SECONDS = 1.0
+
 # Every Catalog not yet closed (tests use it to catch leaked connections).
 _open: weakref.WeakSet[Catalog] = weakref.WeakSet()
 
@@ -163,6 +166,7 @@ class Catalog:
         self.closed = False
         self._ro: sqlite3.Connection | None = None
         self._ro_generation = -1
+        self._snapshot_at = 0.0
         if self.readonly:
             if not self.path.is_file():
                 raise CatalogError(f"no catalog at {self.path}")
@@ -208,14 +212,32 @@ class Catalog:
             return None
         return None if row is None else int(row[0])
 
-    def reader_connection(self) -> sqlite3.Connection:
-        """The read-only DBAPI connection of this process (reopened after fork)."""
+    def reader_connection(self, *, snapshot: bool = False) -> sqlite3.Connection:
+        """The read-only DBAPI connection of this process (reopened after fork).
+
+        ``snapshot=True`` (the readers' per-record lookups) keeps a read
+        transaction open for up to ``SNAPSHOT_SECONDS``: SQLite then skips its
+        per-statement locking (~3 µs of a ~10 µs point query), and a reader sees
+        other processes' commits at most that much later. Every other use ends
+        the transaction first and sees the latest commit, as do lookups after
+        this catalog's own ``ingest``/``drop``.
+        """
         self._check_open()
-        if self._ro is None or self._ro_generation != fork_generation():
+        conn = self._ro
+        if conn is None or self._ro_generation != fork_generation():
             # A connection inherited through fork is dropped, never used or closed here.
-            self._ro = connect_readonly(self.path, immutable=self.immutable)
+            conn = self._ro = connect_readonly(self.path, immutable=self.immutable)
             self._ro_generation = fork_generation()
-        return self._ro
+        if snapshot:
+            now = time.monotonic()
+            if now - self._snapshot_at > SNAPSHOT_SECONDS or not conn.in_transaction:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+                conn.execute("BEGIN")
+                self._snapshot_at = now
+        elif conn.in_transaction:
+            conn.execute("COMMIT")
+        return conn
 
     def _writer(self) -> Any:
         self._check_open()
@@ -394,6 +416,7 @@ class Catalog:
             else {stored_path(p, self.directory): f for p, f in provided.items()}
         )
         outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+        self.reader_connection()  # end any read snapshot: see what was just committed
         raise_for_failures(outcomes)
         return Reader(self, name)
 
@@ -496,6 +519,7 @@ class Catalog:
             conn.execute(delete(schema.fields).where(schema.fields.c.dataset_id == dataset_id))
             field_store.drop_dataset_objects(conn, dataset_id, name)
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
+        self.reader_connection()  # end any read snapshot
 
     def close(self) -> None:
         """Close this process's connections (idempotent)."""

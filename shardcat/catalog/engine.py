@@ -102,7 +102,9 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     process is writing: SQLite then takes no locks at all.
     """
     uri = path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False, cached_statements=64)
+    conn = sqlite3.connect(
+        uri, uri=True, check_same_thread=False, cached_statements=64, isolation_level=None
+    )
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA query_only = ON")
     return conn

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli import convert, export, info, ingest, records, skill, sql, verify
+from shardcat.cli import convert, export, info, ingest, migrate, records, skill, sql, verify
 from shardcat.cli.common import set_debug
 
 app = typer.Typer(
@@ -38,7 +38,7 @@ def _root(
     set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
 
 
-for module in (ingest, info, records, sql, verify, export, convert, skill):
+for module in (ingest, migrate, info, records, sql, verify, export, convert, skill):
     module.register(app)
 
 

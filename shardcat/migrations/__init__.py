@@ -5,18 +5,25 @@ in ``catalog_meta``. Opening an older catalog runs every step from its version
 up to ``SCHEMA_VERSION`` — each step and its version bump inside the same
 transaction, so an interrupted upgrade leaves the catalog at a whole version.
 A catalog newer than the library is refused with :class:`SchemaVersionError`.
+:func:`upgrade` (``catalog migrate --upgrade``) does the same without opening
+anything else, e.g. before a read-only open (which never upgrades).
+
+Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
+:mod:`shardcat.migrations.legacy`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy import Connection, inspect, select
 
 from shardcat.catalog import schema
-from shardcat.errors import SchemaVersionError
+from shardcat.errors import CatalogError, SchemaVersionError
 
-__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version"]
+__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "upgrade"]
 
 SCHEMA_VERSION = 2
 
@@ -70,3 +77,24 @@ def ensure_schema(conn: Connection, where: str) -> int:
         STEPS[version](conn)
         _write_version(conn, version + 1)
     return found
+
+
+def upgrade(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Upgrade the catalog at ``path`` to :data:`SCHEMA_VERSION` in place.
+
+    Returns ``(version found, version now)``. Raises :class:`CatalogError`
+    when there is no file at ``path`` and :class:`SchemaVersionError` for a
+    catalog newer than this library.
+    """
+    from shardcat.catalog.engine import make_engine
+
+    where = Path(path)
+    if not where.is_file():
+        raise CatalogError(f"no catalog at {where}")
+    engine = make_engine(where)
+    try:
+        with engine.begin() as conn:
+            found = ensure_schema(conn, str(where))
+    finally:
+        engine.dispose()
+    return found, SCHEMA_VERSION

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ _MEMBER_BY_KEY = (
     "WHERE r.dataset_id = ? AND r.key = ? AND m.name = ?"
 )
 Row = tuple[int, int, int, int, int]
+_LOCATION = operator.itemgetter(1, 3)  # (shard_id, offset): read shards front to back
 _KEYS_OF_SHARD = "SELECT key FROM records WHERE shard_id = ? ORDER BY ordinal"
 
 
@@ -194,7 +196,11 @@ class Reader:
             if position is None:
                 return None
             return self._rows_at([position])[0][:5]
-        row = self.catalog.reader_connection().execute(_BY_KEY, (self._id, key)).fetchone()
+        row = (
+            self.catalog.reader_connection(snapshot=True)
+            .execute(_BY_KEY, (self._id, key))
+            .fetchone()
+        )
         return None if row is None else row[:5]
 
     def _rows_at(self, positions: Sequence[int]) -> list[tuple[Any, ...]]:
@@ -203,17 +209,26 @@ class Reader:
         for position in positions:
             shard, ordinal = self._shard_at(position)
             pairs.append((shard.id, ordinal))
-        rows = (
-            self.catalog.reader_connection()
-            .execute(_MANY_BY_POSITION, (json.dumps(pairs),))
-            .fetchall()
-        )
+        rows = self._batch_query(_MANY_BY_POSITION, pairs, ())
         if len(rows) != len(pairs):  # records of a shard this reader knew were re-indexed
             raise StaleShardError(
                 f"dataset {self.dataset!r} changed since this reader opened: reopen it"
             )
-        rows.sort()
         return rows
+
+    def _batch_query(
+        self, sql: str, items: Sequence[Any], params: tuple[Any, ...]
+    ) -> list[tuple[Any, ...]]:
+        """Run a ``json_each`` batch query over ``items`` looked up in sorted order (B-tree
+        locality: 2-3x faster than random order); each row's first column is the index
+        of its item in ``items``."""
+        order = sorted(range(len(items)), key=items.__getitem__)
+        rows = (
+            self.catalog.reader_connection(snapshot=True)
+            .execute(sql, (json.dumps([items[i] for i in order]), *params))
+            .fetchall()
+        )
+        return [(order[r[0]], *r[1:]) for r in rows]
 
     # -- records -----------------------------------------------------------------
 
@@ -238,7 +253,7 @@ class Reader:
         """
         if self._parts and not self._by_position:
             row = (
-                self.catalog.reader_connection()
+                self.catalog.reader_connection(snapshot=True)
                 .execute(_MEMBER_BY_KEY, (self._id, str(key), feature_name))
                 .fetchone()
             )
@@ -270,17 +285,12 @@ class Reader:
             if missing:
                 raise KeyNotFoundError(self._missing_message(missing))
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
-        rows = (
-            self.catalog.reader_connection()
-            .execute(_MANY_BY_KEY, (json.dumps(keys), self._id))
-            .fetchall()
-        )
+        rows = self._batch_query(_MANY_BY_KEY, keys, (self._id,))
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
                 self._missing_message([k for i, k in enumerate(keys) if i not in found])
             )
-        rows.sort()
         return self._load(rows, raw)
 
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
@@ -304,14 +314,23 @@ class Reader:
         if self._parts:
             return self._load_parts(rows)
         out: list[Any] = [None] * len(rows)
-        for index, shard_id, _, offset, length, *_ in sorted(rows, key=lambda r: (r[1], r[3])):
-            data = self._read(shard_id, offset, length)
-            out[index] = data if raw else self._fmt.decode(data, self.options)
+        read, decode, options, verify = (
+            self._fmt.read,
+            self._fmt.decode,
+            self.options,
+            self.verify_crc,
+        )
+        sources, shards = self._sources, self._shards
+        for row in sorted(rows, key=_LOCATION):
+            shard_id = row[1]
+            source = sources.get(shard_id) or self._source(shard_id)
+            data = read(source, shards[shard_id].path, row[3], row[4], verify)
+            out[row[0]] = data if raw else decode(data, options)
         return out
 
     def _load_parts(self, rows: Sequence[Sequence[Any]]) -> list[dict[str, bytes]]:
         members = (
-            self.catalog.reader_connection()
+            self.catalog.reader_connection(snapshot=True)
             .execute(_MEMBERS_AT, (json.dumps([(r[1], r[2]) for r in rows]),))
             .fetchall()
         )

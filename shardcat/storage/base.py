@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import operator
 import os
+import shutil
 import sqlite3
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -14,8 +17,13 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from shardcat.storage.column import BlockColumn, default_max_cached_blocks
-from shardcat.storage.meta import KINDS, META_FILE, Layout, Metadata, probe
+from shardcat.storage.column import (
+    BlockColumn,
+    default_max_cached_blocks,
+    parse_dtype,
+    parse_shape,
+)
+from shardcat.storage.meta import KINDS, META_FILE, FieldSpec, Layout, Metadata, probe
 
 __all__ = ["Chunk", "Storage", "check_mode"]
 
@@ -101,7 +109,7 @@ class Storage:
             if meta is None:  # a creation or conversion that was killed before it committed
                 state = probe(path, ignore_metadata=True)
         if state == "tensorblob":
-            Metadata.import_tensorblob(path, cls.kind)
+            Metadata.import_tensorblob(path, cls.kind, _check_field)
             meta = Metadata(path, writable=writable)
         if meta is None:
             if state == "foreign" and "w" in mode:
@@ -126,15 +134,19 @@ class Storage:
 
     @classmethod
     def _unlink(cls, filename: str | os.PathLike[str]) -> bool:
-        import shutil
-        import warnings
-
+        """Remove a storage directory (tensorblob's semantics: True when gone, else warn)."""
         path = Path(filename).expanduser().resolve()
         if not path.exists():
             return True
         try:
             state = probe(path)
-            if state not in ("shardcat", "tensorblob", "empty"):
+            if state == "shardcat":
+                meta = Metadata.load(path, writable=False)
+                if meta is not None:
+                    meta.close()
+                    if meta.kind != cls.kind:
+                        raise ValueError(f"it holds a {KINDS[meta.kind]}")
+            elif state not in ("tensorblob", "empty"):
                 raise ValueError(f"not a {KINDS[cls.kind]} directory")
             shutil.rmtree(path)
         except (OSError, ValueError) as exc:
@@ -179,6 +191,19 @@ class Storage:
     def flush(self) -> None:
         """Nothing to do: every write, truncate and extend has already committed."""
         self._check_writable()
+
+    def truncate(self, pos: int | None = None) -> int:
+        """Cut every field to ``pos`` rows (default: the current position); returns the length.
+
+        The position moves to the cut, clamped to the length as in tensorblob
+        (truncate never grows). One commit; unused block files are deleted.
+        """
+        self._check_writable()
+        if pos is not None and pos < 0:
+            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
+        self.seek(pos if pos is not None else self.tell())
+        self._truncate_at(self._pos)
+        return self._pos
 
     def close(self) -> None:
         """Unmap every block and close the metadata (idempotent)."""
@@ -242,7 +267,7 @@ class Storage:
         n = len(self)
         columns = [self._columns[name] for name in names]
         if isinstance(idx, (torch.Tensor, np.ndarray)) and idx.ndim == 0:
-            if idx.dtype in (torch.bool, np.bool_) or not _is_integer(idx):
+            if not _is_integer(idx):
                 raise TypeError(f"Index must have an integer dtype, got {idx.dtype}")
             idx = int(idx)
         if isinstance(idx, int):
@@ -409,6 +434,11 @@ class Storage:
             column.forget(full)
             column.adopt(full, names[field])
         self._meta.release(dropped, self._directories())
+
+
+def _check_field(spec: FieldSpec) -> FieldSpec:
+    """A field read from tensorblob's JSON, with its dtype and shape checked and normalized."""
+    return dataclasses.replace(spec, dtype=parse_dtype(spec.dtype), shape=parse_shape(spec.shape))
 
 
 def _is_integer(value: torch.Tensor | np.ndarray) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from shardcat.storage.base import Storage
 from shardcat.storage.column import parse_dtype, parse_shape
-from shardcat.storage.meta import BLOB_FIELD, FieldSpec, Layout
+from shardcat.storage.meta import BLOB_FIELD, FieldSpec, Layout, Metadata
 
 __all__ = ["TensorBlob"]
 
@@ -34,8 +35,10 @@ class TensorBlob(Storage):
     kind = "blob"
     noun = "blob"
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(
+        self, path: Path, mode: str, meta: Metadata, max_cached_blocks: int | None
+    ) -> None:
+        super().__init__(path, mode, meta, max_cached_blocks)
         self._data = self._columns[BLOB_FIELD]
         self.dtype: str = self._data.dtype_name
         self.shape: tuple[int, ...] = self._data.shape
@@ -136,19 +139,6 @@ class TensorBlob(Storage):
             self._commit_rows(pos + n, [(pos, {BLOB_FIELD: rows}, None)], transaction=False)
             self._pos = pos + n
         return n
-
-    def truncate(self, pos: int | None = None) -> int:
-        """Cut the blob to ``pos`` rows (default: the current position); returns the new length.
-
-        The position moves to the cut (clamped to the length, as in
-        tensorblob: truncate never grows a blob).
-        """
-        self._check_writable()
-        if pos is not None and pos < 0:
-            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
-        self.seek(pos if pos is not None else self.tell())
-        self._truncate_at(self._pos)
-        return self._pos
 
     def extend(self, other: Any, maintain_order: bool = False) -> None:
         """Append all rows of ``other`` (a blob of the same dtype and shape), in one commit.

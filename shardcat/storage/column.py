@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import shutil
 from collections import OrderedDict
@@ -62,10 +63,17 @@ def parse_dtype(dtype: Any) -> str:
 
 
 def parse_shape(shape: Any) -> tuple[int, ...]:
-    """A row shape given as an int or a sequence of ints."""
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d > 0 for d in dims):
-        raise ValueError(f"shape must be positive ints, got {shape!r}")
+    """A row shape given as an int or a sequence of ints (``()`` for scalar rows)."""
+    try:
+        dims = (
+            (operator.index(shape),)
+            if not hasattr(shape, "__iter__")
+            else tuple(operator.index(d) for d in shape)
+        )
+    except TypeError:
+        raise ValueError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if not all(d > 0 for d in dims):
+        raise ValueError(f"shape must have positive dimensions, got {shape!r}")
     return dims
 
 

@@ -16,11 +16,12 @@ from shardcat.catalog.query import QueryResult, run_readonly
 from shardcat.errors import DuplicateKeyError, KeyNotFoundError
 from shardcat.storage.base import Chunk, Storage
 from shardcat.storage.column import parse_dtype, parse_shape
-from shardcat.storage.meta import FieldSpec, Layout, Metadata, quote
+from shardcat.storage.meta import FieldSpec, Layout, Metadata, create_index, index_name, quote
 
 __all__ = ["TensorColumn", "TensorDB"]
 
 _RESERVED = {"position", "key", "rowid", "oid", "_rowid_"}
+BULK_ROWS = 100_000  # appends this large rebuild the SQL indexes instead of updating them
 _SQL_OPTIONS = {"filter", "index"}
 
 
@@ -123,6 +124,7 @@ class TensorDB(Storage):
             name: (c.dtype_name, c.shape) for name, c in self._columns.items()
         }
         self.filterable: tuple[str, ...] = tuple(f.name for f in meta.fields if f.sql)
+        self._indexed = tuple(f.name for f in meta.fields if f.sql == "index")
         self._fields = tuple(self._columns)
 
     @classmethod
@@ -220,15 +222,6 @@ class TensorDB(Storage):
             self._commit_rows(pos + n, [(pos, data, keys)], transaction=self._mirror_needed(keys))
             self._pos = pos + n
         return n
-
-    def truncate(self, pos: int | None = None) -> int:
-        """Cut every field to ``pos`` rows (default: the current position); returns the length."""
-        self._check_writable()
-        if pos is not None and pos < 0:
-            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
-        self.seek(pos if pos is not None else self.tell())
-        self._truncate_at(self._pos)
-        return self._pos
 
     def extend(self, other: Any, maintain_order: bool = False) -> None:
         """Append every row of ``other`` (same fields, dtypes and shapes), in one commit.
@@ -351,7 +344,16 @@ class TensorDB(Storage):
             return
         n = len(data[self._fields[0]])
         values = [data[f].reshape(-1).tolist() for f in self.filterable]
+        # a bulk append (at least as many rows as the table holds) fills the table
+        # first and sorts each SQL index once, instead of inserting row by row into
+        # it; all in the same transaction (at most once: later chunks of one commit
+        # start past the committed length)
+        bulk = self._indexed if pos == len(self) and n >= max(len(self), BULK_ROWS) else ()
+        for field in bulk:
+            conn.execute(f"DROP INDEX {index_name(field)}")
         self._upsert(conn, range(pos, pos + n), keys, values)
+        for field in bulk:
+            conn.execute(create_index(field))
 
     def _upsert(
         self,

@@ -61,6 +61,8 @@ __all__ = [
     "Layout",
     "Metadata",
     "StaleWriterError",
+    "create_index",
+    "index_name",
     "probe",
     "quote",
     "sql_type",
@@ -109,6 +111,15 @@ def sql_type(dtype: str) -> str:
     return "REAL" if "float" in dtype or dtype in ("half", "double") else "INTEGER"
 
 
+def index_name(field: str) -> str:
+    return quote("rows_" + field)
+
+
+def create_index(field: str) -> str:
+    """The SQL index of a field declared ``{"index": True}``."""
+    return f"CREATE INDEX {index_name(field)} ON rows ({quote(field)})"
+
+
 def _ddl(layout: Layout) -> list[str]:
     statements = [
         "CREATE TABLE storage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -126,11 +137,7 @@ def _ddl(layout: Layout) -> list[str]:
         columns = ["position INTEGER PRIMARY KEY", "key TEXT UNIQUE"]
         columns += [f"{quote(f.name)} {sql_type(f.dtype)}" for f in layout.fields if f.sql]
         statements.append(f"CREATE TABLE rows ({', '.join(columns)})")
-        statements += [
-            f"CREATE INDEX {quote('rows_' + f.name)} ON rows ({quote(f.name)})"
-            for f in layout.fields
-            if f.sql == "index"
-        ]
+        statements += [create_index(f.name) for f in layout.fields if f.sql == "index"]
     return statements
 
 
@@ -196,12 +203,14 @@ def _unlink(path: Path) -> None:
 class Metadata:
     """The open metadata of one storage directory (one SQLite connection)."""
 
-    def __init__(self, directory: Path, *, writable: bool) -> None:
+    def __init__(
+        self, directory: Path, *, writable: bool, conn: sqlite3.Connection | None = None
+    ) -> None:
         self.directory = directory
         self.path = directory / META_FILE
         self.writable = writable
-        self._conn: sqlite3.Connection | None = None
-        self._generation = -1
+        self._conn = conn
+        self._generation = -1 if conn is None else fork_generation()
         self._ro: sqlite3.Connection | None = None
         self._ro_generation = -1
         conn = self.conn
@@ -264,16 +273,22 @@ class Metadata:
             conn.execute("BEGIN IMMEDIATE")
             _write_schema(conn, layout, length=0, extra={})
             conn.execute("COMMIT")
-        finally:
+        except BaseException:
             conn.close()
-        return cls(directory, writable=True)
+            raise
+        return cls(directory, writable=True, conn=conn)
 
     @classmethod
-    def import_tensorblob(cls, directory: Path, kind: str) -> None:
+    def import_tensorblob(
+        cls, directory: Path, kind: str, check: Callable[[FieldSpec], FieldSpec]
+    ) -> None:
         """Convert a tensorblob directory's ``.conf``/``.stat`` JSON into SQLite, in place.
 
-        Block files stay where they are; blocks past the committed length and
-        the JSON files are deleted once the SQLite metadata has committed.
+        Block files stay where they are. ``check`` validates and normalizes
+        each field (dtype, shape) first. The metadata file is built under a
+        temporary name and linked into place, so processes converting the same
+        directory at once agree on one result; blocks past the committed
+        length and the JSON files are deleted afterwards.
         """
         conf = _read_json(directory / ".conf")
         class_name = str(conf.get("__notes__", {}).get("class_name", ""))
@@ -319,20 +334,34 @@ class Metadata:
                     raise FileNotFoundError(f"block file missing: {block}")
             stray += [directory / spec.directory / n for n in names[n_blocks:]]
             blocks[spec.name] = names[:n_blocks]
-        layout = Layout(kind, block_size, tuple(fields))
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            _unlink(directory / (META_FILE + suffix))
-        conn = _connect(directory / META_FILE)
+        if block_size < 1:
+            raise ValueError(f"{directory}: block size {block_size}")
+        layout = Layout(kind, block_size, tuple(check(spec) for spec in fields))
+        final = directory / META_FILE
+        if final.exists():
+            existing = Metadata.load(directory, writable=False)
+            if existing is not None:  # another process has just converted it
+                existing.close()
+                return
+            for suffix in ("", "-wal", "-shm", "-journal"):  # a killed earlier attempt
+                _unlink(directory / (META_FILE + suffix))
+        temporary = directory / f"{META_FILE}.{uuid.uuid4().hex}.tmp"
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            _write_schema(conn, layout, length=length, extra={"imported_from": "tensorblob"})
-            conn.executemany(
-                "INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)",
-                [(f, i, n) for f, names in blocks.items() for i, n in enumerate(names)],
-            )
-            conn.execute("COMMIT")
+            conn = sqlite3.connect(temporary, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                _write_schema(conn, layout, length=length, extra={"imported_from": "tensorblob"})
+                conn.executemany(
+                    "INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)",
+                    [(f, i, n) for f, names in blocks.items() for i, n in enumerate(names)],
+                )
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            with contextlib.suppress(FileExistsError):  # another process converted it first
+                os.link(temporary, final)
         finally:
-            conn.close()
+            _unlink(temporary)
         for path in stray + json_files:
             _unlink(path)
 
@@ -405,6 +434,12 @@ class Metadata:
 
     def collect_garbage(self) -> None:
         """Delete block files left by killed writers (reserved, or dropped but not deleted)."""
+        if self.imported_from == "tensorblob":  # a conversion killed before its cleanup
+            for spec in self.fields:
+                for name in (".conf", ".stat"):
+                    _unlink(self.directory / spec.directory / name)
+            for name in (".conf", ".stat"):
+                _unlink(self.directory / name)
         conn = self.conn
         pending = conn.execute("SELECT field, file, owner FROM storage_pending").fetchall()
         stale = [(f, n) for f, n, owner in pending if not _owner_alive(owner)]

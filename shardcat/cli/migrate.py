@@ -1,0 +1,198 @@
+"""migrate: legacy index files (tfd-utils, MXNet/DALI, vahidk) into the catalog;
+``--upgrade``: a catalog's schema to this shardcat's version."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from shardcat.catalog.engine import locate
+from shardcat.catalog.ingest import DUPLICATE_POLICIES
+from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, print_json
+from shardcat.errors import CatalogError
+from shardcat.migrations import upgrade
+from shardcat.migrations.legacy import DEFAULT_SAMPLE, MigrationReport
+from shardcat.migrations.legacy import migrate as migrate_legacy
+
+
+@handle_errors
+def migrate(
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Directories, legacy index files, shard files or globs "
+            "(index files are found beside the shards by their names)."
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option("--dataset", "-d", help="Dataset name (default: from the shard names)."),
+    ] = None,
+    catalog: CatalogOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Verify and show what would happen; write nothing.")
+    ] = False,
+    remap: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--remap",
+            metavar="OLD=NEW",
+            help="Rewrite shard paths recorded in tfd-utils indexes that start with OLD "
+            "(repeatable).",
+        ),
+    ] = None,
+    fields: Annotated[
+        bool | None,
+        typer.Option(
+            "--fields/--no-fields",
+            help="Fill the SQL fields too: re-reads every record (as slow as catalog ingest). "
+            "Default: as the dataset was ingested before, else --no-fields.",
+            show_default=False,
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key", "-k", help="tfd-utils TFRecord indexes: the key feature (default: detected)."
+        ),
+    ] = None,
+    sample: Annotated[
+        int, typer.Option(help="Entries re-read per shard to verify it (0: all of them).")
+    ] = DEFAULT_SAMPLE,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", "-w", help="Processes re-indexing shards (default: cores)."),
+    ] = None,
+    on_duplicate: Annotated[
+        str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
+    ] = "error",
+    upgrade_only: Annotated[
+        bool,
+        typer.Option(
+            "--upgrade",
+            help="Only upgrade the catalog's schema to this shardcat's version (no PATHS).",
+        ),
+    ] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Import legacy index files into the catalog, so readers open without re-indexing.
+
+    Reads tfd-utils pickles (<stem>.index, all<N>.index, <stem>_unified_tot<N>.index,
+    <stem>.tar_index, ...; loaded with a restricted unpickler that refuses
+    anything but plain data), MXNet/DALI .idx files beside .rec shards, and
+    DALI/vahidk tfrecord2idx offset files. Every shard is checked against its
+    file (size, and a sample of records re-read) before it is imported; a
+    shard that does not match is re-indexed from its data. SQL fields are not
+    in legacy indexes: --fields fills them by re-reading the data. The
+    catalog defaults to shardcat.sqlite beside the shards, where readers
+    look. Exit code 1 if any shard failed.
+    """
+    if upgrade_only:
+        if paths:
+            raise CatalogError("--upgrade takes no PATHS")
+        where = locate(catalog)
+        found, now = upgrade(where)
+        typer.echo(
+            f"{where}: schema version {now}"
+            + (f" (upgraded from {found})" if 0 < found < now else " (up to date)")
+        )
+        return
+    if not paths:
+        raise CatalogError("give the directories or index files to migrate (see --help)")
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=json,
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bar.add_task(step, total=total)
+            bar.update(tasks[step], completed=done, total=total)
+
+        report = migrate_legacy(
+            paths,
+            catalog=catalog,
+            dataset=dataset,
+            dry_run=dry_run,
+            remap=remap or [],
+            fields=fields,
+            key=key,
+            sample=sample,
+            workers=workers,
+            on_duplicate=on_duplicate,
+            progress=progress,
+        )
+    if json:
+        print_json(report.to_dict())
+    else:
+        print_report(report)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def print_report(report: MigrationReport) -> None:
+    """The summary table, then per dataset where it went and the shards that were
+    not imported (and why)."""
+    if not report.datasets:
+        typer.echo("no legacy index files found")
+    else:
+        imported = "import" if report.dry_run else "imported"
+        reindexed = "re-index" if report.dry_run else "re-indexed"
+        table = Table(
+            "dataset", "shards", imported, "verified", reindexed, "unchanged", "failed", "records",
+            title="dry run: nothing was written" if report.dry_run else None,
+            box=box.SIMPLE_HEAD,  # with the options below: fits 80 columns
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, 1, 0, 0),
+        )  # fmt: skip
+        for d in report.datasets:
+            table.add_row(
+                d.dataset,
+                str(len(d.shards)),
+                str(d.count(imported)),
+                str(sum(s.verified for s in d.shards)),
+                str(d.count(reindexed)),
+                str(d.count("unchanged")),
+                str(d.count("failed")),
+                f"{d.records:,}",
+            )
+        Console().print(table)
+    for d in report.datasets:
+        typer.echo(f"dataset {d.dataset} ({d.format}, {d.key_rule}) -> {d.catalog}", err=True)
+        for legacy in d.legacy:
+            typer.echo(f"  from {legacy}", err=True)
+        for s in d.shards:
+            if s.reason is not None and s.action != "unchanged":
+                typer.echo(f"  {s.action}: {s.path}: {s.reason}", err=True)
+            elif s.resolved_by.startswith(("re-rooted", "remapped")):
+                typer.echo(f"  {s.resolved_by}: {s.path}", err=True)
+        if d.fill_fields:
+            typer.echo(
+                "  SQL fields are not imported (legacy indexes do not hold them); "
+                f"to fill them: {d.fill_fields}",
+                err=True,
+            )
+    for path, reason in report.skipped:
+        typer.echo(f"skipped {path}: {reason}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(migrate)
