@@ -1,7 +1,7 @@
 """Migrating a tfd-utils index vs ingesting the same shards, side by side in one run.
 
 ``python -m benchmarks.migrate_bench [--records 1000000] [--shards 8] [--repeats 3]
-[--workers 2] [--quick]``
+[--workers 2] [--image-bytes 0] [--quick]``
 
 Data: tiny TFRecords (key + label, 44 bytes) in 8 shards, generated once by
 ``benchmarks.data`` into ``benchmarks/data/<records>x0b-<shards>shards/``, with
@@ -97,8 +97,10 @@ def _same_dataset(tmp: Path) -> None:
         raise RuntimeError("the migrated dataset differs from the ingested one")
 
 
-def run(records: int, shards: int, repeats: int, workers: int) -> list[tuple[str, float]]:
-    ds = get_dataset(records, shards=shards, image_bytes=0)
+def run(
+    records: int, shards: int, repeats: int, workers: int, image_bytes: int = 0
+) -> list[tuple[str, float]]:
+    ds = get_dataset(records, shards=shards, image_bytes=image_bytes)
     ensure_tfd_index(ds)
     with tempfile.TemporaryDirectory(prefix="migrate-bench-") as tmp:
         contenders = _contenders(ds, Path(tmp), workers)
@@ -113,15 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="ingest / tfd-utils processes")
+    parser.add_argument(
+        "--image-bytes", type=int, default=0, help="an image feature of this size per record"
+    )
     parser.add_argument("--quick", action="store_true", help="500k records, 2 repeats")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.repeats = 500_000, 2
     start = time.perf_counter()
-    rows = run(args.records, args.shards, args.repeats, args.workers)
+    rows = run(args.records, args.shards, args.repeats, args.workers, args.image_bytes)
     migrate_s = dict(rows)["migrate"]
     print(
-        f"{args.records:,} keys in {args.shards} shards, median of {args.repeats}, "
+        f"{args.records:,} keys in {args.shards} shards"
+        + (f", {args.image_bytes:,}-byte images" if args.image_bytes else "")
+        + f", median of {args.repeats}, "
         f"{args.workers} workers ({time.perf_counter() - start:.0f} s in all)\n"
     )
     header = ("contender", "seconds", "migrate / contender")

@@ -19,6 +19,7 @@ __all__ = [
     "SchemaVersionError",
     "ShardcatError",
     "StaleShardError",
+    "StaleWriterError",
 ]
 
 
@@ -72,6 +73,10 @@ class IngestError(ShardcatError, ValueError):
 
 class StaleShardError(ShardcatError, RuntimeError):
     """A shard changed on disk after it was indexed; re-ingest it."""
+
+
+class StaleWriterError(ShardcatError, RuntimeError):
+    """Another process committed to a TensorBlob/TensorDB since it was opened for writing."""
 
 
 class SchemaVersionError(ShardcatError, RuntimeError):

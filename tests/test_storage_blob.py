@@ -25,8 +25,9 @@ pytest.importorskip("tensordict")
 import numpy as np  # noqa: E402
 
 from shardcat import TensorBlob, TensorDB  # noqa: E402
+from shardcat.errors import StaleWriterError  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
-from shardcat.storage.meta import META_FILE, StaleWriterError  # noqa: E402
+from shardcat.storage.meta import META_FILE  # noqa: E402
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

@@ -52,7 +52,7 @@ from typing import Any
 
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS, connect_readonly, fork_generation
 from shardcat.catalog.query import STORAGE_DB_NAME
-from shardcat.errors import SchemaVersionError
+from shardcat.errors import SchemaVersionError, StaleWriterError
 
 __all__ = [
     "META_FILE",
@@ -60,7 +60,6 @@ __all__ = [
     "FieldSpec",
     "Layout",
     "Metadata",
-    "StaleWriterError",
     "create_index",
     "index_name",
     "probe",
@@ -75,10 +74,6 @@ BLOB_FIELD = "data"  # the one field of a TensorBlob
 SQL_TYPES = {"float": "REAL", "int": "INTEGER"}
 _BLOCK_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _HOST = socket.gethostname()
-
-
-class StaleWriterError(RuntimeError):
-    """Another process committed to this storage since it was opened for writing."""
 
 
 def quote(name: str) -> str:
