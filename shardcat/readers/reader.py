@@ -492,6 +492,49 @@ class Reader:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dataset={self.dataset!r}, records={self._len})"
 
+    @property
+    def index_file(self) -> str:
+        """The catalog file (tfd-utils' name for where the index lives)."""
+        return str(self.catalog.path)
+
+    def _open_paths(
+        self,
+        paths: PathsLike,
+        format: str,
+        *,
+        index_file: str | os.PathLike[str] | None,
+        dataset: str | None,
+        readonly: bool,
+        workers: int | None,
+        options: dict[str, Any],
+        on_duplicate: str,
+        verify_crc: bool,
+        file_pool_size: int,
+    ) -> None:
+        """Initialise a reader that takes shard paths: see :func:`open_dataset`."""
+        catalog, name, self.files = open_dataset(
+            paths,
+            format=format,
+            index_file=index_file,
+            dataset=dataset,
+            readonly=readonly,
+            workers=workers,
+            options=options,
+            on_duplicate=on_duplicate,
+        )
+        try:
+            Reader.__init__(
+                self,
+                catalog,
+                name,
+                verify_crc=verify_crc,
+                file_pool_size=file_pool_size,
+                owns_catalog=True,
+            )
+        except BaseException:
+            catalog.close()
+            raise
+
     # Pickling (DataLoader with the spawn start method): reopen by name.
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -501,6 +544,7 @@ class Reader:
             "dataset": self.dataset,
             "verify_crc": self.verify_crc,
             "pool": self._pool_size,
+            "files": getattr(self, "files", None),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -515,6 +559,8 @@ class Reader:
             file_pool_size=state["pool"],
             owns_catalog=True,
         )
+        if state["files"] is not None:
+            self.files = state["files"]
 
 
 def open_dataset(
@@ -594,43 +640,27 @@ class TFRecordReader(Reader):
         readonly: bool = False,
     ) -> None:
         del progress_interval, use_pread, eager_open_workers  # tfd-utils knobs with no effect here
-        catalog, name, files = open_dataset(
+        self.key_feature_name = key_feature_name
+        self._open_paths(
             tfrecord_path,
-            format="tfrecord",
+            "tfrecord",
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
             workers=max_workers if use_multiprocessing else 1,
             options={"key": None if key_by_position else key_feature_name},
             on_duplicate=on_duplicate,
+            verify_crc=verify_crc,
+            file_pool_size=file_pool_size,
         )
-        try:
-            super().__init__(
-                catalog,
-                name,
-                verify_crc=verify_crc,
-                file_pool_size=file_pool_size,
-                owns_catalog=True,
-            )
-        except BaseException:
-            catalog.close()
-            raise
-        self.key_feature_name = key_feature_name
-        self.tfrecord_files = files
-        self.index_file = str(catalog.path)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            **super().__getstate__(),
-            "key_feature_name": self.key_feature_name,
-            "tfrecord_files": self.tfrecord_files,
-        }
+    @property
+    def tfrecord_files(self) -> list[str]:
+        return self.files
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.key_feature_name = state["key_feature_name"]
-        self.tfrecord_files = state["tfrecord_files"]
-        self.index_file = str(self.catalog.path)
+        self.key_feature_name = self.options.get("key") or "key"
 
 
 class RecordIOReader(Reader):
@@ -662,31 +692,22 @@ class RecordIOReader(Reader):
         options: dict[str, Any] = {"key": None if key_by_position else "key"}
         if header is not None:
             options["header"] = header
-        catalog, name, files = open_dataset(
+        self._open_paths(
             rec_path,
-            format="recordio",
+            "recordio",
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
             workers=max_workers,
             options=options,
             on_duplicate=on_duplicate,
+            verify_crc=False,
+            file_pool_size=file_pool_size,
         )
-        try:
-            super().__init__(catalog, name, file_pool_size=file_pool_size, owns_catalog=True)
-        except BaseException:
-            catalog.close()
-            raise
-        self.rec_files = files
-        self.index_file = str(catalog.path)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "rec_files": self.rec_files}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self.rec_files = state["rec_files"]
-        self.index_file = str(self.catalog.path)
+    @property
+    def rec_files(self) -> list[str]:
+        return self.files
 
 
 class TarReader(Reader):
@@ -724,42 +745,27 @@ class TarReader(Reader):
         readonly: bool = False,
     ) -> None:
         del progress_interval  # tfd-utils knob with no effect here
-        catalog, name, files = open_dataset(
+        self._open_paths(
             tar_path,
-            format="tar",
+            "tar",
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
             workers=max_workers if use_multiprocessing else 1,
             options={"key": None if key_by_position else "key", "grouping": grouping},
             on_duplicate=on_duplicate,
+            verify_crc=verify,
+            file_pool_size=file_pool_size,
         )
-        try:
-            super().__init__(
-                catalog,
-                name,
-                verify_crc=verify,
-                file_pool_size=file_pool_size,
-                owns_catalog=True,
-            )
-        except BaseException:
-            catalog.close()
-            raise
-        self.tar_files = files
-        self.index_file = str(catalog.path)
+
+    @property
+    def tar_files(self) -> list[str]:
+        return self.files
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """``[bytes]`` of one member (only that member is read), or None."""
         value = self.get_feature(key, feature_name)
         return None if value is None else [value]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "tar_files": self.tar_files}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self.tar_files = state["tar_files"]
-        self.index_file = str(self.catalog.path)
 
 
 TFRecordRandomAccess = TFRecordReader
