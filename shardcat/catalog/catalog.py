@@ -36,6 +36,7 @@ from shardcat.migrations import SCHEMA_VERSION, ensure_schema
 from shardcat.readers.formats import detect_format, get_format
 
 if TYPE_CHECKING:
+    from shardcat.migrations.legacy import MigrationReport
     from shardcat.readers.reader import Reader
 
 __all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_paths"]
@@ -419,6 +420,16 @@ class Catalog:
         self.reader_connection()  # end any read snapshot: see what was just committed
         raise_for_failures(outcomes)
         return Reader(self, name)
+
+    def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
+        """Import the legacy index files found for ``paths`` (tfd-utils pickles,
+        MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
+        verifying each shard first; returns the report. ``options``: those of
+        :func:`shardcat.migrations.legacy.migrate` (``dataset``, ``dry_run``,
+        ``remap``, ``fields``, ``key``, ``sample``, ``workers``, ...)."""
+        from shardcat.migrations.legacy import migrate
+
+        return migrate(paths, catalog=self, **options)
 
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""

@@ -497,7 +497,6 @@ def index_claimed(
     """
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
-    s = schema.shards
     try:
         st = os.stat(path)
         fp = fingerprint(path, st.st_size)
@@ -519,32 +518,23 @@ def index_claimed(
         message = str(exc)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{path}: {exc.strerror or exc}"
-        with engine.begin() as conn:
-            if _still_mine(conn, shard_id, owner):
-                conn.execute(
-                    update(s)
-                    .where(s.c.id == shard_id)
-                    .values(
-                        state="failed",
-                        error=message,
-                        claim_owner=None,
-                        claimed_at=None,
-                    )
-                )
+        _release(engine, shard_id, owner, state="failed", error=message)
         return ShardOutcome(stored, 0, message)
     except BaseException:
-        with engine.begin() as conn:  # give the shard back; the caller sees the error
-            if _still_mine(conn, shard_id, owner):
-                conn.execute(
-                    update(s)
-                    .where(s.c.id == shard_id)
-                    .values(
-                        state="pending",
-                        claim_owner=None,
-                        claimed_at=None,
-                    )
-                )
+        _release(engine, shard_id, owner, state="pending")  # give it back; caller sees the error
         raise
+
+
+def _release(engine: Engine, shard_id: int, owner: str, **values: Any) -> None:
+    """End this process's claim on a shard, setting ``values`` (if it still owns it)."""
+    s = schema.shards
+    with engine.begin() as conn:
+        if _still_mine(conn, shard_id, owner):
+            conn.execute(
+                update(s)
+                .where(s.c.id == shard_id)
+                .values(claim_owner=None, claimed_at=None, **values)
+            )
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:

@@ -264,8 +264,8 @@ def _tfd_rows(obj: Any, path: str) -> tuple[str, dict[str, list[Any]]]:
         last, rows = None, []
         fields, members = _NO_FIELDS, _NO_MEMBERS
         for key, info in obj.items():  # the hot loop of a migration: kept lean
-            if type(info) is not dict:
-                raise _bad(path, f"entry {key!r} is not a key with a dict")
+            if type(info) is not dict or len(info) != 3:  # exactly file, offset, length
+                raise _bad(path, f"entry {key!r} is not a key with a file/offset/length dict")
             file, offset, length = info.get("file"), info.get("offset"), info.get("length")
             if (
                 type(key) is not str
@@ -280,11 +280,11 @@ def _tfd_rows(obj: Any, path: str) -> tuple[str, dict[str, list[Any]]]:
                 last, rows = file, by_file.setdefault(file, [])
             rows.append(Entry(key, offset, length, fields, members))
         return TFD_TFRECORD, by_file
-    for key, members in obj.items():
-        if type(key) is not str or type(members) is not dict or not members:
+    for key, parts in obj.items():
+        if type(key) is not str or type(parts) is not dict or not parts:
             raise _bad(path, f"entry {key!r} is not a key with a dict of members")
-        for ext, info in members.items():
-            if type(ext) is not str or type(info) is not dict:
+        for ext, info in parts.items():
+            if type(ext) is not str or type(info) is not dict or len(info) != 4:
                 raise _bad(path, f"member {ext!r} of {key!r} is not an extension with a dict")
             file, name = info.get("file"), info.get("member_name")
             offset, size = info.get("data_offset"), info.get("size")
@@ -344,6 +344,17 @@ def _sniff(path: str) -> str | None:
             return MXNET_IDX
         return None
     return None
+
+
+def _pickled_dict(path: str) -> bool:
+    """Whether the file starts like a pickled dict (protocol 2-5), as every tfd-utils
+    index does; for files given by other names (``index_file=``). Stricter than
+    :func:`_sniff`: a TFRecord whose first record is 128 bytes long starts with 0x80."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if len(head) < 3 or head[0] != 0x80 or head[1] not in (2, 3, 4, 5):
+        return False
+    return head[2:3] == b"}" or (head[2:3] == b"\x95" and head[11:12] == b"}")
 
 
 def _not_known_reason(path: str) -> str:
@@ -487,7 +498,7 @@ def discover(
             match = os.path.abspath(match)
             if os.path.isdir(match):
                 directories.append(match)
-            elif _is_index_name(match) or _sniff(match) == "pickle":
+            elif _is_index_name(match) or _pickled_dict(match):
                 explicit.append(match)
             elif ".sqlite" not in os.path.basename(match):
                 shard_filter.add(match)

@@ -20,7 +20,6 @@ feature is the ``key`` column itself.
 from __future__ import annotations
 
 import lzma
-import mmap
 import os
 import struct
 import zlib
@@ -66,6 +65,7 @@ FOOTER = 4  # data CRC
 MAX_TEXT_FIELD = 256
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
+_SCAN_BUFFER = 1 << 20
 _U32 = struct.Struct("<I")
 
 
@@ -142,61 +142,8 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     ``options``: ``key`` (feature name, or None to key by position) and
     ``fields`` (extract scalar fields, default True).
     """
-    key_feature: str | None = options.get("key", "key")
-    want_fields: bool = options.get("fields", True)
-    kinds: dict[str, str] = {}
-    parse = SequenceExample.FromString  # an Example parses as its context
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            data = view[0:0]  # released in ``finally``: a live slice makes mm.close() fail
-            try:
-                pos = 0
-                while pos < size:
-                    if pos + HEADER > size:
-                        raise CorruptRecordError(
-                            path, pos, f"truncated frame header ({size - pos} of {HEADER} bytes)"
-                        )
-                    (length,) = _U64.unpack_from(mm, pos)
-                    if masked_crc(view[pos : pos + 8]) != _U32.unpack_from(mm, pos + 8)[0]:
-                        raise CorruptRecordError(path, pos, "length CRC mismatch")
-                    end = pos + HEADER + length + FOOTER
-                    if end > size:
-                        raise CorruptRecordError(
-                            path,
-                            pos,
-                            f"truncated record: needs {end - pos} bytes, "
-                            f"file has {size - pos} left",
-                        )
-                    data = view[pos + HEADER : end - FOOTER]
-                    if masked_crc(data) != _U32.unpack_from(mm, end - FOOTER)[0]:
-                        raise CorruptRecordError(path, pos, "data CRC mismatch")
-                    if key_feature is None and not want_fields:
-                        yield Entry(None, pos, length)
-                    else:
-                        problem = ""
-                        try:
-                            context = parse(data).context
-                        except Exception as exc:  # protobuf's DecodeError varies by runtime
-                            problem = f"payload is not a tf.train.Example: {exc}"
-                        if problem:  # raised outside the handler: the parser's frames, which
-                            # may hold views of the mapping, must go with its exception
-                            raise CorruptRecordError(path, pos, problem)
-                        key = (
-                            None
-                            if key_feature is None
-                            else _key_of(context, key_feature, path, pos)
-                        )
-                        fields = _scalars(context, key_feature, kinds) if want_fields else {}
-                        yield Entry(key, pos, length, fields)
-                    data.release()
-                    pos = end
-            finally:
-                data.release()
-                view.release()
+    with open(path, "rb", buffering=_SCAN_BUFFER) as f:
+        yield from scan_stream(f, path, options)
 
 
 def _read_full(stream: Any, size: int) -> bytes:
@@ -211,10 +158,9 @@ def _read_full(stream: Any, size: int) -> bytes:
 
 
 def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
-    """:func:`scan` over a binary stream read sequentially, with the same checks,
-    errors and offsets: ingest hands in the decompressed stream of a
-    GZIP-compressed TFRecord (``compression_type="GZIP"``), whose offsets are
-    then decompressed-stream offsets."""
+    """:func:`scan` over a binary stream read sequentially: a plain file, or the
+    decompressed stream of a GZIP-compressed TFRecord (``compression_type="GZIP"``),
+    whose offsets are then decompressed-stream offsets."""
     key_feature: str | None = options.get("key", "key")
     want_fields: bool = options.get("fields", True)
     kinds: dict[str, str] = {}
