@@ -539,3 +539,84 @@ def test_discovery(tmp_path: Path):
         migrate(tmp_path, dataset="x", dry_run=True)
     with pytest.raises(CatalogError, match="no files match"):
         migrate(tmp_path / "nothing-*.index")
+
+
+def test_custom_index_name_and_a_shard_starting_with_0x80(tmp_path: Path):
+    """``index_file=`` may be any name; a TFRecord whose first record is 128 bytes
+    long starts with 0x80 like a pickle, and is still taken for a shard."""
+    pad = next(
+        n
+        for n in range(90, 130)
+        if len(make_example({"key": "k0", "pad": b"x" * n}).SerializeToString()) == 128
+    )
+    shard = tmp_path / "odd.tfrecord"
+    with TFRecordWriter(shard) as w:
+        for i in range(5):
+            w.write(make_example({"key": f"k{i}", "pad": b"x" * pad}))
+    assert shard.read_bytes()[:2] == b"\x80\x00"
+    index = tfd_tfrecord_index(str(shard), index_file=tmp_path / "cache.pkl")
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        report = cat.migrate([shard, index], sample=0)
+        (ds,) = report.datasets
+        assert [(s.action, s.checked) for s in ds.shards] == [("imported", 5)]
+        assert ds.source == [str(tmp_path / GLOB)]
+        with cat.dataset(ds.dataset) as reader:
+            assert reader.get_feature("k3", "pad") == b"x" * pad
+
+
+@pytest.mark.parametrize(
+    ("member", "field", "value", "problem"),
+    [
+        ("train/a000", "size", 299, "the header at byte"),  # sampled: first member
+        ("train/a011", "member_name", "train/a011.png", "does not match its member name"),
+        ("train/a006", "data_offset", 4096, "overlaps the member before"),
+    ],
+)
+def test_tar_index_that_does_not_match_the_archive(
+    tmp_path: Path, member: str, field: str, value: object, problem: str
+):
+    write_tar(tmp_path / "a.tar", tag="a")
+    index = tfd_tar_index(str(tmp_path / "a.tar"))
+    data = pickle.loads(index.read_bytes())
+    data[member]["jpg"][field] = value
+    index.write_bytes(pickle.dumps(data))
+    (ds,) = migrate(tmp_path, sample=2).datasets
+    assert ds.shards[0].action == "re-indexed"
+    assert problem in str(ds.shards[0].reason)
+    assert dump(tmp_path / "shardcat.sqlite", ds.dataset) == scratch(
+        str(tmp_path / "a.tar"), tmp_path / "s.sqlite", ds.dataset, grouping="tfd", fields=False
+    )
+
+
+def test_mxnet_idx_missing_a_line(tmp_path: Path):
+    with RecordIOWriter(tmp_path / "a.rec") as w:
+        for i in range(10):
+            w.write(bytes([i]) * 10, key=f"k{i}")
+    idx = tmp_path / "a.idx"
+    idx.write_text("".join(idx.read_text().splitlines(keepends=True)[:-1]))  # no line for k9
+    os.utime(idx, ns=(2 * 10**18, 2 * 10**18))  # written after the .rec
+    (ds,) = migrate(tmp_path, sample=1).datasets  # the last record is always re-read
+    (shard,) = ds.shards
+    assert shard.action == "failed"  # the ingest refuses a .rec with records the .idx lacks
+    assert "legacy index does not match the file: record spans" in str(shard.reason)
+    assert "re-indexing failed too" in str(shard.reason) and "has no line in a.idx" in str(
+        shard.reason
+    )
+
+
+def test_an_empty_shard_no_index_lists_joins_the_dataset(tmp_path: Path):
+    write_tfrecords(tmp_path, shards=3, per_shard=10)
+    empty = tmp_path / "train-00002-of-00003.tfrecord"
+    empty.write_bytes(b"")  # tfd-utils indexes it, but no entry names it
+    tfd_tfrecord_index(str(tmp_path / GLOB))
+    (ds,) = migrate(tmp_path).datasets
+    assert ds.source == [str(tmp_path / GLOB)]
+    assert {Path(s.path).name: (s.action, s.reason) for s in ds.shards}[empty.name] == (
+        "re-indexed",
+        "not in any legacy index",
+    )
+    assert ds.count("imported") == 2
+    before = indexed_at(tmp_path / "shardcat.sqlite")
+    with TFRecordRandomAccess(str(tmp_path / GLOB)) as reader:
+        assert len(reader) == 20
+    assert indexed_at(tmp_path / "shardcat.sqlite") == before

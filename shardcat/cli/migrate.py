@@ -69,7 +69,11 @@ def migrate(
         ),
     ] = None,
     sample: Annotated[
-        int, typer.Option(help="Entries re-read per shard to verify it (0: all of them).")
+        int,
+        typer.Option(
+            help="Entries re-read per shard to verify it (the first, the last and evenly spaced "
+            "ones; 0: all of them)."
+        ),
     ] = DEFAULT_SAMPLE,
     workers: Annotated[
         int | None,

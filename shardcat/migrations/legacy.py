@@ -63,10 +63,11 @@ against the file; any mismatch re-indexes that shard from its data instead
   index lacks is a mismatch; so are members after the last indexed one;
 - RecordIO: offsets must be unique and start at byte 0; the last record must
   end at the end of the file;
-- a sample of ``sample`` entries per shard (the first, the last and evenly
-  spaced ones; 0 = all) is re-read: TFRecord frames with their length and
-  both CRCs and the key feature's value, tar headers (checksum, regular file,
-  name and size), RecordIO magic and framing spanning exactly the record.
+- a sample of ``sample`` entries per shard (default 64: the first, the last
+  and evenly spaced ones; 0 = all) is re-read: TFRecord frames with their
+  length and both CRCs and the key feature's value, tar headers (checksum,
+  regular file, name, size, data offset), RecordIO magic and framing spanning
+  exactly the record.
 
 Verified entries go through the ingest's own claim and commit
 (:meth:`Catalog.ingest` with ``provided=``): same transaction, duplicate
@@ -74,19 +75,24 @@ rules and positions, so the dataset equals one ingested from scratch with
 ``fields=False`` (keys, offsets, lengths, members, positions, view).
 
 **SQL fields.** Legacy indexes never held them, and filling them means parsing
-every record, which is what a fresh ingest costs. So by default they are not
-filled (the dataset is recorded with ``fields=False``) and the report gives
-the command that fills them: the same migration with ``fields=True``
-(``--fields``), which re-indexes every shard from its data (CRC-checked, in
-parallel) and records ``fields=True``.
+every record, which is what a fresh ingest costs. So a new dataset is imported
+without them (recorded with ``fields=False``; later runs and readers keep
+that) and the report gives the command that fills them: the same migration
+with ``fields=True`` (``--fields``), which re-indexes every shard from its
+data (CRC-checked, in parallel, shards imported without fields included) and
+records ``fields=True``. A dataset that already has fields keeps getting
+them.
 
 **Where it goes.** The catalog is ``catalog`` if given, else the one a reader
 would use (``$SHARDCAT_CATALOG``, else ``shardcat.sqlite`` beside the shards).
 The dataset's source pattern is the one a reader is most likely to be opened
 with: a glob given in ``paths`` that matches exactly the shards, else
-``<directory>/*<extension>`` when it does, else the list of shard files; so
-``TFRecordRandomAccess("/data/shards/*.tfrecord")`` finds the migrated
-dataset and opens without re-indexing.
+``<directory>/*<extension>`` when it does, else ``<directory>/<common name
+prefix up to its last -_.>*<extension>`` (``train-*.tfrecord`` beside
+``val-*.tfrecord``), else the list of shard files; so
+``TFRecordRandomAccess("/data/shards/*.tfrecord")`` finds the migrated dataset
+and opens without re-indexing. (A glob may also match empty files no index
+lists: they join the dataset, indexed from their data.)
 """
 
 from __future__ import annotations
@@ -617,6 +623,7 @@ def _sample(n: int, k: int) -> list[int]:
     """Indexes of the entries to re-read: the first, the last and evenly spaced ones."""
     if k <= 0 or n <= k:
         return list(range(n))
+    k = max(k, 2)
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
@@ -1150,7 +1157,8 @@ def _commit(
         if report is not None and outcome.error != CLAIM_LOST:
             report.records = outcome.records
             if outcome.error is not None:
-                report.action, report.reason = "failed", outcome.error
+                why = f"{report.reason}; re-indexing failed too: " if report.reason else ""
+                report.action, report.reason = "failed", why + outcome.error
             elif report.action != "imported":
                 report.action = "re-indexed"
         tick("commit")

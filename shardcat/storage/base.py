@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import math
 import operator
 import os
 import shutil
@@ -47,10 +46,10 @@ def check_mode(mode: str) -> None:
 class Storage:
     """Fields of row-aligned tensors in block files, with file-like access.
 
-    Subclasses set ``kind`` and provide the user-facing API; everything that
-    changes the row count goes through :meth:`_commit_rows`,
-    :meth:`_truncate_at` or :meth:`_extend_blocks`, each one SQLite
-    transaction (see :mod:`shardcat.storage.meta`).
+    Subclasses set ``kind`` and provide the user-facing API. Writes change the
+    blocks and the in-memory state (``_length``, ``_fresh``); :meth:`_commit`
+    turns that state into the committed one in one SQLite transaction (see
+    :mod:`shardcat.storage.meta`), and :meth:`_discard` drops it.
     """
 
     kind: ClassVar[str]
@@ -86,6 +85,10 @@ class Storage:
             )
             for spec in meta.fields
         }
+        self._length = meta.length  # with the rows written since the last commit
+        # blocks whose files are new since the last commit (the same for every field)
+        self._fresh: set[int] = set()
+        self._dirty = False  # anything to commit
         self._pos = meta.length if self._append else 0
 
     # -- opening -------------------------------------------------------------------------
@@ -161,7 +164,7 @@ class Storage:
         return self._closed
 
     def __len__(self) -> int:
-        return self._meta.length
+        return self._length
 
     def __enter__(self: S) -> S:
         return self
@@ -189,14 +192,22 @@ class Storage:
         return self._pos
 
     def flush(self) -> None:
-        """Nothing to do: every write, truncate and extend has already committed."""
+        """Commit the rows written since the last commit, in one transaction.
+
+        Until then, other processes (and other objects) see the rows of the
+        last commit; this object sees its own writes at once. If the commit
+        fails, those writes are dropped (the last commit stays).
+        """
         self._check_writable()
+        if self._dirty:
+            self._commit()
 
     def truncate(self, pos: int | None = None) -> int:
         """Cut every field to ``pos`` rows (default: the current position); returns the length.
 
         The position moves to the cut, clamped to the length as in tensorblob
-        (truncate never grows). One commit; unused block files are deleted.
+        (truncate never grows). Commits (with any unflushed writes); unused
+        block files are deleted.
         """
         self._check_writable()
         if pos is not None and pos < 0:
@@ -206,13 +217,17 @@ class Storage:
         return self._pos
 
     def close(self) -> None:
-        """Unmap every block and close the metadata (idempotent)."""
+        """Commit unflushed writes (as :meth:`flush`), unmap every block, close (idempotent)."""
         if self._closed:
             return
-        self._closed = True
-        for column in self._columns.values():
-            column.clear()
-        self._meta.close()
+        try:
+            if self._dirty:
+                self._commit()
+        finally:
+            self._closed = True
+            for column in self._columns.values():
+                column.clear()
+            self._meta.close()
 
     def _check_closed(self) -> None:
         if self._closed:
@@ -259,7 +274,7 @@ class Storage:
     # -- reading -----------------------------------------------------------------------
 
     def _n_blocks(self, length: int) -> int:
-        return math.ceil(length / self.block_size)
+        return -(-length // self.block_size)
 
     def _select(self, idx: Any, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """Rows of ``names`` at an int, a slice, or a batch of positions."""
@@ -315,94 +330,153 @@ class Storage:
                 self._pos = start + j + 1
                 yield {name: rows[j].clone() for name, rows in chunk.items()}
 
-    # -- committing ----------------------------------------------------------------------
+    # -- writing and committing ------------------------------------------------------------
 
-    def _mirror(
-        self,
-        conn: sqlite3.Connection,
-        pos: int,
-        data: dict[str, torch.Tensor],
-        keys: Sequence[str | None] | None,
-    ) -> None:
-        """Mirror written rows into SQL (TensorDB); inside the commit's transaction."""
+    def _record(self, pos: int, n: int, keys: Sequence[str | None] | None) -> None:
+        """Note rows ``pos ... pos + n`` for the SQL mirror's next commit (TensorDB)."""
 
-    def _mirror_needed(self, keys: Sequence[str | None] | None) -> bool:
-        return False
+    def _mirror(self, conn: sqlite3.Connection) -> None:
+        """Bring the SQL mirror up to the in-memory state; inside the commit (TensorDB)."""
 
-    def _mirror_truncate(self, conn: sqlite3.Connection, length: int) -> None:
-        """Forget mirrored rows at ``length ...`` (TensorDB)."""
+    def _forget_mirror(self) -> None:
+        """Drop what :meth:`_record` noted (committed or discarded)."""
 
     def _directories(self) -> dict[str, Path]:
         return {name: column.directory for name, column in self._columns.items()}
 
-    def _commit_rows(self, end: int, chunks: Iterable[Chunk], *, transaction: bool) -> None:
-        """Write ``chunks`` (positions up to ``end``) and commit the new length, all or nothing.
+    def _fresh_files(self, blocks: Iterable[int]) -> list[tuple[str, str]]:
+        return [(f, c.file(b)) for f, c in self._columns.items() for b in blocks]
 
-        New blocks are reserved (as pending) and created first; the rows, their
-        SQL mirror, the block list and the length then commit together.
-        Without ``transaction`` and without new blocks, the commit is a single
-        autocommit statement (the row-by-row write path).
+    def _add_blocks(
+        self, blocks: Sequence[int], sources: Sequence[tuple[Storage, int] | None]
+    ) -> None:
+        """New files for ``blocks``: copies of ``(storage, block)`` sources, or empty (None).
+
+        Their names are recorded as pending (one small commit) before any
+        file exists, so a killed writer's files are found and deleted.
         """
-        meta = self._meta
-        old_blocks = self._n_blocks(len(self))
-        new_length = max(len(self), end)
-        wanted = self._n_blocks(new_length) - old_blocks
-        names = meta.reserve({f: wanted for f in self._columns}) if wanted > 0 else {}
+        names = self._meta.reserve({f: len(blocks) for f in self._columns})
         try:
             for field, column in self._columns.items():
-                if names:
-                    column.create_files(names[field])
-                    column.adopt(old_blocks, names[field])
-
-            def work(conn: sqlite3.Connection | None) -> None:
-                for pos, data, keys in chunks:
-                    if conn is not None:
-                        self._mirror(conn, pos, data, keys)
-                    for field, rows in data.items():
-                        self._columns[field].write(pos, rows)
-
-            added = {f: list(enumerate(ns, old_blocks)) for f, ns in names.items()}
-            if transaction or names:
-                meta.commit(new_length, added, work=work)
-            else:
-                work(None)
-                meta.commit(new_length)
+                for name, source in zip(names[field], sources, strict=True):
+                    origin = None if source is None else (source[0]._columns[field], source[1])
+                    column.create_file(name, origin)
         except BaseException:
-            for column in self._columns.values():
-                column.forget(old_blocks)
-            meta.release([(f, n) for f, ns in names.items() for n in ns], self._directories())
+            self._meta.release([(f, n) for f, ns in names.items() for n in ns], self._directories())
             raise
+        for field, column in self._columns.items():
+            column.adopt(dict(zip(blocks, names[field], strict=True)))
+        self._fresh.update(blocks)
+        self._dirty = True
+
+    def _write_rows(
+        self, pos: int, data: dict[str, torch.Tensor], keys: Sequence[str | None] | None
+    ) -> None:
+        """Write rows at ``pos ...`` (``pos <= len``) into blocks no commit refers to.
+
+        Rows past the last block get new blocks; committed rows are
+        overwritten in copies of their blocks, made on the first such write
+        after a commit (copy-on-write), so a killed writer leaves them intact.
+        """
+        n = len(next(iter(data.values())))
+        end = pos + n
+        bs, committed = self.block_size, self._meta.length
+        have = self._n_blocks(self._length)
+        copies = (
+            [
+                b
+                for b in range(pos // bs, self._n_blocks(min(end, committed)))
+                if b not in self._fresh
+            ]
+            if pos < committed
+            else []
+        )
+        if copies or end > have * bs:
+            new = range(have, self._n_blocks(end))
+            self._add_blocks([*copies, *new], [(self, b) for b in copies] + [None] * len(new))
+        for field, rows in data.items():
+            self._columns[field].write(pos, rows)
+        self._record(pos, n, keys)
+        if end > self._length:
+            self._length = end
+        self._dirty = True
+
+    def _commit(self, work: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        """Commit the in-memory state in one transaction, then delete unused block files.
+
+        ``work(conn)`` runs first inside the transaction. On failure, the
+        uncommitted state is dropped (:meth:`_discard`).
+        """
+        meta = self._meta
+        cut = self._n_blocks(self._length)
+        fresh = sorted(self._fresh)
+
+        def run(conn: sqlite3.Connection) -> None:
+            if work is not None:
+                work(conn)
+            self._mirror(conn)
+
+        try:
+            dropped = meta.commit(
+                self._length,
+                {f: [(b, c.file(b)) for b in fresh] for f, c in self._columns.items()},
+                cut if cut < self._n_blocks(meta.length) else None,
+                run,
+            )
+        except BaseException:
+            self._discard()
+            raise
+        self._fresh.clear()
+        self._dirty = False
+        self._forget_mirror()
+        meta.release(dropped, self._directories())
+
+    def _discard(self) -> None:
+        """Go back to the last commit: drop the rows written since and their new files."""
+        gone = self._fresh_files(self._fresh)
+        for column in self._columns.values():
+            column.forget(self._fresh)
+        self._fresh.clear()
+        self._length = self._meta.length
+        self._pos = min(self._pos, self._length)
+        self._dirty = False
+        self._forget_mirror()
+        self._meta.release(gone, self._directories())
 
     def _truncate_at(self, length: int) -> None:
-        """Drop rows ``length ...`` (one transaction), then delete the unused block files."""
+        """Drop rows ``length ...`` and commit, then delete the unused block files."""
         cut = self._n_blocks(length)
-        dropped = self._meta.commit(
-            length, cut=cut, work=lambda conn: self._mirror_truncate(conn, length)
-        )
+        gone = [b for b in self._fresh if b >= cut]
+        self._meta.release(self._fresh_files(gone), self._directories())
+        self._fresh.difference_update(gone)
         for column in self._columns.values():
-            column.forget(cut)
-        self._meta.release(dropped, self._directories())
+            column.forget(range(cut, self._n_blocks(self._length)))
+        self._length = length
+        self._commit()
 
     def _extend_rows(self, other: Any, fetch: Callable[[int, int], Chunk]) -> None:
-        """Append ``other``'s rows in order, a few MB at a time, in one commit."""
+        """Append ``other``'s rows in order, a few MB at a time, then commit (all or nothing)."""
         start_len, total = len(self), len(other)
         row_bytes = sum(c.row_bytes for c in self._columns.values()) or 1
         step = max(1, _CHUNK_BYTES // row_bytes)
-
-        def chunks() -> Iterator[Chunk]:
+        try:
             for start in range(0, total, step):
                 first, data, keys = fetch(start, min(start + step, total))
-                yield start_len + first, data, keys
+                self._write_rows(start_len + first, data, keys)
+        except BaseException:
+            self._discard()
+            raise
+        self._commit()
 
-        self._commit_rows(start_len + total, chunks(), transaction=True)
-
-    def _extend_blocks(self, other: Storage, mirror: Callable[[sqlite3.Connection], None]) -> None:
-        """Append ``other`` (same block size) by copying its full block files.
+    def _extend_blocks(
+        self, other: Storage, work: Callable[[sqlite3.Connection], None] | None = None
+    ) -> None:
+        """Append ``other`` (same block size) by copying its full block files, then commit.
 
         ``self``'s partial last block and ``other``'s partial last block are
         combined into new blocks after ``other``'s full blocks; with a full
-        last block this keeps the row order. One commit replaces the block
-        list; ``mirror(conn)`` moves the SQL rows to match.
+        last block this keeps the row order. ``work(conn)`` runs in the
+        commit (TensorDB: moves the SQL rows to match).
         """
         bs = self.block_size
         length, other_length = len(self), len(other)
@@ -416,24 +490,19 @@ class Storage:
             )
             for name, column in self._columns.items()
         }
-        tail_blocks = self._n_blocks(next(iter(tails.values())).shape[0])
-        names = self._meta.reserve({f: other_full + tail_blocks for f in self._columns})
+        tail_blocks = self._n_blocks(length - full * bs + other_length - other_full * bs)
         try:
-            for field, column in self._columns.items():
-                copied, fresh = names[field][:other_full], names[field][other_full:]
-                column.copy_files(other._columns[field], range(other_full), copied)
-                column.create_files(fresh)
-                for j, name in enumerate(fresh):
-                    column.write_file(name, 0, tails[field][j * bs : (j + 1) * bs])
-            added = {f: list(enumerate(ns, full)) for f, ns in names.items()}
-            dropped = self._meta.commit(length + other_length, added, cut=full, work=mirror)
+            self._add_blocks(
+                range(full, full + other_full + tail_blocks),
+                [(other, b) for b in range(other_full)] + [None] * tail_blocks,
+            )
+            self._length = length + other_length
+            for name, column in self._columns.items():
+                column.write((full + other_full) * bs, tails[name])
         except BaseException:
-            self._meta.release([(f, n) for f, ns in names.items() for n in ns], self._directories())
+            self._discard()
             raise
-        for field, column in self._columns.items():
-            column.forget(full)
-            column.adopt(full, names[field])
-        self._meta.release(dropped, self._directories())
+        self._commit(work)
 
 
 def _check_field(spec: FieldSpec) -> FieldSpec:

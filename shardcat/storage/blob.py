@@ -26,8 +26,13 @@ class TensorBlob(Storage):
     modes, methods and errors. The directory holds block files of
     ``block_size`` rows (tensordict ``MemoryMappedTensor`` files) and
     ``.shardcat.sqlite``, where the row count and the block list commit
-    together: every ``write``, ``truncate`` and ``extend`` is one transaction,
-    so a killed process leaves the rows of the last one that returned.
+    together, when tensorblob saves its ``.stat``: at :meth:`flush`,
+    :meth:`close` (and the end of a ``with`` block), :meth:`truncate` and
+    :meth:`extend`, each one transaction. ``write`` only fills blocks: this
+    object reads its writes at once, other processes see them after the
+    commit, and a killed writer leaves exactly the rows of its last commit
+    (overwritten rows too: they are written to copies of their blocks). One
+    writer at a time: a second open for writing raises ``BlockingIOError``.
     A directory written by the tensorblob package (``.conf``/``.stat``) is
     converted in place on first open; its block files are kept as they are.
     """
@@ -97,7 +102,7 @@ class TensorBlob(Storage):
         order (repeats and negative positions allowed).
         """
         if type(idx) is int and not self._closed:  # the single-row hot path
-            n = self._meta.length
+            n = self._length
             i = idx + n if idx < 0 else idx
             if not 0 <= i < n:
                 raise IndexError(f"Index out of bounds: {idx!r} (length: {n})")
@@ -126,35 +131,37 @@ class TensorBlob(Storage):
 
         ``ts`` is one row (the blob's shape) or a batch of rows (leading
         dims). A dtype mismatch raises ``TypeError``, a shape mismatch
-        ``ValueError``: nothing is cast. The rows and the new length are
-        committed when ``write`` returns.
+        ``ValueError``: nothing is cast. The rows are committed at the next
+        :meth:`flush`, :meth:`close`, :meth:`truncate` or :meth:`extend`.
         """
         self._check_writable()
         rows = self._data.as_rows(ts)
         if self._append:
-            self._pos = len(self)
+            self._pos = self._length
         n = len(rows)
         if n:
             pos = self._pos
-            self._commit_rows(pos + n, [(pos, {BLOB_FIELD: rows}, None)], transaction=False)
+            self._write_rows(pos, {BLOB_FIELD: rows}, None)
             self._pos = pos + n
         return n
 
     def extend(self, other: Any, maintain_order: bool = False) -> None:
-        """Append all rows of ``other`` (a blob of the same dtype and shape), in one commit.
+        """Append all rows of ``other`` (a blob of the same dtype and shape) and commit.
 
         Block files of ``other`` are copied whole when the block sizes match
         and either ``maintain_order`` is False or this blob ends on a block
         boundary; otherwise rows are copied a few MB at a time, in order.
         Without ``maintain_order``, this blob's last partial block moves after
         ``other``'s full blocks. ``other`` may also be a ``tensorblob.TensorBlob``.
+        Unflushed writes are committed first; the extension is a second
+        commit, all or nothing.
         """
         other_dtype, other_shape = getattr(other, "dtype", None), getattr(other, "shape", None)
         if other_dtype is None or other_shape is None:
             raise TypeError(f"cannot extend a blob with {type(other).__name__!r}")
         if self.dtype != parse_dtype(other_dtype) or self.shape != tuple(other_shape):
             raise ValueError("Blob data types and shapes must match to extend blobs!")
-        self._check_writable()
+        self.flush()
         self.seek(0, io.SEEK_END)
         if len(other) == 0:
             return
@@ -163,7 +170,7 @@ class TensorBlob(Storage):
             and other.block_size == self.block_size
             and (not maintain_order or len(self) % self.block_size == 0)
         ):
-            self._extend_blocks(other, lambda conn: None)
+            self._extend_blocks(other)
             self.seek(0, io.SEEK_END)
             return
 

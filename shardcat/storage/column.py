@@ -8,6 +8,7 @@ import operator
 import os
 import shutil
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,11 @@ class BlockColumn:
         if mapped is not None:
             cache.move_to_end(b)
             return mapped
-        mapped = self._map(self.path(b))
+        try:
+            mapped = self._map(self.path(b))
+        except FileNotFoundError:  # a writer replaced the block since it was looked up here
+            del self._files[b]
+            mapped = self._map(self.path(b))
         cache[b] = mapped
         if len(cache) > self.cache_size:
             cache.popitem(last=False)
@@ -207,33 +212,24 @@ class BlockColumn:
         """Block ``b`` mapped (through the LRU), as a ``(block_size, *shape)`` tensor."""
         return self._mapping(b)[0]
 
-    def create_files(self, names: list[str]) -> None:
-        """Empty (sparse) block files, not yet part of the column."""
-        for name in names:
+    def create_file(self, name: str, source: tuple[BlockColumn, int] | None) -> None:
+        """A block file not yet part of the column: a copy of ``(column, block)``, or empty."""
+        if source is None:
             _create_block_file(self.directory / name, self.block_size * self.row_bytes)
+        else:
+            _copy_file(source[0].path(source[1]), self.directory / name)
 
-    def copy_files(self, other: BlockColumn, blocks: range, names: list[str]) -> None:
-        """Copies of ``other``'s blocks ``blocks`` under ``names``, not yet part of the column."""
-        for b, name in zip(blocks, names, strict=True):
-            _copy_file(other.path(b), self.directory / name)
+    def adopt(self, blocks: Mapping[int, str]) -> None:
+        """Blocks ``b`` are now the files ``blocks[b]`` (not committed yet)."""
+        for b, name in blocks.items():
+            self._files[b] = name
+            self._cache.pop(b, None)
 
-    def write_file(self, name: str, offset: int, rows: torch.Tensor) -> None:
-        """Write rows into a block file that is not (yet) part of the column."""
-        if len(rows):
-            _, target = self._map(self.directory / name)
-            target[offset : offset + len(rows)] = _byte_rows(rows)
-
-    def adopt(self, first: int, names: list[str]) -> None:
-        """Blocks ``first ...`` are now ``names`` (after a commit said so)."""
-        for i, name in enumerate(names):
-            self._files[first + i] = name
-
-    def forget(self, first: int) -> None:
-        """Drop what is known and mapped of blocks ``first ...`` (truncated or replaced)."""
-        for b in [b for b in self._cache if b >= first]:
-            del self._cache[b]
-        for b in [b for b in self._files if b >= first]:
-            del self._files[b]
+    def forget(self, blocks: Iterable[int]) -> None:
+        """Drop what is known and mapped of ``blocks`` (truncated or discarded)."""
+        for b in blocks:
+            self._files.pop(b, None)
+            self._cache.pop(b, None)
 
     def clear(self) -> None:
         self._cache.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -99,9 +99,11 @@ class TensorDB(Storage):
     """Row-aligned fields, each a memory-mapped blob, with one committed row count.
 
     A drop-in for ``tensorblob.TensorDB`` (same ``open``, modes, methods and
-    errors). The row count and the block lists of every field commit in one
-    SQLite transaction: a killed writer leaves the rows of the last ``write``
-    that returned, all fields aligned. Beyond tensorblob:
+    errors). As in :class:`TensorBlob`, ``write`` fills blocks and
+    :meth:`flush`, :meth:`close`, :meth:`truncate` and :meth:`extend` commit:
+    the row count, the block lists of every field, the keys and the SQL rows,
+    in one transaction, so a killed writer leaves the rows of its last commit,
+    all fields aligned and the SQL rows matching them. Beyond tensorblob:
 
     - a schema entry ``(dtype, shape, {"filter": True})`` (or ``{"index": True}``,
       which also builds a SQL index) mirrors that one-value-per-row field into
@@ -110,6 +112,11 @@ class TensorDB(Storage):
       indexed lookup, and ``catalog query --attach emb=DIR`` joins them with a
       catalog dataset (``JOIN emb.rows e ON e.key = t.key``);
     - :meth:`column` (or ``db["field"]``) and ``fields=`` read some fields only.
+
+    Indexing and ``read`` see this object's unflushed writes. SQL reads
+    (:meth:`where`, :meth:`query`, :meth:`get`, :meth:`position` and their
+    batch forms) first flush them, so they see them too; other objects and
+    processes see rows once they are committed.
     """
 
     kind = "db"
@@ -126,6 +133,18 @@ class TensorDB(Storage):
         self.filterable: tuple[str, ...] = tuple(f.name for f in meta.fields if f.sql)
         self._indexed = tuple(f.name for f in meta.fields if f.sql == "index")
         self._fields = tuple(self._columns)
+        # what the next commit mirrors into SQL: rows [start, stop) written (noted
+        # only with filterable fields) and the keys given since the last commit
+        self._written: list[list[int]] = []
+        self._pos_key: dict[int, str] = {}
+        self._key_pos: dict[str, int] = {}
+        columns = ["position", "key"] + [quote(f) for f in self.filterable]
+        updates = ["key = coalesce(excluded.key, key)"]  # rows written without keys keep theirs
+        updates += [f"{c} = excluded.{c}" for c in columns[2:]]
+        self._upsert = (
+            f"INSERT INTO rows ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+            f"ON CONFLICT (position) DO UPDATE SET {', '.join(updates)}"
+        )
 
     @classmethod
     def open(
@@ -193,8 +212,10 @@ class TensorDB(Storage):
 
         Dense: ``rows`` has exactly the schema's fields, each with the same
         number of rows. ``keys`` gives each row a unique string key (kept on
-        rows overwritten without keys). Everything — rows, keys, filterable
-        values, the new length — commits in one transaction when this returns.
+        rows overwritten without keys); a key already used by another row, or
+        twice in ``keys``, raises :class:`DuplicateKeyError` and nothing is
+        written. Rows, keys and filterable values commit together at the next
+        :meth:`flush`, :meth:`close`, :meth:`truncate` or :meth:`extend`.
         """
         self._check_writable()
         if not isinstance(rows, Mapping):
@@ -216,18 +237,22 @@ class TensorDB(Storage):
         if keys is not None:
             keys = _check_keys(keys, n)
         if self._append:
-            self._pos = len(self)
+            self._pos = self._length
         if n:
             pos = self._pos
-            self._commit_rows(pos + n, [(pos, data, keys)], transaction=self._mirror_needed(keys))
+            if keys is not None:
+                self._check_new_keys(keys, range(pos, pos + n))
+            self._write_rows(pos, data, keys)
             self._pos = pos + n
         return n
 
     def extend(self, other: Any, maintain_order: bool = False) -> None:
-        """Append every row of ``other`` (same fields, dtypes and shapes), in one commit.
+        """Append every row of ``other`` (same fields, dtypes and shapes) and commit.
 
         As :meth:`TensorBlob.extend`, for all fields at once; keys and
-        filterable values come along. ``other`` may be a ``tensorblob.TensorDB``.
+        filterable values come along (a key this database already has raises
+        :class:`DuplicateKeyError`, nothing appended). ``other`` may be a
+        ``tensorblob.TensorDB``.
         """
         other_schema = getattr(other, "schema", None)
         if not isinstance(other_schema, Mapping) or set(other_schema) != set(self.schema):
@@ -236,12 +261,13 @@ class TensorDB(Storage):
             spec = other_schema[name]
             if (parse_dtype(spec[0]), parse_shape(spec[1])) != (dtype, shape):
                 raise ValueError(f"field {name!r}: data types and shapes must match to extend")
-        self._check_writable()
+        self.flush()
         self.seek(0, io.SEEK_END)
         total = len(other)
         if total == 0:
             return
         other_keys = other._keys_below(total) if isinstance(other, TensorDB) else {}
+        self._check_new_keys(list(other_keys.values()), range(0))
         if (
             isinstance(other, TensorDB)
             and other.block_size == self.block_size
@@ -276,7 +302,7 @@ class TensorDB(Storage):
 
     def position(self, key: str, default: Any = ...) -> Any:
         """The row position of ``key`` (``KeyNotFoundError``, a ``KeyError``, if absent)."""
-        self._check_closed()
+        self._sync()
         row = self._meta.conn.execute("SELECT position FROM rows WHERE key = ?", (key,)).fetchone()
         if row is not None:
             return int(row[0])
@@ -286,7 +312,7 @@ class TensorDB(Storage):
 
     def positions(self, keys: Sequence[str]) -> list[int]:
         """Row positions of ``keys``, in order (one query per 500 keys)."""
-        self._check_closed()
+        self._sync()
         keys = list(keys)
         found: dict[str, int] = {}
         conn = self._meta.conn
@@ -309,8 +335,9 @@ class TensorDB(Storage):
         The condition may use the filterable fields, ``key`` and ``position``;
         ``?`` placeholders take ``params``. Read-only: anything but reading
         is refused (:class:`CatalogError`). Rows follow with ``db[positions]``.
+        Unflushed writes of this object are flushed first.
         """
-        self._check_closed()
+        self._sync()
         # no ORDER BY: SQLite would rather scan the table in position order than
         # use an index on the condition and sort; sorting here is linear when the
         # rows come out in order anyway
@@ -324,80 +351,102 @@ class TensorDB(Storage):
     def query(
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
     ) -> QueryResult:
-        """Run one read-only SELECT over this database's ``rows`` table."""
-        self._check_closed()
+        """Run one read-only SELECT over this database's ``rows`` table (flushing first)."""
+        self._sync()
         return run_readonly(self._meta.readonly_conn, sql, params)
+
+    def _sync(self) -> None:
+        """Before SQL reads: commit this object's unflushed writes, so the SQL rows show them."""
+        self._check_closed()
+        if self._dirty:
+            self._commit()
 
     # -- the SQL mirror ------------------------------------------------------------------------
 
-    def _mirror_needed(self, keys: Sequence[str | None] | None) -> bool:
-        return bool(self.filterable) or keys is not None
+    def _check_new_keys(self, keys: Sequence[str], overwritten: range) -> None:
+        """Refuse keys that rows outside ``overwritten`` have (committed or not)."""
+        for key in keys:
+            owner = self._key_pos.get(key)
+            if owner is not None and owner not in overwritten:
+                raise self._duplicate(key, owner)
+        conn = self._meta.conn
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            marks = ", ".join("?" * len(part))
+            for key, owner in conn.execute(
+                f"SELECT key, position FROM rows WHERE key IN ({marks})", part
+            ):
+                # a committed key is free again once its row has been given another one
+                if owner not in overwritten and owner not in self._pos_key:
+                    raise self._duplicate(key, owner)
 
-    def _mirror(
-        self,
-        conn: sqlite3.Connection,
-        pos: int,
-        data: dict[str, torch.Tensor],
-        keys: Sequence[str | None] | None,
-    ) -> None:
-        if not self._mirror_needed(keys):
-            return
-        n = len(data[self._fields[0]])
-        values = [data[f].reshape(-1).tolist() for f in self.filterable]
+    def _duplicate(self, key: str, owner: int) -> DuplicateKeyError:
+        return DuplicateKeyError(
+            f"key {key!r} is already the key of row {owner} in {self.filename}"
+        )
+
+    def _record(self, pos: int, n: int, keys: Sequence[str | None] | None) -> None:
+        if self.filterable:
+            written = self._written
+            if written and written[-1][1] == pos:  # e.g. row-by-row appends
+                written[-1][1] = pos + n
+            else:
+                written.append([pos, pos + n])
+        if keys is not None:
+            self._note_keys(zip(range(pos, pos + n), keys, strict=True))
+
+    def _note_keys(self, items: Iterable[tuple[int, str | None]]) -> None:
+        pos_key, key_pos = self._pos_key, self._key_pos
+        for position, key in items:
+            if key is None:
+                continue
+            old = pos_key.get(position)
+            if old is not None and key_pos.get(old) == position:
+                del key_pos[old]
+            pos_key[position] = key
+            key_pos[key] = position
+
+    def _forget_mirror(self) -> None:
+        self._written.clear()
+        self._pos_key.clear()
+        self._key_pos.clear()
+
+    def _mirror(self, conn: sqlite3.Connection) -> None:
+        """Upsert the rows written and the keys given since the last commit; drop rows past the end.
+
+        Values are read back from the blocks, so they are the latest ones. Keys
+        of committed rows that get new ones are cleared first: keys may move
+        between rows, and no intermediate state may repeat one.
+        """
+        length, committed, pos_key = self._length, self._meta.length, self._pos_key
+        conn.executemany(
+            "UPDATE rows SET key = NULL WHERE position = ?",
+            [(p,) for p in pos_key if p < committed],
+        )
         # a bulk append (at least as many rows as the table holds) fills the table
-        # first and sorts each SQL index once, instead of inserting row by row into
-        # it; all in the same transaction (at most once: later chunks of one commit
-        # start past the committed length)
-        bulk = self._indexed if pos == len(self) and n >= max(len(self), BULK_ROWS) else ()
+        # first and sorts each SQL index once, instead of inserting row by row into it
+        bulk = self._indexed if length - committed >= max(committed, BULK_ROWS) else ()
         for field in bulk:
             conn.execute(f"DROP INDEX {index_name(field)}")
-        self._upsert(conn, range(pos, pos + n), keys, values)
+        if self.filterable:
+            for start, stop in self._written:
+                stop = min(stop, length)
+                if start >= stop:
+                    continue
+                values = [
+                    self._columns[f].read(start, stop).reshape(-1).tolist() for f in self.filterable
+                ]
+                positions = range(start, stop)
+                keys = [pos_key.get(p) for p in positions] if pos_key else repeat(None)
+                conn.executemany(self._upsert, zip(positions, keys, *values, strict=False))
+        else:
+            conn.executemany(self._upsert, [(p, k) for p, k in pos_key.items() if p < length])
+        conn.execute("DELETE FROM rows WHERE position >= ?", (length,))
         for field in bulk:
             conn.execute(create_index(field))
 
-    def _upsert(
-        self,
-        conn: sqlite3.Connection,
-        positions: Sequence[int],
-        keys: Sequence[str | None] | None,
-        values: list[list[Any]],
-    ) -> None:
-        columns = ["position", "key"] + [quote(f) for f in self.filterable]
-        updates = [f"{c} = excluded.{c}" for c in columns[2:]]
-        if keys is not None:
-            updates.append("key = excluded.key")
-        conflict = f"DO UPDATE SET {', '.join(updates)}" if updates else "DO NOTHING"
-        sql = (
-            f"INSERT INTO rows ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-            f"ON CONFLICT (position) {conflict}"
-        )
-        rows = zip(positions, repeat(None) if keys is None else keys, *values, strict=False)
-        try:
-            conn.executemany(sql, rows)
-        except sqlite3.IntegrityError:
-            raise self._duplicate(conn, positions, keys or []) from None
-
-    def _duplicate(
-        self, conn: sqlite3.Connection, positions: Sequence[int], keys: Sequence[str | None]
-    ) -> DuplicateKeyError:
-        low, high = positions[0], positions[-1] + 1
-        for key in keys:
-            if key is None:
-                continue
-            row = conn.execute(
-                "SELECT position FROM rows WHERE key = ? AND (position < ? OR position >= ?)",
-                (key, low, high),
-            ).fetchone()
-            if row is not None:
-                return DuplicateKeyError(
-                    f"key {key!r} is already the key of row {row[0]} in {self.filename}"
-                )
-        return DuplicateKeyError(f"duplicate keys in a write to {self.filename}")
-
-    def _mirror_truncate(self, conn: sqlite3.Connection, length: int) -> None:
-        conn.execute("DELETE FROM rows WHERE position >= ?", (length,))
-
     def _keys_below(self, length: int) -> dict[int, str]:
+        self._sync()
         return dict(
             self._meta.conn.execute(
                 "SELECT position, key FROM rows WHERE key IS NOT NULL AND position < ?", (length,)
@@ -407,17 +456,15 @@ class TensorDB(Storage):
     def _block_mirror(
         self, other: TensorDB, other_keys: dict[int, str]
     ) -> Callable[[sqlite3.Connection], None]:
-        """The SQL side of :meth:`Storage._extend_blocks`: rows move as their blocks do."""
+        """The SQL side of :meth:`Storage._extend_blocks`: rows move as their blocks do.
+
+        The returned ``work`` moves this database's tail rows in SQL and notes
+        ``other``'s rows and keys at their new positions for :meth:`_mirror`.
+        """
         bs = self.block_size
         length, other_length = len(self), len(other)
         full, other_full = (length // bs) * bs, (other_length // bs) * bs
         tail = length - full
-        # other's row q lands at full + q (full blocks), or after this blob's tail
-        moved = [full + q if q < other_full else q + full + tail for q in range(other_length)]
-        values = [
-            other._columns[f].read(0, other_length).reshape(-1).tolist() for f in self.filterable
-        ]
-        keys = [other_keys.get(q) for q in range(other_length)] if other_keys else None
 
         def mirror(conn: sqlite3.Connection) -> None:
             if tail and other_full:
@@ -426,8 +473,13 @@ class TensorDB(Storage):
                     (other_full, full),
                 )
                 conn.execute("UPDATE rows SET position = -1 - position WHERE position < 0")
-            if self._mirror_needed(keys):
-                self._upsert(conn, moved, keys, values)
+            # other's row q lands at full + q (full blocks), or after this database's tail
+            self._note_keys(
+                (full + q if q < other_full else q + full + tail, key)
+                for q, key in other_keys.items()
+            )
+            if self.filterable:
+                self._written.append([full, length + other_length])
 
         return mirror
 

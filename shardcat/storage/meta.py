@@ -16,27 +16,36 @@ one SQLite file, ``.shardcat.sqlite``, that says what they mean:
   rows ``idx * block_size ...``. There are always exactly
   ``ceil(length / block_size)`` blocks per field.
 - ``storage_pending``: block files that may exist on disk without being
-  referenced: reserved before a write creates them, or dropped by a commit
-  and not yet deleted. A writable open deletes the ones whose owner is gone.
+  referenced: reserved before a writer creates them (new blocks, and copies
+  of committed blocks it is about to overwrite), or dropped by a commit and
+  not yet deleted. A writable open deletes the ones whose owner is gone.
 - ``rows`` (TensorDB only): ``position INTEGER PRIMARY KEY`` (so ``rowid`` is
   the row position), an optional unique ``key`` and one column per
   filterable field, so ``ATTACH``-ing the file lets SQL join rows with a
   catalog dataset.
 
-Every change of the row count commits the length, the block lists of all
-fields and the ``rows`` mirror in one transaction: a process killed at any
-point leaves the last committed rows, all fields aligned.
+Writers commit as tensorblob saves its ``.stat``: at ``flush``, ``close``,
+``truncate`` and ``extend``. One transaction then commits the length, the
+block lists of all fields and the ``rows`` mirror. Between commits, rows go
+where no commit looks: past the committed length, into new blocks, or into
+copies of the committed blocks whose rows they overwrite. A process killed at
+any point leaves the rows of its last commit, all fields aligned.
+
+One writer at a time: a writable open takes an exclusive ``flock`` on the
+directory, held until it closes (commits also check ``version``, for
+filesystems without ``flock``).
 
 The plain ``sqlite3`` module is used rather than SQLAlchemy Core (which owns
 the catalog's schema): this file is SQLite-only by nature (it sits beside
 local memory-mapped files, never on a server database), its schema is small
-and fixed, and a row-by-row ``write`` commits on the hot path, where one
-Core ``execute`` would cost more than the commit itself.
+and fixed, and ``write(..., keys=...)`` looks its keys up on the hot path,
+where one Core ``execute`` would cost more than the lookup itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -45,10 +54,16 @@ import socket
 import sqlite3
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS, connect_readonly, fork_generation
 from shardcat.catalog.query import STORAGE_DB_NAME
@@ -195,6 +210,46 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
+_LOCKS: set[int] = set()  # this process's writer locks (directory fds)
+
+
+def _lock(directory: Path) -> int | None:
+    """An exclusive ``flock`` on ``directory`` (None where the filesystem has none)."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        return None
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise BlockingIOError(
+            errno.EWOULDBLOCK,
+            f"{directory} is open for writing elsewhere (one writer at a time)",
+        ) from None
+    except OSError:  # e.g. some network filesystems: commits still check the version
+        os.close(fd)
+        return None
+    _LOCKS.add(fd)
+    return fd
+
+
+def _unlock(fd: int, generation: int) -> None:
+    if generation == fork_generation():  # a forked child closed its copy already
+        _LOCKS.discard(fd)
+        os.close(fd)
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the parent's lock fds, so they die with the parent's."""
+    for fd in _LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 class Metadata:
     """The open metadata of one storage directory (one SQLite connection)."""
 
@@ -208,6 +263,11 @@ class Metadata:
         self._generation = -1 if conn is None else fork_generation()
         self._ro: sqlite3.Connection | None = None
         self._ro_generation = -1
+        self._unlock: Callable[[], None] = lambda: None
+        if writable:  # held until close (or until this object is garbage)
+            fd = _lock(directory)
+            if fd is not None:
+                self._unlock = weakref.finalize(self, _unlock, fd, fork_generation())
         conn = self.conn
         try:
             meta = dict(conn.execute("SELECT name, value FROM storage_meta").fetchall())
@@ -239,6 +299,7 @@ class Metadata:
                 "SELECT name, dtype, shape, directory, sql FROM storage_fields ORDER BY ord"
             )
         )
+        # the committed row count, and the version it was committed with
         self.length, self.version = conn.execute(
             "SELECT length, version FROM storage_state WHERE id = 0"
         ).fetchone()
@@ -384,6 +445,7 @@ class Metadata:
             if conn is not None and generation == fork_generation():
                 conn.close()
         self._conn = self._ro = None
+        self._unlock()
 
     # -- blocks --------------------------------------------------------------------
 
@@ -475,46 +537,50 @@ class Metadata:
     def commit(
         self,
         length: int,
-        added: Mapping[str, Sequence[tuple[int, str]]] | None = None,
-        cut: int | None = None,
-        work: Callable[[sqlite3.Connection], None] | None = None,
+        added: Mapping[str, Sequence[tuple[int, str]]],
+        cut: int | None,
+        work: Callable[[sqlite3.Connection], None],
     ) -> list[tuple[str, str]]:
         """Commit a new row count and block lists in one transaction.
 
         Inside it, after checking that no other writer committed meanwhile,
-        ``work(conn)`` runs (it writes the rows and their SQL mirror), blocks
-        ``idx >= cut`` of every field are dropped and ``added`` ``(idx, file)``
-        blocks referenced. Dropped files are recorded as pending and returned,
-        for the caller to delete (:meth:`release`) after the commit. A plain
-        length change is a single autocommit statement.
+        ``work(conn)`` runs (the SQL mirror), blocks ``idx >= cut`` of every
+        field are dropped and ``added`` ``(idx, file)`` blocks referenced, in
+        place of any block with the same ``idx``. Dropped files are recorded
+        as pending and returned, for the caller to delete (:meth:`release`)
+        after the commit.
         """
         conn = self.conn
-        update = (
-            "UPDATE storage_state SET length = ?, version = version + 1 "
-            "WHERE id = 0 AND version = ?"
-        )
-        if work is None and not added and cut is None:
-            if conn.execute(update, (length, self.version)).rowcount != 1:
-                raise self._stale()
-            self.length, self.version = length, self.version + 1
-            return []
         dropped: list[tuple[str, str]] = []
         with self.transaction():
-            if conn.execute(update, (length, self.version)).rowcount != 1:
+            if (
+                conn.execute(
+                    "UPDATE storage_state SET length = ?, version = version + 1 "
+                    "WHERE id = 0 AND version = ?",
+                    (length, self.version),
+                ).rowcount
+                != 1
+            ):
                 raise self._stale()
-            if work is not None:
-                work(conn)
+            work(conn)
             if cut is not None:
                 for spec in self.fields:  # one primary-key range per field
                     where = "FROM storage_blocks WHERE field = ? AND idx >= ?"
                     dropped += conn.execute(f"SELECT field, file {where}", (spec.name, cut))
                     conn.execute(f"DELETE {where}", (spec.name, cut))
-                conn.executemany(
-                    "INSERT OR REPLACE INTO storage_pending (field, file, owner) VALUES (?, ?, ?)",
-                    [(f, n, _owner()) for f, n in dropped],
+            rows = [(f, i, n) for f, blocks in added.items() for i, n in blocks]
+            for field, idx, _ in rows:  # replaced blocks (copied before being overwritten)
+                dropped += conn.execute(
+                    "SELECT field, file FROM storage_blocks WHERE field = ? AND idx = ?",
+                    (field, idx),
                 )
-            rows = [(f, i, n) for f, blocks in (added or {}).items() for i, n in blocks]
-            conn.executemany("INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)", rows)
+            conn.executemany(
+                "INSERT OR REPLACE INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)", rows
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO storage_pending (field, file, owner) VALUES (?, ?, ?)",
+                [(f, n, _owner()) for f, n in dropped],
+            )
             conn.executemany(
                 "DELETE FROM storage_pending WHERE field = ? AND file = ?",
                 [(f, n) for f, _, n in rows],
