@@ -32,7 +32,6 @@ __all__ = [
     "TFRecordReader",
     "TarRandomAccess",
     "TarReader",
-    "open_dataset",
 ]
 
 # Rows are (batch index, shard_id, ordinal, offset, length[, key]). CROSS JOIN makes
@@ -511,18 +510,30 @@ class Reader:
         verify_crc: bool,
         file_pool_size: int,
     ) -> None:
-        """Initialise a reader that takes shard paths: see :func:`open_dataset`."""
-        catalog, name, self.files = open_dataset(
-            paths,
-            format=format,
-            index_file=index_file,
-            dataset=dataset,
-            readonly=readonly,
-            workers=workers,
-            options=options,
-            on_duplicate=on_duplicate,
-        )
+        """What every path-taking reader does: find the catalog (location rule),
+        index new or changed shards unless ``readonly``, name the dataset, open it."""
+        files = resolve_paths(paths)
+        if not files:
+            raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
+        shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
+        catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
         try:
+            name = dataset or catalog.find_dataset(paths)
+            if not readonly:
+                catalog.ingest(
+                    paths,
+                    name,
+                    format=format,
+                    options=options,
+                    workers=workers,
+                    on_duplicate=on_duplicate,
+                ).close()
+                name = name or catalog.find_dataset(paths)
+            if name is None:
+                raise CatalogError(
+                    f"{catalog.path} has no dataset for {paths!r}; index it first "
+                    "(catalog ingest) or open without readonly=True"
+                )
             Reader.__init__(
                 self,
                 catalog,
@@ -534,6 +545,7 @@ class Reader:
         except BaseException:
             catalog.close()
             raise
+        self.files = files
 
     # Pickling (DataLoader with the spawn start method): reopen by name.
     def __getstate__(self) -> dict[str, Any]:
@@ -561,50 +573,6 @@ class Reader:
         )
         if state["files"] is not None:
             self.files = state["files"]
-
-
-def open_dataset(
-    paths: PathsLike,
-    *,
-    format: str,
-    index_file: str | os.PathLike[str] | None,
-    dataset: str | None,
-    readonly: bool,
-    workers: int | None,
-    options: dict[str, Any],
-    on_duplicate: str = "error",
-) -> tuple[Catalog, str, list[str]]:
-    """What every path-taking reader does: find the catalog (location rule), index
-    new or changed shards unless ``readonly``, and name the dataset.
-
-    Returns the open catalog (the caller owns it), the dataset name and the files.
-    """
-    files = resolve_paths(paths)
-    if not files:
-        raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
-    shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
-    catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
-    try:
-        name = dataset or catalog.find_dataset(paths)
-        if not readonly:
-            catalog.ingest(
-                paths,
-                name,
-                format=format,
-                options=options,
-                workers=workers,
-                on_duplicate=on_duplicate,
-            ).close()
-            name = name or catalog.find_dataset(paths)
-        if name is None:
-            raise CatalogError(
-                f"{catalog.path} has no dataset for {paths!r}; index it first "
-                "(catalog ingest) or open without readonly=True"
-            )
-    except BaseException:
-        catalog.close()
-        raise
-    return catalog, name, files
 
 
 class TFRecordReader(Reader):

@@ -498,7 +498,8 @@ class Storage:
             )
             self._length = length + other_length
             for name, column in self._columns.items():
-                column.write((full + other_full) * bs, tails[name])
+                if tail_blocks:
+                    column.write((full + other_full) * bs, tails[name])
         except BaseException:
             self._discard()
             raise
