@@ -250,7 +250,9 @@ class Catalog:
         if self.closed:
             raise CatalogError(f"catalog {self.path} is closed")
 
-    def _dataset_row(self, name: str) -> Any:
+    def dataset_row(self, name: str) -> Any:
+        """``(id, name, format, key_rule, grouping, options JSON, source JSON, created_at)``
+        of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
         conn = self.reader_connection()
         row = conn.execute(
             "SELECT id, name, format, key_rule, grouping, options, source, created_at "
@@ -478,7 +480,7 @@ class Catalog:
         for d in self.datasets():
             if d.name == name:
                 return d
-        self._dataset_row(name)  # raises with the list of known datasets
+        self.dataset_row(name)  # raises with the list of known datasets
         raise AssertionError("unreachable")
 
     def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
@@ -518,7 +520,7 @@ class Catalog:
 
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
-        dataset_id = self._dataset_row(name)[0]
+        dataset_id = self.dataset_row(name)[0]
         with self._writer().begin() as conn:
             conn.execute(delete(schema.records).where(schema.records.c.dataset_id == dataset_id))
             shard_ids = select(schema.shards.c.id).where(schema.shards.c.dataset_id == dataset_id)

@@ -1128,8 +1128,7 @@ def _migrate_plan(
             fields=fields,
             shards=[*reports.values(), *missing],
         )
-        if not dry_run:
-            assert cat is not None
+        if cat is not None and not dry_run:
             result.dataset = _commit(
                 cat, plan, name, options, provided, reports, rescan, workers, on_duplicate, tick
             )
@@ -1178,7 +1177,8 @@ def _commit(
             name = reader.dataset
     except IngestError:
         name = name or cat.find_dataset(plan.source)  # failures are in the reports already
-    assert name is not None
+    if name is None:  # every shard failed before the dataset existed
+        raise CatalogError(f"nothing of {plan.source} could be imported into {cat.path}")
     # shards indexed by another process at the same time, and the final counts
     for path, (_, _, state, records) in _known_shards(cat, name).items():
         report = reports.get(absolute_path(path, cat.directory))

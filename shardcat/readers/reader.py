@@ -99,7 +99,7 @@ class Reader:
         self._sources: dict[int, Source] = {}
         self._sources_pid = os.getpid()
         self.closed = False
-        row = catalog._dataset_row(dataset)
+        row = catalog.dataset_row(dataset)
         self._id: int = row[0]
         self.format = row[2]
         self.key_rule: str = row[3]
