@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import platform
 import sqlite3
@@ -14,6 +15,14 @@ from importlib.metadata import version
 
 from benchmarks.suite import BENCHMARKS, FULL, QUICK
 from benchmarks.util import Row, markdown
+
+# Benchmarks with their own scripts (and their own tables), run after the suite:
+# name -> (module, arguments of a quick run).
+SCRIPTS = {
+    "tar": ("benchmarks.tar_bench", ["--mb", "20", "--reads", "100", "--gz-reads-tfd", "3"]),
+    "storage": ("benchmarks.storage_bench", ["--quick"]),
+    "migrate": ("benchmarks.migrate_bench", ["--quick"]),
+}
 
 
 def _revision() -> str:
@@ -44,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=list(BENCHMARKS),
+        choices=[*BENCHMARKS, *SCRIPTS],
         metavar="NAME",
-        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+        help=f"run only this benchmark (repeatable): {', '.join([*BENCHMARKS, *SCRIPTS])}",
     )
     parser.add_argument("--out", metavar="FILE", help="also write the results as a markdown table")
     args = parser.parse_args(argv)
@@ -55,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     print(f"shardcat benchmarks ({'quick' if args.quick else 'full'}): {env}", flush=True)
     rows: list[Row] = []
-    for name in args.only or list(BENCHMARKS):
+    chosen = args.only or [*BENCHMARKS, *SCRIPTS]
+    for name in [n for n in chosen if n in BENCHMARKS]:
         print(f"\n[{name}] {BENCHMARKS[name].__doc__.splitlines()[0]}", flush=True)
         start = time.perf_counter()
         new = BENCHMARKS[name](cfg, lambda msg: print(msg, flush=True))
@@ -63,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             print(row.show(), flush=True)
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
         rows += new
+    for name in [n for n in chosen if n in SCRIPTS]:
+        module, quick_args = SCRIPTS[name]
+        print(f"\n[{name}] python -m {module}", flush=True)
+        importlib.import_module(module).main(quick_args if args.quick else [])
     if args.out:
         header = f"Results ({'quick' if args.quick else 'full'} run): {env}"
         with open(args.out, "w") as f:
