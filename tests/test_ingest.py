@@ -875,3 +875,26 @@ def test_locate_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (shard_dir / DEFAULT_NAME).touch()
     monkeypatch.setattr(engine_mod, "_writable_dir", lambda directory: False)
     assert locate(None, str(shard_dir)) == shard_dir.resolve() / DEFAULT_NAME
+
+
+def test_datasets_without_fields_skip_the_field_table_until_fields_are_asked_for(
+    tmp_path: Path,
+) -> None:
+    for i in range(2):
+        write_shard(tmp_path / f"p{i}.tfrecord", make_records(f"p{i}_", 3))
+    glob = str(tmp_path / "*.tfrecord")
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(glob, "d", fields=False).close()
+        assert cat.query("SELECT count(*) FROM fields_1") == [(0,)]
+        rows = cat.query("SELECT key, position, shard FROM d ORDER BY position")
+        assert [r[1] for r in rows] == list(range(6))
+        assert [r[0] for r in rows][:2] == ["p0_0000", "p0_0001"]
+        assert rows.columns == ["key", "position", "shard"]
+        seen: list[str] = []
+        cat.ingest(glob, "d", fields=True, progress=lambda o, n: seen.append(o.path)).close()
+        assert sorted(seen) == ["p0.tfrecord", "p1.tfrecord"]  # all re-read for their fields
+        assert cat.query("SELECT count(*) FROM fields_1") == [(6,)]
+        with_fields = cat.query("SELECT * FROM d ORDER BY position")
+        assert len(with_fields) == 6 and len(with_fields.columns) > 3
+        cat.ingest(glob, "d").close()  # keeps fields=True
+        assert cat.query("SELECT count(*) FROM fields_1") == [(6,)]

@@ -380,7 +380,7 @@ class Catalog:
                     )
                 ).inserted_primary_key[0]
                 field_store.create_field_table(conn, dataset_id)
-                field_store.create_view(conn, dataset_id, name, key_rule == "position")
+                field_store.create_view(conn, dataset_id, name)
             else:
                 dataset_id = row.id
                 if (row.format, row.key_rule, row.grouping) != (
@@ -400,6 +400,9 @@ class Catalog:
                     .where(d.c.id == dataset_id)
                     .values(options=json.dumps(opts), source=json.dumps(source))
                 )
+                if stored.get("fields", True) != opts.get("fields", True):
+                    rescan = True  # every shard gains (or loses) its field rows
+                    field_store.create_view(conn, dataset_id, name)
             sync_shards(conn, dataset_id, files, self.directory, rescan)
         job = IngestJob(
             str(self.path),

@@ -399,6 +399,23 @@ def bulk_insert(
     conn.exec_driver_sql(compiled.string, rows)
 
 
+def _insert_fields(conn: Connection, job: IngestJob, shard_id: int, entries: list[Entry]) -> None:
+    """One row per record in the dataset's field table, adding columns for new fields."""
+    types: dict[str, str] = {}
+    for e in entries:
+        for name, value in e.fields.items():
+            if name not in types:
+                types[name] = field_store.sql_type_of(value)
+    cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
+    names = list(cols)
+    bulk_insert(
+        conn,
+        schema.field_table_name(job.dataset_id),
+        ["shard_id", "ordinal", *(f"v{cols[n][2]}" for n in names)],
+        [(shard_id, i, *map(e.fields.get, names)) for i, e in enumerate(entries)],
+    )
+
+
 _RECORD_COLUMNS = ("dataset_id", "key", "shard_id", "ordinal", "offset", "length")
 
 
@@ -440,19 +457,8 @@ def _commit(
         ("shard_id", "ordinal", "name", "offset", "length"),
         [(shard_id, i, name, off, n) for i, e in enumerate(entries) for name, off, n in e.members],
     )
-    types: dict[str, str] = {}
-    for e in entries:
-        for name, value in e.fields.items():
-            if name not in types:
-                types[name] = field_store.sql_type_of(value)
-    cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
-    names = list(cols)
-    bulk_insert(
-        conn,
-        schema.field_table_name(job.dataset_id),
-        ["shard_id", "ordinal", *(f"v{cols[n][2]}" for n in names)],
-        [(shard_id, i, *map(e.fields.get, names)) for i, e in enumerate(entries)],
-    )
+    if job.options.get("fields", True):  # without fields the view reads records alone
+        _insert_fields(conn, job, shard_id, entries)
     s = schema.shards
     conn.execute(
         update(s)
