@@ -17,6 +17,8 @@ from shardcat.errors import (
     SchemaVersionError,
     ShardcatError,
     StaleShardError,
+    StaleWriterError,
+    StorageBusyError,
 )
 from shardcat.readers.reader import (
     Reader,
@@ -64,6 +66,8 @@ __all__ = [
     "SchemaVersionError",
     "ShardcatError",
     "StaleShardError",
+    "StaleWriterError",
+    "StorageBusyError",
     "TFRecordRandomAccess",
     "TFRecordReader",
     "TFRecordWriter",

@@ -20,6 +20,7 @@ __all__ = [
     "ShardcatError",
     "StaleShardError",
     "StaleWriterError",
+    "StorageBusyError",
 ]
 
 
@@ -77,6 +78,10 @@ class StaleShardError(ShardcatError, RuntimeError):
 
 class StaleWriterError(ShardcatError, RuntimeError):
     """Another process committed to a TensorBlob/TensorDB since it was opened for writing."""
+
+
+class StorageBusyError(ShardcatError, BlockingIOError):
+    """A TensorBlob/TensorDB is already open for writing (one writer at a time)."""
 
 
 class SchemaVersionError(ShardcatError, RuntimeError):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
+import itertools
 import math
 import os
 import pickle
@@ -264,6 +267,20 @@ def test_write_validates_dtype_and_shape(tmp_path: Path) -> None:
         assert torch.equal(b[:], torch.arange(5).view(5, 1))
 
 
+def test_write_takes_any_memory_layout(tmp_path: Path) -> None:
+    data = rows(8)
+    inner = data.transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous rows
+    with TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3)) as b:
+        assert b.write(data[::2]) == 4  # every other row
+        assert b.write(inner[1::2]) == 4
+        assert b.write(data[3].clone().requires_grad_()) == 1
+        assert b.write(data[:, 0, 0].view(8, 1, 1).expand(8, 2, 3)) == 8  # stride-0 dims
+        assert torch.equal(b[:4], data[::2])
+        assert torch.equal(b[4:8], data[1::2])
+        assert torch.equal(b[8], data[3])
+        assert torch.equal(b[9:], data[:, :1, :1].expand(8, 2, 3))
+
+
 @pytest.mark.parametrize(
     "dtype",
     [
@@ -501,6 +518,121 @@ def test_unlink(tmp_path: Path) -> None:
     assert TensorDB.unlink(tmp_path / "db") is True
 
 
+# -- when writes commit ------------------------------------------------------------------------
+
+
+def committed_rows(path: Path) -> Any:
+    """The rows another object (or process) sees now."""
+    with TensorBlob.open(path) as b:
+        return b[:]
+
+
+def test_writes_commit_at_flush_and_close(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    with TensorBlob.open(path, "w+", dtype="float32", shape=(2, 3), block_size=4) as b:
+        assert b.write(rows(6)) == 6
+        assert (len(b), b.tell()) == (6, 6)
+        assert torch.equal(b[:], rows(6))  # this object reads its writes at once
+        assert len(committed_rows(path)) == 0  # others see the last commit
+        assert len(block_files(path)) == 2  # the blocks exist, uncommitted
+        b.flush()
+        assert torch.equal(committed_rows(path), rows(6))
+        b.write(rows(3, 6))
+        b.flush()
+        b.flush()  # nothing new: no commit
+        b.write(rows(2, 9))
+        assert len(committed_rows(path)) == 9
+    assert torch.equal(committed_rows(path), rows(11))  # the end of the with block commits
+    with TensorBlob.open(path, "a") as b:
+        b.write(rows(1, 11))
+        b.close()  # close commits too
+    assert torch.equal(committed_rows(path), rows(12))
+
+
+def test_truncate_and_extend_commit_unflushed_writes(tmp_path: Path) -> None:
+    make(tmp_path / "o", 3)
+    with TensorBlob.open(make(tmp_path / "b", 2), "a") as b:
+        b.write(rows(8, 2))
+        b.truncate(7)
+        assert torch.equal(committed_rows(tmp_path / "b"), rows(7))
+        assert len(block_files(tmp_path / "b")) == 2
+        b.write(rows(2, 7))
+        with TensorBlob.open(tmp_path / "o") as other:
+            b.extend(other)
+        assert torch.equal(committed_rows(tmp_path / "b"), torch.cat([rows(9), rows(3)]))
+
+
+def test_overwritten_rows_change_in_copies_of_their_blocks(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 10)  # blocks of 4 rows
+    before = block_files(path)
+    expected = rows(10)
+    expected[2:5] = -rows(3, 2)
+    with TensorBlob.open(path, "r+") as b:
+        b.seek(3)
+        b.write(-rows(2, 3))  # rows 3 and 4: blocks 0 and 1 are copied first
+        assert len(block_files(path)) == 5
+        b.seek(2)
+        b.write(-rows(1, 2))  # block 0 again: its copy takes it
+        b.seek(0, io.SEEK_END)
+        b.write(rows(1, 10))  # past the commit, in place in block 2
+        assert len(block_files(path)) == 5
+        assert torch.equal(b[:10], expected)
+        assert torch.equal(committed_rows(path), rows(10))  # the committed rows are intact
+        b.flush()
+        assert torch.equal(committed_rows(path), torch.cat([expected, rows(1, 10)]))
+        after = block_files(path)
+        assert len(after) == 3 and len(set(after) & set(before)) == 1  # the copies replaced 0, 1
+        b.seek(1)
+        b.write(rows(1, 1))  # a new commit, a new copy
+        assert len(block_files(path)) == 4
+    assert len(block_files(path)) == 3
+
+
+def test_a_reader_follows_blocks_replaced_by_a_commit(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 12)
+    with TensorBlob.open(path, max_cached_blocks=1) as reader:
+        assert torch.equal(reader[0], rows(1)[0])  # block 0 looked up and mapped
+        assert torch.equal(reader[11], rows(1, 11)[0])  # ... and unmapped
+        with TensorBlob.open(path, "r+") as b:
+            b.write(-rows(1))  # the commit replaces block 0 and deletes its file
+        assert torch.equal(reader[0], -rows(1)[0])
+
+
+def test_a_failed_commit_drops_the_writes_since_the_last_one(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 6)
+    with TensorBlob.open(path, "r+") as b:
+        b.seek(2)
+        b.write(-rows(7, 2))  # copies of blocks 0 and 1, a new block 2
+        b._meta.version += 1  # as if another writer had committed
+        with pytest.raises(StaleWriterError):
+            b.flush()
+        assert (len(b), b.tell()) == (6, 6)
+        assert torch.equal(b[:], rows(6))
+        assert len(block_files(path)) == 2
+        b._meta.version -= 1
+        b.write(rows(1, 6))
+    assert torch.equal(committed_rows(path), rows(7))
+
+
+def test_an_interrupt_just_after_a_commit_keeps_its_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = storage_meta.Metadata.commit
+
+    def commit(self: Any, *args: Any) -> Any:
+        real(self, *args)
+        raise KeyboardInterrupt
+
+    with TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3), block_size=4) as b:
+        b.write(rows(6))
+        monkeypatch.setattr(storage_meta.Metadata, "commit", commit)
+        with pytest.raises(KeyboardInterrupt):
+            b.flush()  # the writer discards its blocks, but they committed: they stay
+        monkeypatch.undo()
+    assert torch.equal(committed_rows(tmp_path / "b"), rows(6))
+    assert len(block_files(tmp_path / "b")) == 2
+
+
 # -- metadata in SQLite ----------------------------------------------------------------------
 
 
@@ -533,14 +665,65 @@ def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         TensorBlob.open(path)
 
 
-def test_a_second_writer_is_detected(tmp_path: Path) -> None:
+def test_one_writer_at_a_time(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 4)
+    with TensorBlob.open(path, "a") as first:
+        for mode in ("a", "r+", "w", "a+", "w+"):
+            with pytest.raises(BlockingIOError, match="one writer at a time"):
+                TensorBlob.open(path, mode)
+        with TensorBlob.open(path) as reader:  # readers are not writers
+            assert len(reader) == 4
+        first.write(rows(1, 4))
+    with TensorBlob.open(path, "a") as b:  # closed: free again
+        assert len(b) == 5
+
+
+def test_without_flock_a_second_writer_fails_at_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage_meta, "_lock", lambda directory: None)  # e.g. a network fs
     path = make(tmp_path / "b", 4)
     with TensorBlob.open(path, "a") as first, TensorBlob.open(path, "a") as second:
         first.write(rows(1, 4))
+        first.flush()
+        second.write(rows(2, 9))
         with pytest.raises(StaleWriterError, match="another writer"):
-            second.write(rows(1, 9))
+            second.flush()
+        assert len(second) == 4  # its writes are dropped, and their new block deleted
+        assert len(block_files(path)) == 2
     with TensorBlob.open(path) as b:
         assert torch.equal(b[:], rows(5))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_children_do_not_hold_the_writer_lock(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 4)
+    writer = TensorBlob.open(path, "a")
+
+    def child(fd: int) -> None:  # pragma: no cover - runs in the child
+        os.write(fd, b"up\n")
+        time.sleep(600)
+
+    pid, fd = _run_child(child)
+    try:
+        _read_lines(fd, lambda lines: "up" in lines)
+        writer.close()
+        with TensorBlob.open(path, "a") as b:  # the child is alive, the lock is free
+            b.write(rows(1, 4))
+    finally:
+        _kill(pid, fd)
+
+
+def test_a_writer_dropped_unclosed_releases_the_lock_and_its_blocks(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 4)
+    b = TensorBlob.open(path, "a")
+    b.write(rows(9, 4))  # three new blocks, never committed
+    assert len(block_files(path)) == 4
+    del b
+    gc.collect()
+    with TensorBlob.open(path, "a") as b:  # as tensorblob: unflushed writes are gone
+        assert len(b) == 4
+        assert len(block_files(path)) == 1  # and so are their blocks
 
 
 def test_pickle_reopens_read_only_blobs(tmp_path: Path) -> None:
@@ -590,37 +773,71 @@ def _kill(pid: int, fd: int) -> None:
     os.close(fd)
 
 
-def _stall_in_commit(fd: int) -> None:
-    """Patch Metadata.commit (child only): write the rows, then hang before COMMIT."""
+def _stall_before_commit(fd: int) -> None:
+    """Patch Metadata.transaction (child only): run the transaction, then hang before COMMIT."""
+    real = storage_meta.Metadata.transaction
 
-    def commit(self: Any, length: int, added: Any = None, cut: Any = None, work: Any = None) -> Any:
-        if work is not None:
-            self.conn.execute("BEGIN IMMEDIATE")
-            work(self.conn)
-        os.write(fd, b"in-commit\n")
-        time.sleep(600)
+    @contextlib.contextmanager
+    def transaction(self: Any) -> Any:
+        with real(self) as conn:
+            yield conn
+            os.write(fd, b"in-commit\n")  # everything written, nothing committed
+            time.sleep(600)
 
-    storage_meta.Metadata.commit = commit  # type: ignore[method-assign]
+    storage_meta.Metadata.transaction = transaction  # type: ignore[method-assign]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_killed_mid_write_leaves_the_last_committed_rows(tmp_path: Path) -> None:
+def test_killed_with_unflushed_writes_leaves_the_flushed_rows(tmp_path: Path) -> None:
+    path = make(tmp_path / "b", 5, shape=(1,), block_size=8)
+
+    def child(fd: int) -> None:  # pragma: no cover - runs in the child
+        blob = TensorBlob.open(path, "r+")
+        blob.seek(0, io.SEEK_END)
+        blob.write(rows(10, 5, shape=(1,)))
+        blob.flush()  # 15 rows committed, in blocks 0 and 1
+        blob.write(rows(20, 15, shape=(1,)))  # into block 1, past the commit, and blocks 2..4
+        blob.seek(2)
+        blob.write(-rows(12, 2, shape=(1,)))  # committed rows: into copies of blocks 0 and 1
+        os.write(fd, b"written\n")
+        time.sleep(600)
+
+    pid, fd = _run_child(child)
+    _read_lines(fd, lambda lines: "written" in lines)
+    assert len(block_files(path)) == 7
+    with TensorBlob.open(path) as b:  # meanwhile, other processes see the flushed rows
+        assert torch.equal(b[:], rows(15, shape=(1,)))
+    _kill(pid, fd)
+    with TensorBlob.open(path) as b:
+        assert torch.equal(b[:], rows(15, shape=(1,)))
+    assert len(block_files(path)) == 7  # a reader leaves the dead writer's blocks alone
+    with TensorBlob.open(path, "a") as b:  # a writer deletes them
+        assert len(block_files(path)) == 2
+        b.write(rows(3, 15, shape=(1,)))
+    with TensorBlob.open(path) as b:
+        assert torch.equal(b[:], rows(18, shape=(1,)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_killed_during_flush_leaves_the_previous_commit(tmp_path: Path) -> None:
     path = make(tmp_path / "b", 30, shape=(1,), block_size=8)
 
     def child(fd: int) -> None:  # pragma: no cover - runs in the child
-        blob = TensorBlob.open(path, "a")
-        _stall_in_commit(fd)
+        blob = TensorBlob.open(path, "r+")
+        blob.seek(0, io.SEEK_END)
         blob.write(rows(20, 30, shape=(1,)))  # fills block 3, adds blocks 4..6
+        blob.seek(1)
+        blob.write(-rows(2, 1, shape=(1,)))  # a copy of block 0
+        _stall_before_commit(fd)
+        blob.flush()
 
     pid, fd = _run_child(child)
     _read_lines(fd, lambda lines: "in-commit" in lines)
-    assert len(block_files(path)) == 7  # the new blocks exist, uncommitted
+    assert len(block_files(path)) == 8  # 4 committed, 3 new, 1 copy
     _kill(pid, fd)
     with TensorBlob.open(path) as b:
-        assert len(b) == 30
         assert torch.equal(b[:], rows(30, shape=(1,)))
-    assert len(block_files(path)) == 7  # a reader leaves them alone
-    with TensorBlob.open(path, "a") as b:  # a writer deletes the dead writer's blocks
+    with TensorBlob.open(path, "a") as b:
         assert len(block_files(path)) == 4
         b.write(rows(3, 30, shape=(1,)))
     with TensorBlob.open(path) as b:
@@ -628,22 +845,23 @@ def test_killed_mid_write_leaves_the_last_committed_rows(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_killed_while_writing_in_a_loop(tmp_path: Path) -> None:
+def test_killed_while_writing_and_flushing_in_a_loop(tmp_path: Path) -> None:
     path = make(tmp_path / "b", 5, shape=(1,), block_size=16)
 
     def child(fd: int) -> None:  # pragma: no cover - runs in the child
         blob = TensorBlob.open(path, "a")
-        while True:
-            n = len(blob)
-            blob.write(rows(7, n, shape=(1,)))
-            os.write(fd, f"{len(blob)}\n".encode())
+        for i in itertools.count(1):
+            blob.write(rows(7, len(blob), shape=(1,)))
+            if i % 3 == 0:
+                blob.flush()
+                os.write(fd, f"{len(blob)}\n".encode())
 
     pid, fd = _run_child(child)
     lines = _read_lines(fd, lambda lines: len(lines) >= 40)
     _kill(pid, fd)
-    committed = int(lines[-1])
+    flushed = int(lines[-1])
     with TensorBlob.open(path, "a") as b:
-        assert len(b) >= committed and (len(b) - 5) % 7 == 0
+        assert len(b) >= flushed and (len(b) - 5) % 21 == 0  # a flushed state, never between
         assert torch.equal(b[:], rows(len(b), shape=(1,)))
         assert len(block_files(path)) == math.ceil(len(b) / 16)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -372,7 +373,9 @@ def test_bulk_appends_rebuild_the_sql_indexes(
         statements: list[str] = []
         db._meta.conn.set_trace_callback(statements.append)
         db.write(batch(10), keys=keys(10))  # bulk: 10 rows into an empty table
+        db.flush()
         db.write(batch(3, 10))  # not bulk: 3 rows into 10
+        db.flush()
         db._meta.conn.set_trace_callback(None)
         assert sum(s.startswith("DROP INDEX") for s in statements) == 1
         assert sum(s.startswith("CREATE INDEX") for s in statements) == 1
@@ -440,6 +443,97 @@ def test_keys(tmp_path: Path) -> None:
         assert db.position("c") == 2 and len(db) == 5
 
 
+def committed_length(path: Path) -> int:
+    with TensorDB.open(path) as db:
+        return len(db)
+
+
+def test_sql_reads_flush_unflushed_writes_first(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 5)
+    with TensorDB.open(path, "a+") as db:
+        reads = [
+            lambda: db.where("label = 6"),
+            lambda: db.query("SELECT count(*) FROM rows"),
+            lambda: db.get("k00006"),
+            lambda: db.position("k00006"),
+            lambda: db.positions(["k00006"]),
+            lambda: db.get_many(["k00006"]),
+        ]
+        for read in reads:
+            db.write(batch(2, len(db)), keys=keys(2, len(db)))
+            assert_rows(db[-2:], batch(2, len(db) - 2))  # indexing sees unflushed rows...
+            assert committed_length(path) == len(db) - 2
+            read()  # ... and SQL reads commit them first
+            assert committed_length(path) == len(db)
+        assert db.where("label = 6") == [6, 13]
+        assert db.position("k00016") == 16
+        assert_mirror_matches(db)
+        version = db._meta.version
+        db.query("SELECT 1")  # nothing to commit: no commit
+        assert db._meta.version == version
+    with TensorDB.open(path) as reader:
+        assert reader.where("label = 6") == [6, 13]  # readers never commit anything
+
+
+def test_keys_are_checked_against_unflushed_writes(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 6)  # keys k00000..k00005, committed
+    with TensorDB.open(path, "r+") as db:
+        db.seek(6)
+        db.write(batch(2, 6), keys=["p6", "p7"])  # not committed
+        state = (db[:], len(db), db.tell())
+        files = sorted((path / "price").iterdir())
+        with pytest.raises(DuplicateKeyError, match="'p7' is already the key of row 7"):
+            db.write(batch(1, 8), keys=["p7"])
+        db.seek(0)
+        with pytest.raises(DuplicateKeyError, match="'k00003' is already the key of row 3"):
+            db.write(batch(2, 50), keys=["x", "k00003"])
+        with pytest.raises(DuplicateKeyError, match="twice"):
+            db.write(batch(2, 50), keys=["x", "x"])
+        db.seek(8)
+        assert_rows(db[:], state[0])  # nothing written, no block copied
+        assert sorted((path / "price").iterdir()) == files
+        assert (len(db), committed_length(path)) == (8, 6)
+        # keys move between rows before a commit: k00001 renamed, then given to row 7
+        db.seek(1)
+        db.write(batch(1, 1), keys=["one"])
+        db.seek(7)
+        db.write(batch(1, 7), keys=["k00001"])
+        db.seek(6)
+        db.write(batch(2, 6), keys=["p7", "p6"])  # a swap within one write (frees k00001)
+        db.seek(4)
+        db.write(batch(2, 4), keys=["k00005", "k00004"])  # a swap of committed keys
+        assert committed_length(path) == 6
+        db.flush()
+        found = db.positions(["k00000", "one", "k00003", "k00005", "k00004", "p7", "p6"])
+        assert found == [0, 1, 3, 4, 5, 6, 7]
+        assert db.get("k00001") is None
+        assert_mirror_matches(db)
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, {"x": ("int8", 1)}])
+def test_truncate_drops_unflushed_rows_and_keys(tmp_path: Path, schema: Any) -> None:
+    def rows(n: int) -> dict[str, Any]:
+        return batch(n) if schema is SCHEMA else {"x": torch.ones(n, 1, dtype=torch.int8)}
+
+    with TensorDB.open(tmp_path / "db", "w", schema=schema, block_size=4) as db:
+        db.write(rows(10), keys=keys(10))
+        db.flush()
+        db.write(rows(5), keys=keys(5, 10))
+        db.seek(1)
+        db.write(rows(1), keys=["one"])
+        db.truncate(12)
+        assert db.query("SELECT position, key FROM rows WHERE position >= 10") == [
+            (10, "k00010"),
+            (11, "k00011"),
+        ]
+        assert db.position("one") == 1 and db.get("k00001") is None
+        db.seek(0, io.SEEK_END)
+        db.write(rows(3), keys=keys(3, 12))  # the dropped keys are free again
+        assert db.positions(keys(3, 12)) == [12, 13, 14]
+        if schema is SCHEMA:
+            assert_mirror_matches(db)
+
+
 def test_metadata_is_one_sqlite_file(tmp_path: Path) -> None:
     path = make(tmp_path / "db", 9)
     assert sorted(os.listdir(path)) == sorted([META_FILE, "price", "label", "embed"])
@@ -466,52 +560,117 @@ def test_pickle_and_unlink(tmp_path: Path) -> None:
 # -- crash consistency ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_killed_mid_write_keeps_all_fields_aligned(tmp_path: Path) -> None:
-    path = make(tmp_path / "db", 6)
+def _run_child(target: Any) -> tuple[int, int]:
+    """Fork a child running ``target(write_fd)``; returns its pid and the pipe's read end."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        os.close(read_fd)
         try:
-            os.close(read_fd)
-            db = TensorDB.open(path, "a")
-            db.write(batch(3, 6), keys=keys(3, 6))  # committed
-
-            def commit(
-                self: Any, length: int, added: Any = None, cut: Any = None, work: Any = None
-            ) -> Any:
-                self.conn.execute("BEGIN IMMEDIATE")
-                work(self.conn)  # every field's rows and the SQL rows written, not committed
-                os.write(write_fd, b"in-commit\n")
-                time.sleep(600)
-
-            storage_meta.Metadata.commit = commit  # type: ignore[method-assign]
-            db.write(batch(10, 9), keys=keys(10, 9))
+            target(write_fd)
         finally:
             os._exit(0)
     os.close(write_fd)
+    return pid, read_fd
+
+
+def _wait_then_kill(pid: int, fd: int, word: bytes) -> None:
     buf = b""
     deadline = time.monotonic() + 20
-    while b"in-commit" not in buf:
+    while word not in buf:
         assert time.monotonic() < deadline
-        chunk = os.read(read_fd, 100)
+        chunk = os.read(fd, 100)
         assert chunk, "the child died early"
         buf += chunk
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    os.close(read_fd)
+    os.close(fd)
+
+
+def assert_left_nine_rows(path: Path) -> None:
+    """What the children below committed: 9 rows keyed k00000..k00008."""
     with TensorDB.open(path) as db:
         assert len(db) == 9
         assert_rows(db[:], batch(9))
         assert_mirror_matches(db)
-        assert db.get("k00009") is None
-        assert db.position("k00008") == 8
-    with TensorDB.open(path, "r+") as db:  # a writer cleans up the dead writer's blocks
+        assert db.get("k00009") is None and db.get("renamed") is None
+        assert db.positions(["k00002", "k00008"]) == [2, 8]
+    with TensorDB.open(path, "r+") as db:  # a writer deletes the dead writer's blocks
         for field in SCHEMA:
             assert len([n for n in os.listdir(path / field) if UUID.match(n)]) == 3
         db.seek(0, io.SEEK_END)
         db.write(batch(1, 9), keys=keys(1, 9))
         assert_rows(db[:], batch(10))
+        assert_mirror_matches(db)
+
+
+RENAMED = {**batch(1, 500), "label": torch.tensor([99])}
+
+
+def _write_more(db: Any) -> None:
+    """Appended rows with keys, and a committed row overwritten with a new key and values."""
+    db.seek(0, io.SEEK_END)
+    db.write(batch(10, 9), keys=keys(10, 9))
+    db.seek(2)
+    db.write(RENAMED, keys=["renamed"])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_killed_with_unflushed_writes_keeps_fields_keys_and_sql_aligned(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 6)
+
+    def child(fd: int) -> None:  # pragma: no cover - runs in the child
+        db = TensorDB.open(path, "r+")
+        db.seek(0, io.SEEK_END)
+        db.write(batch(3, 6), keys=keys(3, 6))
+        db.flush()  # 9 rows committed
+        _write_more(db)
+        os.write(fd, b"written\n")
+        time.sleep(600)
+
+    pid, fd = _run_child(child)
+    _wait_then_kill(pid, fd, b"written")
+    assert_left_nine_rows(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_killed_during_flush_keeps_fields_keys_and_sql_aligned(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 6)
+
+    def child(fd: int) -> None:  # pragma: no cover - runs in the child
+        db = TensorDB.open(path, "r+")
+        db.seek(0, io.SEEK_END)
+        db.write(batch(3, 6), keys=keys(3, 6))
+        db.flush()
+        _write_more(db)
+        db.flush()  # 19 rows committed, row 2 renamed
+        db.seek(0, io.SEEK_END)
+        db.write(batch(2, 19), keys=keys(2, 19))
+        db.seek(3)
+        db.write(batch(1, 700))
+        real = storage_meta.Metadata.transaction
+
+        @contextlib.contextmanager
+        def transaction(self: Any) -> Any:
+            with real(self) as conn:
+                yield conn
+                os.write(fd, b"in-commit\n")  # blocks, length, SQL rows: all but COMMIT
+                time.sleep(600)
+
+        storage_meta.Metadata.transaction = transaction  # type: ignore[method-assign]
+        db.flush()
+
+    pid, fd = _run_child(child)
+    _wait_then_kill(pid, fd, b"in-commit")
+    with TensorDB.open(path) as db:  # the commit before: 19 rows, row 2 renamed
+        assert len(db) == 19
+        assert_rows(db[:], cat(batch(2), RENAMED, batch(16, 3)))
+        assert_mirror_matches(db)
+        assert db.position("renamed") == 2 and db.get("k00002") is None
+        assert db.get("k00019") is None
+    with TensorDB.open(path, "r+") as db:
+        for field in SCHEMA:
+            assert len([n for n in os.listdir(path / field) if UUID.match(n)]) == 5
 
 
 # -- joining with a catalog dataset ----------------------------------------------------------

@@ -370,27 +370,21 @@ class Storage:
         self._dirty = True
 
     def _write_rows(
-        self, pos: int, data: dict[str, torch.Tensor], keys: Sequence[str | None] | None
+        self, pos: int, n: int, data: dict[str, np.ndarray], keys: Sequence[str | None] | None
     ) -> None:
-        """Write rows at ``pos ...`` (``pos <= len``) into blocks no commit refers to.
+        """Write ``n`` byte rows per field (:meth:`BlockColumn.as_rows`) at ``pos <= len``.
 
-        Rows past the last block get new blocks; committed rows are
-        overwritten in copies of their blocks, made on the first such write
-        after a commit (copy-on-write), so a killed writer leaves them intact.
+        They go where no commit looks: rows past the last block get new
+        blocks, and committed rows are overwritten in copies of their blocks,
+        made on the first such write after a commit (copy-on-write).
         """
-        n = len(next(iter(data.values())))
         end = pos + n
         bs, committed = self.block_size, self._meta.length
         have = self._n_blocks(self._length)
-        copies = (
-            [
-                b
-                for b in range(pos // bs, self._n_blocks(min(end, committed)))
-                if b not in self._fresh
-            ]
-            if pos < committed
-            else []
-        )
+        copies = []
+        if pos < committed:  # blocks whose committed rows are overwritten, not copied yet
+            last = self._n_blocks(min(end, committed))
+            copies = [b for b in range(pos // bs, last) if b not in self._fresh]
         if copies or end > have * bs:
             new = range(have, self._n_blocks(end))
             self._add_blocks([*copies, *new], [(self, b) for b in copies] + [None] * len(new))
@@ -461,8 +455,10 @@ class Storage:
         step = max(1, _CHUNK_BYTES // row_bytes)
         try:
             for start in range(0, total, step):
-                first, data, keys = fetch(start, min(start + step, total))
-                self._write_rows(start_len + first, data, keys)
+                stop = min(start + step, total)
+                first, data, keys = fetch(start, stop)
+                rows = {f: self._columns[f].as_rows(t) for f, t in data.items()}
+                self._write_rows(start_len + first, stop - start, rows, keys)
         except BaseException:
             self._discard()
             raise
@@ -499,7 +495,7 @@ class Storage:
             self._length = length + other_length
             for name, column in self._columns.items():
                 if tail_blocks:
-                    column.write((full + other_full) * bs, tails[name])
+                    column.write((full + other_full) * bs, column.as_rows(tails[name]))
         except BaseException:
             self._discard()
             raise

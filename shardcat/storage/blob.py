@@ -32,7 +32,7 @@ class TensorBlob(Storage):
     object reads its writes at once, other processes see them after the
     commit, and a killed writer leaves exactly the rows of its last commit
     (overwritten rows too: they are written to copies of their blocks). One
-    writer at a time: a second open for writing raises ``BlockingIOError``.
+    writer at a time: a second open for writing raises ``StorageBusyError`` (a ``BlockingIOError``).
     A directory written by the tensorblob package (``.conf``/``.stat``) is
     converted in place on first open; its block files are kept as they are.
     """
@@ -141,7 +141,7 @@ class TensorBlob(Storage):
         n = len(rows)
         if n:
             pos = self._pos
-            self._write_rows(pos, {BLOB_FIELD: rows}, None)
+            self._write_rows(pos, n, {BLOB_FIELD: rows}, None)
             self._pos = pos + n
         return n
 

@@ -161,7 +161,8 @@ class BlockColumn:
         self.meta = meta
         self.cache_size = cache_size
         self.writable = writable
-        self.row_bytes = math.prod(self.shape) * self.dtype.itemsize
+        self.row_items = math.prod(self.shape)
+        self.row_bytes = self.row_items * self.dtype.itemsize
         self._files: dict[int, str] = {}
         # block -> (the mapping as a tensor, the same bytes as a (rows, row_bytes) array)
         self._cache: OrderedDict[int, tuple[torch.Tensor, np.ndarray]] = OrderedDict()
@@ -198,10 +199,13 @@ class BlockColumn:
         if mapped is not None:
             cache.move_to_end(b)
             return mapped
+        path = self.path(b)
         try:
-            mapped = self._map(self.path(b))
-        except FileNotFoundError:  # a writer replaced the block since it was looked up here
-            del self._files[b]
+            mapped = self._map(path)
+        except RuntimeError:  # tensordict's error for a missing file, among others
+            if path.exists():
+                raise
+            del self._files[b]  # a writer's commit replaced the block since it was looked up
             mapped = self._map(self.path(b))
         cache[b] = mapped
         if len(cache) > self.cache_size:
@@ -287,44 +291,51 @@ class BlockColumn:
         out.index_copy_(0, order, buf)
         return out
 
-    def write(self, pos: int, rows: torch.Tensor) -> None:
-        """Copy ``rows`` into positions ``pos ...`` (their blocks must exist).
+    def write(self, pos: int, source: np.ndarray) -> None:
+        """Copy byte rows (from :meth:`as_rows`) into positions ``pos ...`` (their blocks exist).
 
         A single-threaded byte copy: torch's multi-threaded ``copy_`` into
         freshly mapped (page-faulting) memory is several times slower.
         """
-        source = _byte_rows(rows)
-        bs, n, k = self.block_size, len(rows), 0
+        bs, n, k = self.block_size, len(source), 0
         while k < n:
             b, o = divmod(pos + k, bs)
             take = min(bs - o, n - k)
             self._mapping(b)[1][o : o + take] = source[k : k + take]
             k += take
 
-    def as_rows(self, value: Any) -> torch.Tensor:
-        """``value`` as a batch of rows: the row shape, with any leading batch dims.
+    def as_rows(self, value: Any) -> np.ndarray:
+        """``value`` (the row shape, with any leading batch dims) as ``(rows, row_bytes)`` bytes.
 
         A dtype mismatch is a ``TypeError`` and a shape mismatch a
         ``ValueError``; nothing is cast or reinterpreted. A 1-D tensor also
         counts as a batch of one-element rows (``(n,)`` for shape ``(1,)``).
+        The result is a view of ``value`` where its layout allows (numpy's
+        reshape and view cost a fraction of torch's on the row-by-row path).
         """
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value)
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(value).__name__!r}")
-        if value.device.type != "cpu":
-            value = value.cpu()
         if value.dtype != self.dtype:
             raise TypeError(
                 f"Tensor dtype {value.dtype} does not match the dtype {self.dtype} "
                 f"of {self.label} (no implicit casts: use .to({self.dtype}))"
             )
-        k = len(self.shape)
-        dims = tuple(value.shape)
-        if (len(dims) >= k and dims[len(dims) - k :] == self.shape) or (
-            len(dims) == 1 and math.prod(self.shape) == 1
+        dims, k = value.shape, len(self.shape)
+        if not (
+            (len(dims) >= k and dims[len(dims) - k :] == self.shape)
+            or (len(dims) == 1 and self.row_items == 1)
         ):
-            return value.reshape(-1, *self.shape)
-        raise ValueError(
-            f"tensor of shape {dims} does not hold rows of shape {self.shape} for {self.label}"
-        )
+            raise ValueError(
+                f"tensor of shape {tuple(dims)} does not hold rows of shape {self.shape} "
+                f"for {self.label}"
+            )
+        if not value.is_cpu:
+            value = value.cpu()
+        if value.requires_grad:
+            value = value.detach()
+        if self.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bytes as int16
+            value = value.view(torch.int16)
+        rows = value.numpy().reshape(-1, self.row_items)
+        return np.ascontiguousarray(rows).view(np.uint8)

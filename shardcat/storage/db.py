@@ -242,7 +242,7 @@ class TensorDB(Storage):
             pos = self._pos
             if keys is not None:
                 self._check_new_keys(keys, range(pos, pos + n))
-            self._write_rows(pos, data, keys)
+            self._write_rows(pos, n, data, keys)
             self._pos = pos + n
         return n
 

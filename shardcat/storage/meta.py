@@ -18,7 +18,8 @@ one SQLite file, ``.shardcat.sqlite``, that says what they mean:
 - ``storage_pending``: block files that may exist on disk without being
   referenced: reserved before a writer creates them (new blocks, and copies
   of committed blocks it is about to overwrite), or dropped by a commit and
-  not yet deleted. A writable open deletes the ones whose owner is gone.
+  not yet deleted. A writable open deletes them (holding the writer lock, all
+  of them; without ``flock``, those whose owner process is gone).
 - ``rows`` (TensorDB only): ``position INTEGER PRIMARY KEY`` (so ``rowid`` is
   the row position), an optional unique ``key`` and one column per
   filterable field, so ``ATTACH``-ing the file lets SQL join rows with a
@@ -67,7 +68,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS, connect_readonly, fork_generation
 from shardcat.catalog.query import STORAGE_DB_NAME
-from shardcat.errors import SchemaVersionError, StaleWriterError
+from shardcat.errors import SchemaVersionError, StaleWriterError, StorageBusyError
 
 __all__ = [
     "META_FILE",
@@ -222,7 +223,7 @@ def _lock(directory: Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise BlockingIOError(
+        raise StorageBusyError(
             errno.EWOULDBLOCK,
             f"{directory} is open for writing elsewhere (one writer at a time)",
         ) from None
@@ -264,10 +265,12 @@ class Metadata:
         self._ro: sqlite3.Connection | None = None
         self._ro_generation = -1
         self._unlock: Callable[[], None] = lambda: None
+        self.locked = False  # holds the directory's writer lock
         if writable:  # held until close (or until this object is garbage)
             fd = _lock(directory)
             if fd is not None:
                 self._unlock = weakref.finalize(self, _unlock, fd, fork_generation())
+                self.locked = True
         conn = self.conn
         try:
             meta = dict(conn.execute("SELECT name, value FROM storage_meta").fetchall())
@@ -480,17 +483,30 @@ class Metadata:
         return names
 
     def release(self, files: Sequence[tuple[str, str]], directories: Mapping[str, Path]) -> None:
-        """Delete pending block files that no commit references, and forget them."""
+        """Delete pending block files, and forget them.
+
+        A file that a commit references stays: e.g. an interrupt that lands
+        just after a commit makes the writer discard blocks that committed.
+        """
+        if not files:
+            return
+        conn = self.conn
         for field, file in files:
-            _unlink(directories[field] / file)
-        if files:
-            with self.transaction() as conn:
-                conn.executemany(
-                    "DELETE FROM storage_pending WHERE field = ? AND file = ?", list(files)
-                )
+            if not conn.execute(
+                "SELECT 1 FROM storage_blocks WHERE field = ? AND file = ?", (field, file)
+            ).fetchone():
+                _unlink(directories[field] / file)
+        with self.transaction():
+            conn.executemany(
+                "DELETE FROM storage_pending WHERE field = ? AND file = ?", list(files)
+            )
 
     def collect_garbage(self) -> None:
-        """Delete block files left by killed writers (reserved, or dropped but not deleted)."""
+        """Delete block files left by writers that are gone (reserved, or dropped, not deleted).
+
+        With the writer lock held, that is every pending file: its writer was
+        killed, or dropped without being closed.
+        """
         if self.imported_from == "tensorblob":  # a conversion killed before its cleanup
             for spec in self.fields:
                 for name in (".conf", ".stat"):
@@ -499,7 +515,7 @@ class Metadata:
                 _unlink(self.directory / name)
         conn = self.conn
         pending = conn.execute("SELECT field, file, owner FROM storage_pending").fetchall()
-        stale = [(f, n) for f, n, owner in pending if not _owner_alive(owner)]
+        stale = [(f, n) for f, n, owner in pending if self.locked or not _owner_alive(owner)]
         if not stale:
             return
         directories = {spec.name: self.directory / spec.directory for spec in self.fields}
