@@ -480,11 +480,9 @@ class Catalog:
         return out
 
     def info(self, name: str) -> DatasetInfo:
-        for d in self.datasets():
-            if d.name == name:
-                return d
-        self.dataset_row(name)  # raises with the list of known datasets
-        raise AssertionError("unreachable")
+        """One dataset as :meth:`datasets` describes it."""
+        self.dataset_row(name)  # CatalogError naming the known datasets when it is missing
+        return next(d for d in self.datasets() if d.name == name)
 
     def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
         """A reader over the dataset ``name`` (no re-indexing happens)."""
