@@ -823,3 +823,25 @@ def test_lookups_use_a_short_snapshot_and_queries_see_the_latest_commit(tmp_path
             assert cat.query("SELECT count(*) FROM d") == [(2,)]  # queries: latest commit
             time.sleep(0.25)
             assert reader.contains_key("b0")  # lookups: at most SNAPSHOT_SECONDS later
+
+
+def test_another_spelling_of_the_glob_finds_the_same_dataset(tmp_path):
+    from shardcat import Catalog, TFRecordRandomAccess
+
+    for i in range(2):
+        with TFRecordWriter(tmp_path / f"part-{i}.tfrecord") as w:
+            w.write(make_example({"key": f"k{i}"}))
+    catalog = tmp_path / "c.sqlite"
+    with Catalog(catalog) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "train").close()
+        indexed = cat.query("SELECT id, indexed_at FROM shards ORDER BY id")
+    same = [str(tmp_path / "part-1.tfrecord"), str(tmp_path / "part-0.tfrecord")]
+    with TFRecordRandomAccess(same, index_file=catalog) as reader:
+        assert reader.dataset == "train"
+        assert reader.get_keys() == ["k0", "k1"]
+    with TFRecordRandomAccess(str(tmp_path / "part-0.tfrecord"), index_file=catalog) as sub:
+        assert sub.dataset != "train"  # a subset is another dataset, never a re-sync of train
+    with Catalog(catalog) as cat:
+        rows = cat.query("SELECT id, indexed_at FROM shards WHERE dataset_id = 1 ORDER BY id")
+        assert rows == indexed  # nothing re-indexed
+        assert cat.info("train").records == 2

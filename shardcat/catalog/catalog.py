@@ -285,14 +285,23 @@ class Catalog:
         ]
 
     def find_dataset(self, paths: PathsLike) -> str | None:
-        """The dataset ingested from exactly these patterns, if there is one."""
+        """The dataset ingested from these patterns, or else the one whose shards are
+        exactly the files they match (another spelling of the same glob); None if none."""
+        conn = self.reader_connection()
         source = json.dumps(self.normalized_source(paths))
-        row = (
-            self.reader_connection()
-            .execute("SELECT name FROM datasets WHERE source = ?", (source,))
-            .fetchone()
-        )
-        return None if row is None else str(row[0])
+        row = conn.execute("SELECT name FROM datasets WHERE source = ?", (source,)).fetchone()
+        if row is not None:
+            return str(row[0])
+        wanted = {stored_path(f, self.directory) for f in resolve_paths(paths)}
+        if not wanted:
+            return None
+        shard_sets: dict[str, set[str]] = {}
+        for name, path in conn.execute(
+            "SELECT d.name, s.path FROM shards s JOIN datasets d ON d.id = s.dataset_id"
+        ):
+            shard_sets.setdefault(name, set()).add(path)
+        matches = [name for name, shards in shard_sets.items() if shards == wanted]
+        return matches[0] if len(matches) == 1 else None
 
     # -- public API ------------------------------------------------------------
 
