@@ -1209,3 +1209,33 @@ def test_readme_blob_examples_run_unchanged(
     exec(CACHE, ns)
     assert torch.equal(ns["tensor"], rows(50)[-1])
     assert torch.equal(torch.stack(processed), rows(50))
+
+
+def test_catalog_migrate_converts_tensorblob_directories(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    tensorblob = pytest.importorskip("tensorblob")
+    data = rows(21)
+    with tensorblob.TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3)) as b:
+        b.write(data)
+    with tensorblob.TensorDB.open(
+        tmp_path / "d", "w", schema={"x": ("int64", (2,)), "y": ("float32", ())}
+    ) as db:
+        db.write({"x": torch.arange(8).reshape(4, 2), "y": torch.ones(4)})
+    runner = CliRunner()
+    dry = runner.invoke(app, ["migrate", str(tmp_path / "b"), "--dry-run"])
+    assert dry.exit_code == 0 and "would be converted in place" in dry.output
+    assert (tmp_path / "b" / ".conf").exists()
+    result = runner.invoke(app, ["migrate", str(tmp_path / "b"), str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    assert f"{tmp_path / 'b'}: tensorblob TensorBlob of 21 rows converted in place" in result.output
+    assert f"{tmp_path / 'd'}: tensorblob TensorDB of 4 rows converted in place" in result.output
+    assert not (tmp_path / "b" / ".conf").exists()
+    with TensorBlob.open(tmp_path / "b") as b:
+        assert torch.equal(b[:], data)
+    from shardcat import TensorDB
+
+    with TensorDB.open(tmp_path / "d") as db:
+        assert torch.equal(db[:]["x"], torch.arange(8).reshape(4, 2))

@@ -25,6 +25,7 @@ from shardcat.errors import CatalogError
 from shardcat.migrations import upgrade
 from shardcat.migrations.legacy import DEFAULT_SAMPLE, MigrationReport
 from shardcat.migrations.legacy import migrate as migrate_legacy
+from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
 
 @handle_errors
@@ -101,7 +102,9 @@ def migrate(
     shard that does not match is re-indexed from its data. SQL fields are not
     in legacy indexes: --fields fills them by re-reading the data. The
     catalog defaults to shardcat.sqlite beside the shards, where readers
-    look. Exit code 1 if any shard failed.
+    look. A directory written by the tensorblob package is converted to a
+    shardcat TensorBlob/TensorDB in place (no block copied). Exit code 1 if
+    any shard failed.
     """
     if upgrade_only:
         if paths:
@@ -115,6 +118,16 @@ def migrate(
         return
     if not paths:
         raise CatalogError("give the directories or index files to migrate (see --help)")
+    blobs = [p for p in paths if is_tensorblob_dir(p)]
+    for directory in blobs:
+        if dry_run:
+            typer.echo(f"{directory}: tensorblob directory, would be converted in place")
+            continue
+        kind, rows = convert_tensorblob(directory)
+        typer.echo(f"{directory}: tensorblob {kind} of {rows:,} rows converted in place")
+    paths = [p for p in paths if p not in blobs]
+    if not paths:
+        return
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

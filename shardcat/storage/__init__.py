@@ -8,13 +8,16 @@ import, but using them raises ``ImportError`` with that install hint.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shardcat.storage.blob import TensorBlob
     from shardcat.storage.db import TensorColumn, TensorDB
 
-__all__ = ["TensorBlob", "TensorColumn", "TensorDB"]
+__all__ = ["TensorBlob", "TensorColumn", "TensorDB", "convert_tensorblob", "is_tensorblob_dir"]
 
 INSTALL_HINT = "pip install 'shardcat[torch]'"
 
@@ -57,3 +60,24 @@ def __getattr__(name: str) -> Any:
         found = _missing(name, exc)
     globals()[name] = found
     return found
+
+
+def is_tensorblob_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory written by the tensorblob package, not yet converted."""
+    from shardcat.storage.meta import probe
+
+    return os.path.isdir(path) and probe(Path(path)) == "tensorblob"
+
+
+def convert_tensorblob(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """Convert a tensorblob directory to SQLite metadata in place (no block is copied).
+
+    What opening it would do, without using it: returns (class name, rows).
+    """
+    conf = json.loads((Path(path) / ".conf").read_text())
+    is_db = "schema" in conf or str(conf.get("__notes__", {}).get("class_name", "")).endswith(
+        "TensorDB"
+    )
+    cls = __getattr__("TensorDB" if is_db else "TensorBlob")
+    with cls.open(os.fspath(path), "r+") as storage:
+        return cls.__name__, len(storage)
