@@ -123,7 +123,7 @@ from shardcat.catalog.ingest import (
 from shardcat.errors import CatalogError, CorruptRecordError, IngestError, LegacyIndexError
 from shardcat.readers import tar as tar_format
 from shardcat.readers.compressed import ShardScan, detect_compression
-from shardcat.readers.formats import Entry, Format, detect_format, get_format
+from shardcat.readers.formats import Entry, Format, detect_format, get_format, index_lines
 from shardcat.readers.recordio import idx_path_for
 from shardcat.readers.source import FileSource
 
@@ -407,35 +407,24 @@ def _shard_beside(index_path: str, kind: str) -> str | None:
 
 def _text_rows(path: str, kind: str) -> list[Any]:
     rows: list[Any] = []
-    at = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            line_at, at = at, at + len(raw)
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise LegacyIndexError(path, line_at, "index line is not UTF-8") from None
-            if not text:
-                continue
-            if kind == MXNET_IDX:  # as readers/recordio.py reads .idx files
-                key, _, offset_text = text.partition("\t")
-                if not offset_text.isdigit():
-                    raise LegacyIndexError(
-                        path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
-                    )
-                rows.append((key, int(offset_text)))
-            else:
-                parts = text.split()
-                if len(parts) != 2 or not all(p.isdigit() for p in parts):
-                    raise LegacyIndexError(
-                        path, line_at, f"expected '<offset> <size>', found {text[:80]!r}"
-                    )
-                offset, size = int(parts[0]), int(parts[1])
-                if size < _TFRECORD_FRAME:
-                    raise LegacyIndexError(
-                        path, line_at, f"a TFRecord frame cannot be {size} bytes long"
-                    )
-                rows.append(Entry(None, offset, size - _TFRECORD_FRAME, _NO_FIELDS, _NO_MEMBERS))
+    for line_at, text in index_lines(path):
+        if kind == MXNET_IDX:  # as readers/recordio.py reads .idx files
+            key, _, offset_text = text.partition("\t")
+            if not offset_text.isdigit():
+                raise LegacyIndexError(
+                    path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
+                )
+            rows.append((key, int(offset_text)))
+            continue
+        parts = text.split()
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise LegacyIndexError(
+                path, line_at, f"expected '<offset> <size>', found {text[:80]!r}"
+            )
+        offset, size = int(parts[0]), int(parts[1])
+        if size < _TFRECORD_FRAME:
+            raise LegacyIndexError(path, line_at, f"a TFRecord frame cannot be {size} bytes long")
+        rows.append(Entry(None, offset, size - _TFRECORD_FRAME, _NO_FIELDS, _NO_MEMBERS))
     return rows
 
 

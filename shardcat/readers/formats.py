@@ -167,3 +167,21 @@ def float32_shortest(value: float) -> float:
         if _F32.unpack(_F32.pack(text))[0] == value:
             return text
     return value
+
+
+def index_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(byte offset, stripped text) of each non-empty line of a text index file
+    (MXNet ``.idx``, DALI ``tfrecord2idx``...); a line that is not UTF-8 raises
+    :class:`CorruptRecordError` with its offset."""
+    from shardcat.errors import CorruptRecordError
+
+    at = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            line_at, at = at, at + len(raw)
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise CorruptRecordError(path, line_at, "index line is not UTF-8") from None
+            if text:
+                yield line_at, text

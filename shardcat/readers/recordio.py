@@ -72,7 +72,7 @@ from typing import IO, Any, Literal, NamedTuple
 import numpy as np
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact
+from shardcat.readers.formats import Entry, Scalar, float32_shortest, index_lines, pread_exact
 
 __all__ = [
     "MAGIC",
@@ -323,30 +323,21 @@ def _fields(buf: Any, offset: int, length: int) -> dict[str, Scalar]:
 def _read_idx(idx_path: str) -> dict[int, tuple[str, int]]:
     """record offset -> (key, byte offset of its line) of an MXNet ``.idx``."""
     out: dict[int, tuple[str, int]] = {}
-    position = 0
-    with open(idx_path, "rb") as f:
-        for raw in f:
-            line_at, position = position, position + len(raw)
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise CorruptRecordError(idx_path, line_at, "index line is not UTF-8") from None
-            if not text:
-                continue
-            key, _, offset_text = text.partition("\t")
-            try:
-                offset = int(offset_text)
-            except ValueError:
-                raise CorruptRecordError(
-                    idx_path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
-                ) from None
-            if offset in out:
-                raise CorruptRecordError(
-                    idx_path,
-                    line_at,
-                    f"keys {out[offset][0]!r} and {key!r} both point at byte {offset}",
-                )
-            out[offset] = (key, line_at)
+    for line_at, text in index_lines(idx_path):
+        key, _, offset_text = text.partition("\t")
+        try:
+            offset = int(offset_text)
+        except ValueError:
+            raise CorruptRecordError(
+                idx_path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
+            ) from None
+        if offset in out:
+            raise CorruptRecordError(
+                idx_path,
+                line_at,
+                f"keys {out[offset][0]!r} and {key!r} both point at byte {offset}",
+            )
+        out[offset] = (key, line_at)
     return out
 
 
