@@ -1,7 +1,7 @@
 """Migrating a tfd-utils index vs ingesting the same shards, side by side in one run.
 
 ``python -m benchmarks.migrate_bench [--records 1000000] [--shards 8] [--repeats 3]
-[--workers 2] [--image-bytes 0] [--quick]``
+[--workers 2] [--image-bytes 0] [--cold] [--quick]``
 
 Data: tiny TFRecords (key + label, 44 bytes) in 8 shards, generated once by
 ``benchmarks.data`` into ``benchmarks/data/<records>x0b-<shards>shards/``, with
@@ -26,6 +26,10 @@ written beside the cached data); they run round-robin and the median is kept:
 - **tfd-utils build** (context): ``TFRecordRandomAccess(glob,
   index_file=<tmp>, max_workers=N)._build_index()``.
 
+With ``--cold`` the page cache is dropped before every timed run (Linux, as
+root): the first migration or ingest of shards on a machine that has not read
+them yet.
+
 Ratios are migrate / other: below 1 means the migration is faster.
 """
 
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.data import DATASET, Dataset, ensure_tfd_index, get_dataset, remove_catalog
-from benchmarks.util import quiet, round_robin
+from benchmarks.util import drop_page_cache, quiet, round_robin
 from shardcat import Catalog
 from shardcat.migrations.legacy import load_pickle, migrate
 
@@ -98,13 +102,13 @@ def _same_dataset(tmp: Path) -> None:
 
 
 def run(
-    records: int, shards: int, repeats: int, workers: int, image_bytes: int = 0
+    records: int, shards: int, repeats: int, workers: int, image_bytes: int = 0, cold: bool = False
 ) -> list[tuple[str, float]]:
     ds = get_dataset(records, shards=shards, image_bytes=image_bytes)
     ensure_tfd_index(ds)
     with tempfile.TemporaryDirectory(prefix="migrate-bench-") as tmp:
         contenders = _contenders(ds, Path(tmp), workers)
-        times = round_robin(contenders, repeats)
+        times = round_robin(contenders, repeats, drop_page_cache if cold else None)
         _same_dataset(Path(tmp))
     return list(times.items())
 
@@ -118,16 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--image-bytes", type=int, default=0, help="an image feature of this size per record"
     )
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the page cache before every run (Linux, root)"
+    )
     parser.add_argument("--quick", action="store_true", help="500k records, 2 repeats")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.repeats = 500_000, 2
     start = time.perf_counter()
-    rows = run(args.records, args.shards, args.repeats, args.workers, args.image_bytes)
+    if args.cold:
+        drop_page_cache()  # fail before generating anything when it cannot
+    rows = run(args.records, args.shards, args.repeats, args.workers, args.image_bytes, args.cold)
     migrate_s = dict(rows)["migrate"]
     print(
         f"{args.records:,} keys in {args.shards} shards"
         + (f", {args.image_bytes:,}-byte images" if args.image_bytes else "")
+        + (", cold page cache" if args.cold else ", warm page cache")
         + f", median of {args.repeats}, "
         f"{args.workers} workers ({time.perf_counter() - start:.0f} s in all)\n"
     )

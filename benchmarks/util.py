@@ -19,15 +19,22 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def round_robin(contenders: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def round_robin(
+    contenders: dict[str, Callable[[], Any]],
+    repeats: int,
+    before_each: Callable[[], Any] | None = None,
+) -> dict[str, float]:
     """Median seconds per contender, running them in turn (A, B, C, A, B, C, ...).
 
     Interleaving makes a noisy neighbour slow every contender alike, so the
     ratios between them hold even when the absolute times wander.
+    ``before_each`` runs (untimed) before every timed call.
     """
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, fn in contenders.items():
+            if before_each is not None:
+                before_each()
             times[name].append(timed(fn))
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -143,3 +150,18 @@ def markdown(rows: list[Row], header: str) -> str:
             f"| {fmt(r.other)} {r.unit} | {fmt_ratio(r.ratio)} | {r.target} | {r.met} |"
         )
     return "\n".join(lines) + "\n"
+
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """Empty the OS page cache (Linux, root), so the next run reads from storage."""
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("1\n")
+    except OSError as exc:
+        raise SystemExit(
+            f"--cold needs to write {DROP_CACHES} (Linux, as root): {exc.strerror or exc}"
+        ) from None

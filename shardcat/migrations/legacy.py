@@ -100,6 +100,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import glob
+import itertools
 import json
 import operator
 import os
@@ -247,6 +248,7 @@ _NO_MEMBERS: list[tuple[str, int, int]] = []
 
 
 _by_offset = operator.attrgetter("offset")
+_by_length = operator.attrgetter("length")
 
 
 def _int(value: Any) -> bool:
@@ -255,6 +257,52 @@ def _int(value: Any) -> bool:
 
 def _bad(path: str, problem: str) -> LegacyIndexError:
     return LegacyIndexError(path, 0, f"not a tfd-utils index: {problem}")
+
+
+def _tfd_tfrecord_rows(obj: dict[Any, Any], path: str) -> dict[str, list[Entry]]:
+    """Recorded shard path -> entries of a tfd-utils TFRecord index. The hot path
+    of a migration: the layout is checked column by column at C speed, and only
+    a failed check walks the entries to say which one is wrong."""
+    keys, infos = list(obj), list(obj.values())
+    try:
+        if set(map(type, infos)) != {dict} or set(map(len, infos)) != {3}:
+            raise KeyError
+        files, offsets, lengths = zip(*map(_FILE_OFFSET_LENGTH, infos), strict=True)
+    except KeyError:
+        files = offsets = lengths = ()
+    if not (
+        keys
+        and set(map(type, keys)) == {str}
+        and set(map(type, files)) == {str}
+        and set(map(type, offsets)) == set(map(type, lengths)) == {int}
+        and min(offsets) >= 0
+        and min(lengths) >= 0
+    ):
+        for key, info in obj.items():
+            if type(info) is not dict or len(info) != 3:  # exactly file, offset, length
+                raise _bad(path, f"entry {key!r} is not a key with a file/offset/length dict")
+            file, offset, length = info.get("file"), info.get("offset"), info.get("length")
+            if not (type(key) is type(file) is str and _int(offset) and _int(length)):
+                raise _bad(path, f"entry {key!r} lacks a file/offset/length: {info!r:.200}")
+    by_file: dict[str, list[Entry]] = {}
+    start = 0
+    for file, run in itertools.groupby(files):  # tfd-utils adds one shard's keys after another
+        stop = start + sum(1 for _ in run)
+        by_file.setdefault(file, []).extend(
+            map(
+                Entry,
+                keys[start:stop],
+                offsets[start:stop],
+                lengths[start:stop],
+                itertools.repeat(_NO_FIELDS),
+                itertools.repeat(_NO_MEMBERS),
+            )
+        )
+        start = stop
+    return by_file
+
+
+_FILE_OFFSET_LENGTH = operator.itemgetter("file", "offset", "length")
 
 
 def _tfd_rows(obj: Any, path: str) -> tuple[str, dict[str, list[Any]]]:
@@ -267,25 +315,7 @@ def _tfd_rows(obj: Any, path: str) -> tuple[str, dict[str, list[Any]]]:
         return TFD_TFRECORD, by_file
     first = next(iter(obj.values()))
     if isinstance(first, dict) and isinstance(first.get("file"), str):
-        last, rows = None, []
-        fields, members = _NO_FIELDS, _NO_MEMBERS
-        for key, info in obj.items():  # the hot loop of a migration: kept lean
-            if type(info) is not dict or len(info) != 3:  # exactly file, offset, length
-                raise _bad(path, f"entry {key!r} is not a key with a file/offset/length dict")
-            file, offset, length = info.get("file"), info.get("offset"), info.get("length")
-            if (
-                type(key) is not str
-                or type(file) is not str
-                or type(offset) is not int
-                or type(length) is not int
-                or offset < 0
-                or length < 0
-            ):
-                raise _bad(path, f"entry {key!r} lacks a file/offset/length: {info!r:.200}")
-            if file != last:  # tfd-utils adds the keys of one shard after another
-                last, rows = file, by_file.setdefault(file, [])
-            rows.append(Entry(key, offset, length, fields, members))
-        return TFD_TFRECORD, by_file
+        return TFD_TFRECORD, _tfd_tfrecord_rows(obj, path)
     for key, parts in obj.items():
         if type(key) is not str or type(parts) is not dict or not parts:
             raise _bad(path, f"entry {key!r} is not a key with a dict of members")
@@ -657,18 +687,22 @@ def _infer_key(plan: _Plan, options: Mapping[str, Any]) -> str:
 def _tfrecord_entries(size: int, entries: list[Entry]) -> list[Entry]:
     """The entries in file order, checked to tile the file frame after frame."""
     entries.sort(key=_by_offset)
-    pos = 0
-    for e in entries:
-        offset = e.offset
-        if offset != pos:
-            raise _Mismatch(
-                f"the index has no record starting at byte {pos} (its next one is at byte {offset})"
-                if offset > pos
-                else f"records at byte {offset} overlap the one before"
-            )
-        pos = offset + _TFRECORD_FRAME + e.length
-    if pos != size:
-        raise _Mismatch(f"the index ends at byte {pos}, the file at byte {size}")
+    starts = [*map(_by_offset, entries)]
+    ends = [o + _TFRECORD_FRAME + n for o, n in zip(starts, map(_by_length, entries), strict=True)]
+    if starts[:1] + ends[:-1] != starts:  # find the first gap or overlap
+        pos = 0
+        for offset, end in zip(starts, ends, strict=True):
+            if offset != pos:
+                raise _Mismatch(
+                    f"the index has no record starting at byte {pos} (its next one is at "
+                    f"byte {offset})"
+                    if offset > pos
+                    else f"records at byte {offset} overlap the one before"
+                )
+            pos = end
+    end = ends[-1] if ends else 0
+    if end != size:
+        raise _Mismatch(f"the index ends at byte {end}, the file at byte {size}")
     return entries
 
 

@@ -1,0 +1,116 @@
+"""Inserting many rows at once: what an ingest or a migration commits per shard.
+
+``executemany`` spends about 2 µs per row binding parameters, three times
+what SQLite needs to insert the row. :func:`insert_columns` therefore hands
+SQLite each column as one JSON array instead: the first list column is read
+with ``json_each`` and the others from temporary tables filled the same way,
+joined by position (rowid lookups), so a million ``records`` rows commit in
+about half the time. Values JSON cannot carry exactly (floats, bytes,
+strings with NUL, which SQLite's JSON truncates) take ``executemany``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from itertools import repeat
+from typing import Any
+
+from sqlalchemy import Connection, bindparam
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
+
+__all__ = ["insert_columns", "insert_rows"]
+
+_INT64 = (-(2**63), 2**63 - 1)
+_JSON_EXACT = frozenset({str, int, type(None)})
+
+
+def insert_rows(
+    conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """``executemany`` of positional rows, skipping SQLAlchemy's per-row parameter
+    processing (5x faster for 100k rows); the SQL is compiled by the dialect."""
+    if not rows:
+        return
+    target = sql_table(table, *(sql_column(c) for c in columns))
+    compiled = (
+        target.insert().values({c: bindparam(c) for c in columns}).compile(dialect=conn.dialect)
+    )
+    if list(compiled.positiontup or ()) != list(columns):
+        raise RuntimeError(f"insert_rows needs a positional paramstyle, not {compiled!r}")
+    conn.exec_driver_sql(compiled.string, rows)
+
+
+def _as_json(values: Sequence[Any]) -> str | None:
+    """``values`` as a JSON array SQLite reads back exactly, else None."""
+    kinds = set(map(type, values))
+    if not kinds <= _JSON_EXACT:
+        return None
+    if int in kinds:
+        ints = values if len(kinds) == 1 else [v for v in values if type(v) is int]
+        if min(ints) < _INT64[0] or max(ints) > _INT64[1]:
+            return None
+    text = json.dumps(values, ensure_ascii=False)
+    # NUL (JSON-escaped; a literal backslash-u0000 matches too and just takes executemany)
+    return None if "\\u0000" in text else text
+
+
+def insert_columns(conn: Connection, table: str, columns: Mapping[str, Any]) -> int:
+    """Insert rows given column by column; returns how many.
+
+    Each value of ``columns`` is a sequence with one item per row (a
+    ``range`` for consecutive integers) or a scalar repeated on every row.
+    At least one column must be a sequence; all sequences have one length.
+    """
+    lists = {name: v for name, v in columns.items() if isinstance(v, (list, tuple, range))}
+    if not lists:
+        raise ValueError("insert_columns needs at least one column with a value per row")
+    n = len(next(iter(lists.values())))
+    if any(len(v) != n for v in lists.values()):
+        raise ValueError(f"columns of {table} differ in length: {[len(v) for v in lists.values()]}")
+    if n == 0:
+        return 0
+    names = list(columns)
+    texts = {
+        c: None if conn.dialect.name != "sqlite" else _as_json(v)
+        for c, v in lists.items()
+        if not isinstance(v, range)
+    }
+    if any(t is None for t in texts.values()):
+        values = [columns[c] if c in lists else repeat(columns[c], n) for c in names]
+        insert_rows(conn, table, names, list(zip(*values, strict=False)))
+        return n
+    quote = conn.dialect.identifier_preparer.quote
+    driver = next(iter(texts), None)
+    params: list[Any] = []
+    temps: list[str] = []
+    exprs: list[str] = []
+    try:
+        for c in names:
+            value = columns[c]
+            if c not in lists:
+                params.append(value)
+                exprs.append("?")
+            elif isinstance(value, range):
+                exprs.append(f"({int(value.start)} + d.key * {int(value.step)})")
+            elif c == driver:
+                exprs.append("d.value")
+            else:
+                temps.append(temp := f"_bulk_{len(temps)}")
+                conn.exec_driver_sql(f"CREATE TEMP TABLE {temp}(v)")
+                conn.exec_driver_sql(
+                    f"INSERT INTO temp.{temp}(v) SELECT value FROM json_each(?)", (texts[c],)
+                )
+                exprs.append(f"{temp}.v")
+        source = texts[driver] if driver else json.dumps([None] * n)
+        joins = "".join(f" JOIN temp.{t} ON {t}.rowid = d.key + 1" for t in temps)
+        conn.exec_driver_sql(
+            f"INSERT INTO {quote(table)} ({', '.join(map(quote, names))}) "
+            f"SELECT {', '.join(exprs)} FROM json_each(?) d{joins}",
+            (*params, source),
+        )
+    finally:
+        for temp in temps:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{temp}")
+    return n

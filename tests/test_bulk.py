@@ -1,0 +1,105 @@
+"""insert_columns: the JSON path and the executemany path store the same rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+from sqlalchemy.exc import IntegrityError
+
+from shardcat.catalog.bulk import insert_columns
+from shardcat.catalog.engine import make_engine
+
+KEYS = ["a", "é😀", 'quote" back\\slash', "\n\t\x01", "", " x ", "z" * 300, "last"]
+
+
+STATEMENTS: list[str] = []
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = make_engine(tmp_path / "bulk.sqlite")
+    with eng.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t(k TEXT PRIMARY KEY, c INTEGER, i INTEGER, v)")
+    STATEMENTS.clear()
+    event.listen(eng, "before_cursor_execute", lambda *a: STATEMENTS.append(a[2]))
+    yield eng
+    eng.dispose()
+
+
+def rows(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.exec_driver_sql("SELECT k, c, i, v FROM t ORDER BY i")]
+
+
+def used_json(engine: Engine) -> bool:
+    return any("json_each" in s for s in STATEMENTS)
+
+
+def insert(engine: Engine, columns: dict[str, Any]) -> int:
+    with engine.begin() as conn:
+        return insert_columns(conn, "t", columns)
+
+
+@pytest.mark.parametrize(
+    ("values", "via_json"),
+    [
+        ([1, -(2**63), 2**63 - 1, 0, 7, 8, 9, 10], True),
+        (["x", None, "ü", "", "\\", '"', "9", "10"], True),
+        ([1.5, 2.0, 0.1, -0.0, 1e300, 5e-324, 3.0, 4.0], False),  # floats: executemany
+        ([b"\x00\xff", b"", b"a", b"b", b"c", b"d", b"e", b"f"], False),  # bytes: executemany
+        (["a\x00b", "x", "y", "z", "1", "2", "3", "4"], False),  # NUL: executemany
+        ([True, 1, 0, 2, 3, 4, 5, 6], False),  # bool is no JSON int here: executemany
+    ],
+)
+def test_values_read_back_exactly(engine: Engine, values: list[Any], via_json: bool) -> None:
+    assert insert(engine, {"k": KEYS, "c": 7, "i": range(10, 18), "v": values}) == 8
+    assert rows(engine) == [(k, 7, 10 + n, v) for n, (k, v) in enumerate(zip(KEYS, values))]
+    assert used_json(engine) == via_json
+
+
+@pytest.mark.parametrize("key", ["a\x00b", "\\u0000 is six characters"])
+def test_keys_json_would_truncate_are_kept_whole(engine: Engine, key: str) -> None:
+    insert(engine, {"k": [key, "a"], "c": 1, "i": range(2), "v": None})
+    assert rows(engine) == [(key, 1, 0, None), ("a", 1, 1, None)]
+    assert not used_json(engine)
+
+
+def test_ranges_lists_and_constants_in_any_order(engine: Engine) -> None:
+    insert(engine, {"i": range(5, 15, 5), "v": (3, 4), "k": ["p", "q"], "c": None})
+    assert rows(engine) == [("p", None, 5, 3), ("q", None, 10, 4)]
+    assert used_json(engine)
+
+
+def test_only_ranges(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE n(a INTEGER, b INTEGER)")
+        assert insert_columns(conn, "n", {"a": range(3), "b": 9}) == 3
+        assert conn.exec_driver_sql("SELECT a, b FROM n").fetchall() == [(0, 9), (1, 9), (2, 9)]
+
+
+def test_bad_calls(engine: Engine) -> None:
+    with engine.begin() as conn:
+        with pytest.raises(ValueError, match="at least one column with a value per row"):
+            insert_columns(conn, "t", {"k": "x", "c": 1})
+        with pytest.raises(ValueError, match=r"columns of t differ in length: \[2, 3\]"):
+            insert_columns(conn, "t", {"k": ["a", "b"], "i": range(3)})
+        assert insert_columns(conn, "t", {"k": [], "i": range(0)}) == 0
+    assert rows(engine) == []
+
+
+def test_a_failed_insert_leaves_no_temp_tables(engine: Engine) -> None:
+    insert(engine, {"k": ["a"], "c": 1, "i": [0], "v": [1]})
+    with engine.connect() as conn:
+        with pytest.raises(IntegrityError):
+            with conn.begin_nested():
+                insert_columns(conn, "t", {"k": ["b", "a"], "c": 1, "i": [1, 2], "v": [2, 3]})
+        temps = conn.exec_driver_sql("SELECT name FROM sqlite_temp_master").fetchall()
+        assert temps == []
+        # the same connection inserts again (the temp names are free)
+        insert_columns(conn, "t", {"k": ["b", "c"], "c": 1, "i": [1, 2], "v": [2, 3]})
+        conn.commit()
+    assert rows(engine) == [("a", 1, 0, 1), ("b", 1, 1, 2), ("c", 1, 2, 3)]
