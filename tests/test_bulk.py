@@ -57,7 +57,9 @@ def insert(engine: Engine, columns: dict[str, Any]) -> int:
 )
 def test_values_read_back_exactly(engine: Engine, values: list[Any], via_json: bool) -> None:
     assert insert(engine, {"k": KEYS, "c": 7, "i": range(10, 18), "v": values}) == 8
-    assert rows(engine) == [(k, 7, 10 + n, v) for n, (k, v) in enumerate(zip(KEYS, values))]
+    assert rows(engine) == [
+        (k, 7, 10 + n, v) for n, (k, v) in enumerate(zip(KEYS, values, strict=True))
+    ]
     assert used_json(engine) == via_json
 
 
@@ -94,9 +96,8 @@ def test_bad_calls(engine: Engine) -> None:
 def test_a_failed_insert_leaves_no_temp_tables(engine: Engine) -> None:
     insert(engine, {"k": ["a"], "c": 1, "i": [0], "v": [1]})
     with engine.connect() as conn:
-        with pytest.raises(IntegrityError):
-            with conn.begin_nested():
-                insert_columns(conn, "t", {"k": ["b", "a"], "c": 1, "i": [1, 2], "v": [2, 3]})
+        with pytest.raises(IntegrityError), conn.begin_nested():
+            insert_columns(conn, "t", {"k": ["b", "a"], "c": 1, "i": [1, 2], "v": [2, 3]})
         temps = conn.exec_driver_sql("SELECT name FROM sqlite_temp_master").fetchall()
         assert temps == []
         # the same connection inserts again (the temp names are free)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from legacy_fixtures import (
@@ -216,15 +218,30 @@ def test_stale_legacy_index_is_detected_and_reindexed(tmp_path: Path):
     )
 
 
-def test_index_missing_records_is_not_trusted(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"r0_0": None}, "the index has no record starting at byte 0 (its next one is at byte "),
+        ({"r0_17": None}, "the index has no record starting at byte "),
+        ({"r0_29": None}, "the index ends at byte "),
+        ({"r0_5": ("offset", 1)}, "records at byte 1 overlap the one before"),
+        ({"r0_29": ("length", 0)}, "the index ends at byte "),
+    ],
+)
+def test_index_not_tiling_the_file_is_not_trusted(tmp_path: Path, edit: dict, why: str):
     (path,) = write_tfrecords(tmp_path, shards=1, per_shard=30)
     index = tfd_tfrecord_index(str(path))
     data = pickle.loads(index.read_bytes())
-    del data["r0_17"]  # tfd-utils silently drops records (duplicate keys, a bad frame)
+    for key, change in edit.items():
+        if change is None:  # tfd-utils silently drops records (duplicate keys, a bad frame)
+            del data[key]
+        else:
+            data[key][change[0]] = change[1]
     index.write_bytes(pickle.dumps(data))
-    (ds,) = migrate(tmp_path, sample=2).datasets  # caught without re-reading record 17
+    (ds,) = migrate(tmp_path, sample=2).datasets  # caught without re-reading those records
     assert ds.shards[0].action == "re-indexed"
-    assert "no record starting at byte" in str(ds.shards[0].reason)
+    assert ds.shards[0].reason is not None
+    assert ds.shards[0].reason.startswith("legacy index does not match the file: " + why)
     assert ds.records == 30
 
 
@@ -401,6 +418,28 @@ def test_corrupt_and_truncated_pickles_name_the_file(tmp_path: Path):
     index.write_bytes(pickle.dumps({"k": {"file": "x", "offset": -1, "length": 2}}))
     with pytest.raises(LegacyIndexError, match="not a tfd-utils index: entry 'k'"):
         migrate(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "info", "message"),
+    [
+        ("k", {"file": "x", "offset": -1, "length": 2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": "x", "offset": 0, "length": -2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": "x", "offset": 1.0, "length": 2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": "x", "offset": True, "length": 2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": b"x", "offset": 0, "length": 2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": "x", "offset": 0, "size": 2}, "entry 'k' lacks a file/offset/length"),
+        ("k", {"file": "x", "offset": 0}, "entry 'k' is not a key with a file/offset/length dict"),
+        ("k", [1, 2, 3], "entry 'k' is not a key with a file/offset/length dict"),
+        (7, {"file": "x", "offset": 0, "length": 2}, "entry 7 lacks a file/offset/length"),
+    ],
+)
+def test_malformed_tfd_entries_are_named(tmp_path: Path, key: Any, info: Any, message: str):
+    good = {"file": str(tmp_path / "a.tfrecord"), "offset": 0, "length": 1}
+    index = tmp_path / "a.index"
+    index.write_bytes(pickle.dumps({"a": good, key: info, "z": good}))
+    with pytest.raises(LegacyIndexError, match=re.escape(f"not a tfd-utils index: {message}")):
+        migrate(index)
 
 
 # -- tar, RecordIO, offset indexes ------------------------------------------------------------

@@ -689,7 +689,7 @@ def _tfrecord_entries(size: int, entries: list[Entry]) -> list[Entry]:
     entries.sort(key=_by_offset)
     starts = [*map(_by_offset, entries)]
     ends = [o + _TFRECORD_FRAME + n for o, n in zip(starts, map(_by_length, entries), strict=True)]
-    if starts[:1] + ends[:-1] != starts:  # find the first gap or overlap
+    if [0, *ends[:-1]] != starts:  # find the first gap or overlap
         pos = 0
         for offset, end in zip(starts, ends, strict=True):
             if offset != pos:
