@@ -37,7 +37,7 @@ from sqlalchemy.exc import IntegrityError
 
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
-from shardcat.catalog.bulk import insert_columns, insert_rows
+from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.errors import DuplicateKeyError, IngestError, ShardcatError
 from shardcat.readers.compressed import ShardScan, scan_shard
@@ -440,12 +440,20 @@ def _commit(
     except IntegrityError:  # keys already in other shards: settle them, then insert
         entries = _resolve_across(conn, job, stored, entries)
         _insert_records(conn, job, shard_id, entries)
-    insert_rows(
-        conn,
-        "members",
-        ("shard_id", "ordinal", "name", "offset", "length"),
-        [(shard_id, i, name, off, n) for i, e in enumerate(entries) for name, off, n in e.members],
-    )
+    members = [(i, *member) for i, e in enumerate(entries) for member in e.members]
+    if members:  # tar samples: one row per member
+        ordinal, name, offset, length = zip(*members, strict=True)
+        insert_columns(
+            conn,
+            "members",
+            {
+                "shard_id": shard_id,
+                "ordinal": ordinal,
+                "name": name,
+                "offset": offset,
+                "length": length,
+            },
+        )
     if job.options.get("fields", True):  # without fields the view reads records alone
         _insert_fields(conn, job, shard_id, entries)
     s = schema.shards
