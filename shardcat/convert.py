@@ -160,10 +160,7 @@ def convert_tars(
     processes convert archives in parallel. A failed archive is reported in its
     result and the others go on; with ``delete``, a source is removed only
     after its TFRecord was written and verified."""
-    if grouping not in tar_format.GROUPINGS:
-        raise CatalogError(
-            f"unknown tar grouping {grouping!r}; use one of {', '.join(tar_format.GROUPINGS)}"
-        )
+    tar_format.check_grouping(grouping)
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     jobs = [(s, output_path(s, output_dir), delete, grouping) for s in sources]

@@ -32,7 +32,7 @@ from shardcat.catalog.ingest import (
 )
 from shardcat.catalog.query import QueryResult, attached, run_readonly
 from shardcat.errors import CatalogError, SchemaVersionError
-from shardcat.migrations import SCHEMA_VERSION, ensure_schema
+from shardcat.migrations import SCHEMA_VERSION, ensure_schema, too_new
 from shardcat.readers.formats import detect_format, get_format
 
 if TYPE_CHECKING:
@@ -57,7 +57,12 @@ def open_catalogs() -> list[Catalog]:
     return [c for c in _open if not c.closed]
 
 
-def _patterns(paths: PathsLike) -> list[str]:
+# The columns of a dataset row as dataset_row returns it.
+_DATASET_COLUMNS = "id, name, format, key_rule, grouping, options, source, created_at"
+
+
+def as_patterns(paths: PathsLike) -> list[str]:
+    """``paths`` (one path or pattern, or several) as a list of strings."""
     if isinstance(paths, (str, os.PathLike)):
         return [os.fspath(paths)]
     return [os.fspath(p) for p in paths]
@@ -70,7 +75,7 @@ def resolve_paths(paths: PathsLike) -> list[str]:
     files (``*.idx``).
     """
     found: set[str] = set()
-    for pattern in _patterns(paths):
+    for pattern in as_patterns(paths):
         pattern = os.path.expanduser(pattern)
         if os.path.isdir(pattern):
             matches = [
@@ -178,11 +183,7 @@ class Catalog:
                     self._ro.close()
                     self._ro = None
                 if version is not None and version > SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"{self.path} has catalog schema version {version}, but this "
-                        f"shardcat only knows versions up to {SCHEMA_VERSION}: upgrade "
-                        "shardcat (pip install -U shardcat) to open it"
-                    )
+                    raise too_new(str(self.path), version)
                 raise SchemaVersionError(
                     f"{self.path} has catalog schema version {version}, this shardcat "
                     f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
@@ -255,9 +256,7 @@ class Catalog:
         of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
         conn = self.reader_connection()
         row = conn.execute(
-            "SELECT id, name, format, key_rule, grouping, options, source, created_at "
-            "FROM datasets WHERE name = ?",
-            (name,),
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE name = ?", (name,)
         ).fetchone()
         if row is None:
             known = [r[0] for r in conn.execute("SELECT name FROM datasets ORDER BY name")]
@@ -281,7 +280,7 @@ class Catalog:
         """The patterns as stored: absolute, or relative to the catalog when below it."""
         return [
             stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
-            for p in _patterns(paths)
+            for p in as_patterns(paths)
         ]
 
     def find_dataset(self, paths: PathsLike) -> str | None:
@@ -355,7 +354,7 @@ class Catalog:
             )
         files = resolve_paths(paths)
         if not files:
-            raise CatalogError(f"no files match {_patterns(paths)}")
+            raise CatalogError(f"no files match {as_patterns(paths)}")
         # Without a name, a new path set never takes over another path set's dataset.
         name = dataset or self.find_dataset(paths) or self._unused_name(default_dataset_name(files))
         _check_name(name)
@@ -448,50 +447,47 @@ class Catalog:
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
         conn = self.reader_connection()
-        out = []
-        for row in conn.execute(
-            "SELECT id, name, format, key_rule, grouping, options, source, created_at "
-            "FROM datasets ORDER BY name"
-        ).fetchall():
-            states = dict(
-                conn.execute(
-                    "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
-                    (row[0],),
-                ).fetchall()
-            )
-            n = conn.execute(
-                "SELECT coalesce(sum(num_records), 0) FROM shards "
-                "WHERE dataset_id = ? AND state = 'ready'",
-                (row[0],),
-            ).fetchone()[0]
-            cols = dict(
-                conn.execute(
-                    "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
-                    (row[0],),
-                ).fetchall()
-            )
-            out.append(
-                DatasetInfo(
-                    name=row[1],
-                    format=row[2],
-                    key_rule=row[3],
-                    grouping=row[4],
-                    options=json.loads(row[5]),
-                    source=json.loads(row[6]),
-                    created_at=row[7],
-                    shards=sum(states.values()),
-                    ready_shards=states.get("ready", 0),
-                    failed_shards=states.get("failed", 0),
-                    records=int(n),
-                    fields=cols,
-                )
-            )
-        return out
+        rows = conn.execute(f"SELECT {_DATASET_COLUMNS} FROM datasets ORDER BY name").fetchall()
+        return [self._describe(row) for row in rows]
 
     def info(self, name: str) -> DatasetInfo:
-        """One dataset as :meth:`datasets` describes it."""
-        self.dataset_row(name)  # CatalogError naming the known datasets when it is missing
-        return next(d for d in self.datasets() if d.name == name)
+        """One dataset as :meth:`datasets` describes it (:class:`CatalogError`
+        naming the known datasets when it is missing)."""
+        return self._describe(self.dataset_row(name))
+
+    def _describe(self, row: Sequence[Any]) -> DatasetInfo:
+        conn = self.reader_connection()
+        states = dict(
+            conn.execute(
+                "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
+                (row[0],),
+            ).fetchall()
+        )
+        n = conn.execute(
+            "SELECT coalesce(sum(num_records), 0) FROM shards "
+            "WHERE dataset_id = ? AND state = 'ready'",
+            (row[0],),
+        ).fetchone()[0]
+        cols = dict(
+            conn.execute(
+                "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
+                (row[0],),
+            ).fetchall()
+        )
+        return DatasetInfo(
+            name=row[1],
+            format=row[2],
+            key_rule=row[3],
+            grouping=row[4],
+            options=json.loads(row[5]),
+            source=json.loads(row[6]),
+            created_at=row[7],
+            shards=sum(states.values()),
+            ready_shards=states.get("ready", 0),
+            failed_shards=states.get("failed", 0),
+            records=int(n),
+            fields=cols,
+        )
 
     def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
         """A reader over the dataset ``name`` (no re-indexing happens)."""
@@ -532,15 +528,9 @@ class Catalog:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         dataset_id = self.dataset_row(name)[0]
         with self._writer().begin() as conn:
-            conn.execute(delete(schema.records).where(schema.records.c.dataset_id == dataset_id))
-            shard_ids = select(schema.shards.c.id).where(schema.shards.c.dataset_id == dataset_id)
-            conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(shard_ids)))
-            conn.execute(
-                delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(shard_ids))
-            )
-            conn.execute(delete(schema.shards).where(schema.shards.c.dataset_id == dataset_id))
-            conn.execute(delete(schema.fields).where(schema.fields.c.dataset_id == dataset_id))
             field_store.drop_dataset_objects(conn, dataset_id, name)
+            # shards, records, members, seek points and field registry rows go with it
+            # (ON DELETE CASCADE; the engine turns foreign keys on)
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
         self.reader_connection()  # end any read snapshot
 

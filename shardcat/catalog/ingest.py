@@ -20,6 +20,7 @@ whole shards plus a claim that the next ingest takes over.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import operator
 import os
@@ -311,25 +312,33 @@ def _dedupe_within(entries: list[Entry], path: str, policy: str) -> list[Entry]:
                 f"duplicate key {e.key!r} in {path}: records at bytes {entries[j].offset} "
                 f"and {e.offset} (use on_duplicate='first' or 'last' to keep one)"
             )
-    if len(winner) == len(entries) or not winner:
-        return entries
     return [e for i, e in enumerate(entries) if e.key is None or winner[e.key] == i]
 
 
-def _shift_down(conn: Connection, dataset_id: int, shard_id: int, removed: int) -> None:
-    """Delete the record at ``ordinal == removed`` and close the gap."""
+def _remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: list[int]) -> None:
+    """Delete a shard's records at these ordinals and renumber the rest without gaps.
+
+    Rows between the i-th and the next removed ordinal move down by i: one UPDATE
+    per gap, so every row moves once however many are removed. Moved rows are
+    negated on the way (then flipped back) so the unique (shard_id, ordinal)
+    never sees a collision.
+    """
+    removed = sorted(removed)
     ftable = conn.dialect.identifier_preparer.quote_identifier(schema.field_table_name(dataset_id))
     for table in ("records", "members", ftable):
         conn.exec_driver_sql(
-            f"DELETE FROM {table} WHERE shard_id = ? AND ordinal = ?", (shard_id, removed)
+            f"DELETE FROM {table} "
+            "WHERE shard_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
+            (shard_id, json.dumps(removed)),
         )
-        # Two steps so the unique (shard_id, ordinal) never sees a collision.
+        for shift, (low, high) in enumerate(zip(removed, [*removed[1:], None], strict=True), 1):
+            conn.exec_driver_sql(
+                f"UPDATE {table} SET ordinal = -(ordinal - ?) - 1 "
+                "WHERE shard_id = ? AND ordinal > ? AND (? IS NULL OR ordinal < ?)",
+                (shift, shard_id, low, high, high),
+            )
         conn.exec_driver_sql(
-            f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal > ?",
-            (shard_id, removed),
-        )
-        conn.exec_driver_sql(
-            f"UPDATE {table} SET ordinal = -ordinal - 2 WHERE shard_id = ? AND ordinal < 0",
+            f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal < 0",
             (shard_id,),
         )
 
@@ -378,8 +387,7 @@ def _resolve_across(
             losers[shard_id].append(ordinal)
     s = schema.shards
     for shard_id, ordinals in losers.items():
-        for ordinal in sorted(ordinals, reverse=True):
-            _shift_down(conn, job.dataset_id, shard_id, ordinal)
+        _remove_ordinals(conn, job.dataset_id, shard_id, ordinals)
         conn.execute(
             update(s).where(s.c.id == shard_id).values(num_records=s.c.num_records - len(ordinals))
         )
@@ -550,16 +558,17 @@ def _work_one(job: IngestJob) -> ShardOutcome | None:
     return index_claimed(engine, job, claimed[0], claimed[1], owner)
 
 
-def _open_shards(engine: Engine, dataset_id: int) -> tuple[int, int]:
-    """(shards still pending or being indexed, shards in all)."""
+def _open_shards(engine: Engine, dataset_id: int) -> int:
+    """How many shards are still pending or being indexed."""
     s = schema.shards
     with engine.connect().execution_options(immediate=False) as conn:
-        row = conn.execute(
-            select(func.count().filter(s.c.state.in_(("pending", "indexing"))), func.count()).where(
-                s.c.dataset_id == dataset_id
-            )
-        ).one()
-    return int(row[0]), int(row[1])
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    s.c.dataset_id == dataset_id, s.c.state.in_(("pending", "indexing"))
+                )
+            ).scalar_one()
+        )
 
 
 def run_ingest(
@@ -591,7 +600,7 @@ def run_ingest(
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     idle = False
     while True:
-        open_count, _ = _open_shards(engine, job.dataset_id)
+        open_count = _open_shards(engine, job.dataset_id)
         if open_count == 0:
             return outcomes
         done = len(outcomes)

@@ -61,8 +61,6 @@ datasets = Table(
     Column("created_at", Float, nullable=False),
 )
 
-SHARD_STATES = ("pending", "indexing", "ready", "failed")
-
 shards = Table(
     "shards",
     metadata,
@@ -75,7 +73,7 @@ shards = Table(
     Column("compression", String(16)),
     Column("num_records", BigInteger, nullable=False, default=0),
     Column("first_position", BigInteger),
-    Column("state", String(16), nullable=False),
+    Column("state", String(16), nullable=False),  # pending, indexing, ready or failed
     Column("error", Text),
     Column("claim_owner", String(256)),
     Column("claimed_at", Float),
@@ -125,15 +123,13 @@ seek_indexes = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
-FIELD_TYPES = ("integer", "real", "text")
-
 fields = Table(
     "fields",
     metadata,
     Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
     Column("name", Text, nullable=False),  # the feature's name in the data
     Column("column_name", Text, nullable=False),  # its column in the dataset's view
-    Column("sql_type", String(16), nullable=False),
+    Column("sql_type", String(16), nullable=False),  # integer, real or text
     Column("idx", Integer, nullable=False),  # stored as column "v<idx>" of fields_<dataset id>
     PrimaryKeyConstraint("dataset_id", "name"),
 )

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, inspect, select
 from shardcat.catalog import schema
 from shardcat.errors import CatalogError, SchemaVersionError
 
-__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "upgrade"]
+__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
 SCHEMA_VERSION = 2
 
@@ -57,6 +57,15 @@ def _write_version(conn: Connection, version: int) -> None:
         conn.execute(table.insert().values(name="schema_version", value=str(version)))
 
 
+def too_new(where: str, found: int) -> SchemaVersionError:
+    """The error for a catalog written by a newer shardcat (never touched)."""
+    return SchemaVersionError(
+        f"{where} has catalog schema version {found}, but this shardcat only "
+        f"knows versions up to {SCHEMA_VERSION}: upgrade shardcat "
+        "(pip install -U shardcat) to open it"
+    )
+
+
 def ensure_schema(conn: Connection, where: str) -> int:
     """Create or upgrade the schema inside the caller's (write) transaction.
 
@@ -68,11 +77,7 @@ def ensure_schema(conn: Connection, where: str) -> int:
         _write_version(conn, SCHEMA_VERSION)
         return 0
     if found > SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{where} has catalog schema version {found}, but this shardcat only "
-            f"knows versions up to {SCHEMA_VERSION}: upgrade shardcat "
-            "(pip install -U shardcat) to open it"
-        )
+        raise too_new(where, found)
     for version in range(found, SCHEMA_VERSION):
         STEPS[version](conn)
         _write_version(conn, version + 1)

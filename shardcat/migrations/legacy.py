@@ -98,6 +98,7 @@ lists: they join the dataset, indexed from their data.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import glob
 import itertools
@@ -112,7 +113,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog.catalog import Catalog, PathsLike, default_dataset_name, resolve_paths
+from shardcat.catalog.catalog import (
+    Catalog,
+    PathsLike,
+    as_patterns,
+    default_dataset_name,
+    resolve_paths,
+)
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import (
     CLAIM_LOST,
@@ -122,10 +129,11 @@ from shardcat.catalog.ingest import (
     stored_path,
 )
 from shardcat.errors import CatalogError, CorruptRecordError, IngestError, LegacyIndexError
+from shardcat.readers import recordio as recordio_format
 from shardcat.readers import tar as tar_format
+from shardcat.readers import tfrecord as tfrecord_format
 from shardcat.readers.compressed import ShardScan, detect_compression
 from shardcat.readers.formats import Entry, Format, detect_format, get_format, index_lines
-from shardcat.readers.recordio import idx_path_for
 from shardcat.readers.source import FileSource
 
 __all__ = [
@@ -148,7 +156,7 @@ TFD_TAR = "tfd-utils tar index"
 MXNET_IDX = "MXNet/DALI RecordIO index"
 OFFSETS = "TFRecord offset index (DALI/vahidk tfrecord2idx)"
 _FORMAT_OF = {TFD_TFRECORD: "tfrecord", TFD_TAR: "tar", MXNET_IDX: "recordio", OFFSETS: "tfrecord"}
-_TFRECORD_FRAME = 16  # length, length CRC, data CRC
+_TFRECORD_FRAME = tfrecord_format.HEADER + tfrecord_format.FOOTER  # framing around a record
 _OFFSETS_LINE = re.compile(rb"^\d+ \d+$")
 _MXNET_LINE = re.compile(rb"^[^\t]+\t\d+$")
 _DALI_TAR_LINE = re.compile(rb"^v\d+\.\d+ \d+$")
@@ -407,19 +415,30 @@ def _is_index_name(name: str) -> bool:
     return name.endswith(INDEX_SUFFIXES)
 
 
-def _shard_beside(index_path: str, kind: str) -> str | None:
+def _by_stem(directory: str) -> dict[str, list[str]]:
+    """The names in ``directory`` (sorted), by stem."""
+    stems: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(directory)):
+        stems.setdefault(os.path.splitext(name)[0], []).append(name)
+    return stems
+
+
+Listing = Callable[[str], dict[str, list[str]]]
+
+
+def _shard_beside(index_path: str, kind: str, listing: Listing) -> str | None:
     """The shard a per-shard text index belongs to: ``<name>.idx`` -> ``<name>``,
     else the one file beside it with the same stem and the right format
     (RecordIO: the ``.rec`` whose MXNet index it is, ``<stem>.idx``)."""
     directory, name = os.path.split(index_path)
     base = os.path.splitext(name)[0]
-    names = sorted(os.listdir(directory))
-    if kind == MXNET_IDX:
-        candidates = [n for n in names if idx_path_for(os.path.join(directory, n)) == index_path]
-    elif base in names and not _is_index_name(base):
+    stems = listing(directory)
+    if kind == MXNET_IDX:  # the .rec whose index (recordio.idx_path_for) this is
+        candidates = stems.get(base, []) if name == base + ".idx" else []
+    elif base in stems.get(os.path.splitext(base)[0], []) and not _is_index_name(base):
         candidates = [base]
     else:
-        candidates = [n for n in names if os.path.splitext(n)[0] == base]
+        candidates = stems.get(base, [])
     matches = []
     for candidate in candidates:
         path = os.path.join(directory, candidate)
@@ -467,6 +486,12 @@ def read_legacy_index(
     malformed text index; :class:`CatalogError` when a per-shard text index
     has no shard beside it.
     """
+    return _read_legacy_index(path, remap, _by_stem)
+
+
+def _read_legacy_index(
+    path: str | os.PathLike[str], remap: Sequence[tuple[str, str]], listing: Listing
+) -> LegacyIndex | None:
     where = os.path.abspath(os.fspath(path))
     sniffed = _sniff(where)
     if sniffed is None:
@@ -474,7 +499,7 @@ def read_legacy_index(
     mtime_ns = os.stat(where).st_mtime_ns
     index_dir = os.path.dirname(where)
     if sniffed != "pickle":
-        shard = _shard_beside(where, sniffed)
+        shard = _shard_beside(where, sniffed, listing)
         if shard is None:
             raise CatalogError(
                 f"{where}: cannot tell which shard this {sniffed} belongs to: expected its "
@@ -499,12 +524,6 @@ def read_legacy_index(
 # -- discovery -----------------------------------------------------------------------
 
 
-def _patterns(paths: PathsLike) -> list[str]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
-
-
 def discover(
     paths: PathsLike, remap: Sequence[tuple[str, str]] = ()
 ) -> tuple[list[LegacyIndex], list[tuple[str, str]]]:
@@ -514,7 +533,7 @@ def discover(
     explicit: list[str] = []
     directories: list[str] = []
     shard_filter: set[str] = set()
-    for pattern in _patterns(paths):
+    for pattern in as_patterns(paths):
         pattern = os.path.expanduser(pattern)
         matches = [pattern] if os.path.exists(pattern) else sorted(glob.glob(pattern))
         if not matches:
@@ -528,17 +547,18 @@ def discover(
             elif ".sqlite" not in os.path.basename(match):
                 shard_filter.add(match)
                 directories.append(os.path.dirname(match))
-    found = list(explicit)
+    listing = functools.cache(_by_stem)  # each directory listed once per discovery
+    found = dict.fromkeys(explicit)
     for directory in dict.fromkeys(directories):
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(itertools.chain.from_iterable(listing(directory).values())):
             candidate = os.path.join(directory, name)
-            if _is_index_name(name) and os.path.isfile(candidate) and candidate not in found:
-                found.append(candidate)
+            if _is_index_name(name) and os.path.isfile(candidate):
+                found.setdefault(candidate)
     indexes: list[LegacyIndex] = []
     skipped: list[tuple[str, str]] = []
     for candidate in found:
         try:
-            index = read_legacy_index(candidate, remap)
+            index = _read_legacy_index(candidate, remap, listing)
         except CatalogError as exc:
             if candidate in explicit or isinstance(exc, LegacyIndexError):
                 raise
@@ -562,13 +582,18 @@ def discover(
 
 @dataclass
 class _Plan:
-    indexes: list[LegacyIndex]
-    format: str
-    keyed: bool
+    indexes: list[LegacyIndex]  # of one kind (see _plans)
     shards: dict[str, tuple[LegacyIndex, LegacyShard]]
     extra: list[str] = field(default_factory=list)  # files of the source set no index covers
     source: list[str] = field(default_factory=list)
-    catalog: Path = Path()
+
+    @property
+    def format(self) -> str:
+        return self.indexes[0].format
+
+    @property
+    def keyed(self) -> bool:
+        return self.indexes[0].keyed
 
     @property
     def files(self) -> list[str]:
@@ -597,10 +622,10 @@ def _plans(indexes: list[LegacyIndex], skipped: list[tuple[str, str]]) -> list[_
             group_key = (os.path.dirname(mine[0].path), index.kind, index.format)
             plan = grouped.get(group_key)
             if plan is None:
-                plan = grouped[group_key] = _Plan([], index.format, index.keyed, {})
+                plan = grouped[group_key] = _Plan([], {})
                 plans.append(plan)
         else:
-            plan = _Plan([], index.format, index.keyed, {})
+            plan = _Plan([], {})
             plans.append(plan)
         plan.indexes.append(index)
         for shard in mine:
@@ -716,7 +741,7 @@ def _recordio_entries(size: int, rows: list[Any]) -> list[Entry]:
         raise _Mismatch("the record at byte 0 has no line in the index")
     entries = []
     for (key, offset), nxt in zip(rows, [*(r[1] for r in rows[1:]), size], strict=True):
-        if nxt - offset < 8:
+        if nxt - offset < recordio_format.HEADER:
             raise _Mismatch(
                 f"no record fits between bytes {offset} and {nxt} (duplicate offset, or the "
                 "index runs past the end of the file)"
@@ -803,7 +828,7 @@ def _tar_entries(path: str, size: int, rows: list[Any], sample: int) -> tuple[li
                 checked.add(i)
             else:
                 raise _Mismatch(f"member data at byte {offset} overlaps the member before")
-            end = offset + -(-length // tar_format.BLOCK) * tar_format.BLOCK
+            end = offset + tar_format.padded(length)
         for member in _members(fd, size, path, end):  # nothing keyed after the last one
             problem = _unindexed(member)
             if problem is not None:
@@ -1305,7 +1330,7 @@ def _migrate(
     reports = [
         _migrate_plan(
             plan,
-            given=_patterns(paths),
+            given=as_patterns(paths),
             catalog=catalog,
             dataset=dataset,
             dry_run=dry_run,

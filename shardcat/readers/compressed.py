@@ -196,8 +196,11 @@ class IndexingStream:
         """Up to ``size`` bytes (fewer only at the end of the stream).
 
         Reads go to the decompressor in ``_BUFFER`` chunks (a 512-byte tar
-        header at a time would cost a call into the decompressor each).
+        header at a time would cost a call into the decompressor each). A
+        size of 0 or less reads nothing.
         """
+        if size <= 0:
+            return b""
         have = len(self._buf) - self._at
         if have < size:
             parts = [self._buf[self._at :]]

@@ -151,6 +151,19 @@ def pread_exact(source: Any, path: str, offset: int, length: int) -> bytes:
     return data
 
 
+def read_full(stream: Any, size: int) -> bytes:
+    """``size`` bytes from ``stream.read``, calling it until it has them all or it
+    returns nothing (the end of the stream): fewer only at the end."""
+    parts = []
+    while size > 0:
+        chunk = stream.read(size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
 _F32 = struct.Struct("<f")
 
 

@@ -518,17 +518,18 @@ class Reader:
         shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
         catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
         try:
-            name = dataset or catalog.find_dataset(paths)
-            if not readonly:
-                catalog.ingest(
+            if readonly:
+                name = dataset or catalog.find_dataset(paths)
+            else:
+                with catalog.ingest(
                     paths,
-                    name,
+                    dataset,
                     format=format,
                     options=options,
                     workers=workers,
                     on_duplicate=on_duplicate,
-                ).close()
-                name = name or catalog.find_dataset(paths)
+                ) as indexed:
+                    name = indexed.dataset
             if name is None:
                 raise CatalogError(
                     f"{catalog.path} has no dataset for {paths!r}; index it first "

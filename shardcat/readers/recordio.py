@@ -104,7 +104,6 @@ IR_SIZE = 24
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _FRAME = struct.Struct("<II")
 _IR = struct.Struct("<IfQQ")
-_F32 = struct.Struct("<f")
 _INT64_MAX = (1 << 63) - 1
 _LENGTH_MASK = (1 << 29) - 1
 
@@ -451,8 +450,11 @@ def decode(raw: bytes, options: Mapping[str, Any]) -> bytes:
     return IRRecord(raw) if options.get("header", True) else raw
 
 
-def features(record: bytes) -> dict[str, list[Any]]:
-    """``{feature: [values]}``: the IRHeader's values and ``data`` (or just ``data``)."""
+def features(record: bytes, *, with_data: bool = True) -> dict[str, list[Any]]:
+    """``{feature: [values]}``: the IRHeader's values and ``data`` (or just ``data``).
+
+    ``with_data=False`` leaves ``data`` out, so the payload is not copied.
+    """
     if isinstance(record, IRRecord):
         parsed = _parse(record, 0, len(record))
         if parsed is not None:
@@ -462,14 +464,19 @@ def features(record: bytes) -> dict[str, list[Any]]:
                 out["label"] = [label]
             else:
                 out["labels"] = list(label)
-            out.update(id=[id_], id2=[id2], data=[record[start:]])
+            out.update(id=[id_], id2=[id2])
+            if with_data:
+                out["data"] = [record[start:]]
             return out
-    return {"data": [bytes(record)]}
+    return {"data": [bytes(record)]} if with_data else {}
 
 
 def feature_list(record: bytes, name: str) -> list[Any] | None:
-    """All values of feature ``name`` (see :func:`features`), or None."""
-    return features(record).get(name)
+    """All values of feature ``name`` (see :func:`features`), or None.
+
+    The payload is copied only when ``name`` is ``data``.
+    """
+    return features(record, with_data=name == "data").get(name)
 
 
 _TYPES = {"flag": "uint32", "label": "float32", "id": "uint64", "id2": "uint64", "data": "bytes"}

@@ -81,12 +81,13 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.compressed import detect_compression, open_stream
-from shardcat.readers.formats import Entry, Scalar, pread_exact
+from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
+from shardcat.readers.formats import Entry, Scalar, pread_exact, read_full
 
 __all__ = [
     "GROUPINGS",
     "Member",
+    "check_grouping",
     "dali_index_lines",
     "decode",
     "describe",
@@ -94,6 +95,7 @@ __all__ = [
     "features",
     "iter_members",
     "iter_samples",
+    "padded",
     "read",
     "scan",
     "scan_stream",
@@ -181,15 +183,7 @@ class _StreamCursor:
         self.pos = 0
 
     def read(self, size: int) -> bytes:
-        parts = []
-        want = size
-        while want > 0:
-            chunk = self.stream.read(want)
-            if not chunk:
-                break
-            parts.append(chunk)
-            want -= len(chunk)
-        data = b"".join(parts)
+        data = read_full(self.stream, size)
         self.pos += len(data)
         return data
 
@@ -201,6 +195,9 @@ class _StreamCursor:
                 break
             done += len(chunk)
         return done
+
+
+_CURSORS = (_MapCursor, _StreamCursor, IndexingStream)
 
 
 def _checksum_ok(block: bytes) -> bool:
@@ -276,7 +273,9 @@ def _skip_exact(cur: _Cursor, size: int, path: str, offset: int, name: str) -> N
         )
 
 
-def _padded(size: int) -> int:
+def padded(size: int) -> int:
+    """``size`` rounded up to a whole number of 512-byte blocks (the space a
+    member's data takes in the archive)."""
     return -(-size // BLOCK) * BLOCK
 
 
@@ -313,7 +312,7 @@ def iter_members(cur: _Cursor, path: str) -> Iterator[Member]:
             first = start
         if kind in (b"L", b"K", b"x", b"g"):
             data = _read_exact(cur, size, path, start, "././@LongLink")
-            _skip_exact(cur, _padded(size) - size, path, start, "././@LongLink")
+            _skip_exact(cur, padded(size) - size, path, start, "././@LongLink")
             if kind == b"L":
                 long_name = _text(_cstr(data), path, start, "member name")
             elif kind == b"x":
@@ -342,7 +341,7 @@ def iter_members(cur: _Cursor, path: str) -> Iterator[Member]:
         data_offset = cur.pos
         member = Member(name, kind, first, data_offset, size)
         yield member
-        span = 0 if kind in _NO_DATA else _padded(size)
+        span = 0 if kind in _NO_DATA else padded(size)
         _skip_exact(cur, data_offset + span - cur.pos, path, first, name)
         local_pax, long_name, first = {}, None, None
 
@@ -362,14 +361,22 @@ def split_key(name: str, grouping: str) -> tuple[str, str] | None:
         if not ext:
             return None
         return p.with_suffix("").as_posix(), ext
-    raise CatalogError(f"unknown tar grouping {grouping!r}; use one of {', '.join(GROUPINGS)}")
+    raise _unknown_grouping(grouping)
+
+
+def _unknown_grouping(grouping: object) -> CatalogError:
+    return CatalogError(f"unknown tar grouping {grouping!r}; use one of {', '.join(GROUPINGS)}")
+
+
+def check_grouping(grouping: str) -> str:
+    """``grouping`` itself when it is one of :data:`GROUPINGS`; else a :class:`CatalogError`."""
+    if grouping not in GROUPINGS:
+        raise _unknown_grouping(grouping)
+    return grouping
 
 
 def _grouping(options: Mapping[str, Any]) -> str:
-    grouping = str(options.get("grouping") or DEFAULT_GROUPING)
-    if grouping not in GROUPINGS:
-        raise CatalogError(f"unknown tar grouping {grouping!r}; use one of {', '.join(GROUPINGS)}")
-    return grouping
+    return check_grouping(str(options.get("grouping") or DEFAULT_GROUPING))
 
 
 # -- fields --------------------------------------------------------------------
@@ -473,7 +480,9 @@ def _samples(
 def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     """Like :func:`scan`, over a binary stream read sequentially (compressed archives:
     ingest hands in the decompressed stream, which records seek points)."""
-    cur = stream if isinstance(stream, (_MapCursor, _StreamCursor)) else _StreamCursor(stream)
+    # Cursors and the ingest stream already read in full (short only at the end),
+    # skip and count ``pos`` from 0; any other stream gets a cursor around it.
+    cur: _Cursor = stream if isinstance(stream, _CURSORS) else _StreamCursor(stream)
     grouping = _grouping(options)
     by_position = options.get("key", "key") is None
     want = _wants_data if options.get("fields", True) else None
@@ -514,8 +523,7 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:
     """``(key, {feature: bytes})`` per sample of the archive, in archive order
     (compressed archives are decompressed on the fly)."""
-    if grouping not in GROUPINGS:
-        raise CatalogError(f"unknown tar grouping {grouping!r}; use one of {', '.join(GROUPINGS)}")
+    check_grouping(grouping)
     with open_stream(path) as stream:
         for sample, data in _samples(_StreamCursor(stream), path, grouping, lambda f, n: True):
             yield sample.key, data
@@ -591,7 +599,7 @@ def regular_members(path: str) -> Iterator[tuple[str, int, int]]:
     """``(name, data offset, size)`` of every regular file member, in archive order."""
     with open_stream(path) as stream:
         for m in iter_members(_StreamCursor(stream), path):
-            if m.type in _REGULAR and not m.name.endswith("/"):
+            if m.is_file:
                 yield m.name, m.data_offset, m.size
 
 

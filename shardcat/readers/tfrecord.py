@@ -39,7 +39,7 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
-from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact
+from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact, read_full
 
 __all__ = [
     "TFRecordWriter",
@@ -146,17 +146,6 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         yield from scan_stream(f, path, options)
 
 
-def _read_full(stream: Any, size: int) -> bytes:
-    parts = []
-    while size > 0:
-        chunk = stream.read(size)
-        if not chunk:
-            break
-        parts.append(chunk)
-        size -= len(chunk)
-    return b"".join(parts)
-
-
 def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     """:func:`scan` over a binary stream read sequentially: a plain file, or the
     decompressed stream of a GZIP-compressed TFRecord (``compression_type="GZIP"``),
@@ -167,7 +156,7 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[
     parse = SequenceExample.FromString
     pos = 0
     while True:
-        header = _read_full(stream, HEADER)
+        header = read_full(stream, HEADER)
         if not header:
             return
         if len(header) < HEADER:
@@ -177,7 +166,7 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[
         (length,) = _U64.unpack_from(header, 0)
         if masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
             raise CorruptRecordError(path, pos, "length CRC mismatch")
-        body = _read_full(stream, length + FOOTER)
+        body = read_full(stream, length + FOOTER)
         if len(body) < length + FOOTER:
             raise CorruptRecordError(
                 path,

@@ -314,14 +314,7 @@ class TensorDB(Storage):
         """Row positions of ``keys``, in order (one query per 500 keys)."""
         self._sync()
         keys = list(keys)
-        found: dict[str, int] = {}
-        conn = self._meta.conn
-        for i in range(0, len(keys), 500):
-            part = keys[i : i + 500]
-            marks = ", ".join("?" * len(part))
-            found.update(
-                conn.execute(f"SELECT key, position FROM rows WHERE key IN ({marks})", part)
-            )
+        found: dict[str, int] = dict(self._key_positions(keys))
         missing = [k for k in keys if k not in found]
         if missing:
             raise KeyNotFoundError(f"no row with key {missing[0]!r} in {self.filename}")
@@ -369,16 +362,18 @@ class TensorDB(Storage):
             owner = self._key_pos.get(key)
             if owner is not None and owner not in overwritten:
                 raise self._duplicate(key, owner)
+        for key, owner in self._key_positions(keys):
+            # a committed key is free again once its row has been given another one
+            if owner not in overwritten and owner not in self._pos_key:
+                raise self._duplicate(key, owner)
+
+    def _key_positions(self, keys: Sequence[str]) -> Iterator[tuple[str, int]]:
+        """``(key, position)`` of the SQL rows with one of ``keys`` (one query per 500 keys)."""
         conn = self._meta.conn
         for i in range(0, len(keys), 500):
             part = keys[i : i + 500]
             marks = ", ".join("?" * len(part))
-            for key, owner in conn.execute(
-                f"SELECT key, position FROM rows WHERE key IN ({marks})", part
-            ):
-                # a committed key is free again once its row has been given another one
-                if owner not in overwritten and owner not in self._pos_key:
-                    raise self._duplicate(key, owner)
+            yield from conn.execute(f"SELECT key, position FROM rows WHERE key IN ({marks})", part)
 
     def _duplicate(self, key: str, owner: int) -> DuplicateKeyError:
         return DuplicateKeyError(

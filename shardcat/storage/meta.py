@@ -56,7 +56,7 @@ import sqlite3
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,6 @@ META_FILE = STORAGE_DB_NAME
 SCHEMA_VERSION = 1
 KINDS = {"blob": "TensorBlob", "db": "TensorDB"}
 BLOB_FIELD = "data"  # the one field of a TensorBlob
-SQL_TYPES = {"float": "REAL", "int": "INTEGER"}
 _BLOCK_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _HOST = socket.gethostname()
 
@@ -211,6 +210,12 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
+def _unlink_meta_files(directory: Path) -> None:
+    """Delete the metadata file of ``directory`` and its SQLite side files, if any."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        _unlink(directory / (META_FILE + suffix))
+
+
 _LOCKS: set[int] = set()  # this process's writer locks (directory fds)
 
 
@@ -323,8 +328,7 @@ class Metadata:
     def create(cls, directory: Path, layout: Layout) -> Metadata:
         """Create the metadata of a new, empty storage in ``directory`` (one transaction)."""
         directory.mkdir(parents=True, exist_ok=True)
-        for suffix in ("", "-wal", "-shm", "-journal"):  # an uncommitted earlier attempt
-            _unlink(directory / (META_FILE + suffix))
+        _unlink_meta_files(directory)  # an uncommitted earlier attempt
         for spec in layout.fields:
             (directory / spec.directory).mkdir(parents=True, exist_ok=True)
         conn = _connect(directory / META_FILE)
@@ -402,8 +406,7 @@ class Metadata:
             if existing is not None:  # another process has just converted it
                 existing.close()
                 return
-            for suffix in ("", "-wal", "-shm", "-journal"):  # a killed earlier attempt
-                _unlink(directory / (META_FILE + suffix))
+            _unlink_meta_files(directory)  # a killed earlier attempt
         temporary = directory / f"{META_FILE}.{uuid.uuid4().hex}.tmp"
         try:
             conn = sqlite3.connect(temporary, isolation_level=None)
@@ -460,17 +463,6 @@ class Metadata:
             raise FileNotFoundError(f"{self.directory}: no block {idx} of field {field!r}")
         return str(row[0])
 
-    def block_files(self, field: str, start: int = 0, stop: int | None = None) -> list[str]:
-        """The files of blocks ``start <= idx < stop`` of ``field``, in order."""
-        return [
-            str(r[0])
-            for r in self.conn.execute(
-                "SELECT file FROM storage_blocks WHERE field = ? AND idx >= ? AND idx < ? "
-                "ORDER BY idx",
-                (field, start, 2**62 if stop is None else stop),
-            )
-        ]
-
     def reserve(self, wanted: Mapping[str, int]) -> dict[str, list[str]]:
         """New block file names per field, recorded as pending before any file exists."""
         names = {field: [str(uuid.uuid4()) for _ in range(n)] for field, n in wanted.items()}
@@ -490,16 +482,9 @@ class Metadata:
         """
         if not files:
             return
-        conn = self.conn
-        for field, file in files:
-            if not conn.execute(
-                "SELECT 1 FROM storage_blocks WHERE field = ? AND file = ?", (field, file)
-            ).fetchone():
-                _unlink(directories[field] / file)
-        with self.transaction():
-            conn.executemany(
-                "DELETE FROM storage_pending WHERE field = ? AND file = ?", list(files)
-            )
+        for field, file in self._unreferenced(files):
+            _unlink(directories[field] / file)
+        self._forget_pending(list(files))
 
     def collect_garbage(self) -> None:
         """Delete block files left by writers that are gone (reserved, or dropped, not deleted).
@@ -519,19 +504,27 @@ class Metadata:
         if not stale:
             return
         directories = {spec.name: self.directory / spec.directory for spec in self.fields}
-        orphans = [
-            (f, n)
-            for f, n in stale
-            if conn.execute(
-                "SELECT 1 FROM storage_blocks WHERE field = ? AND file = ?", (f, n)
-            ).fetchone()
-            is None
-            and _BLOCK_NAME.match(n)
-        ]
+        orphans = [(f, n) for f, n in self._unreferenced(stale) if _BLOCK_NAME.match(n)]
         for field, file in orphans:
             _unlink(directories[field] / file)
-        with self.transaction() as c:
-            c.executemany("DELETE FROM storage_pending WHERE field = ? AND file = ?", stale)
+        self._forget_pending(stale)
+
+    def _unreferenced(self, files: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+        """The ``(field, file)`` pairs no row of ``storage_blocks`` has, lazily (one query each)."""
+        conn = self.conn
+        for field, file in files:
+            if (
+                conn.execute(
+                    "SELECT 1 FROM storage_blocks WHERE field = ? AND file = ?", (field, file)
+                ).fetchone()
+                is None
+            ):
+                yield field, file
+
+    def _forget_pending(self, files: Sequence[tuple[str, str]]) -> None:
+        """Remove ``files`` from ``storage_pending`` (one transaction)."""
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM storage_pending WHERE field = ? AND file = ?", files)
 
     # -- transactions ----------------------------------------------------------------
 
