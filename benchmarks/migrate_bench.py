@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.data import DATASET, Dataset, ensure_tfd_index, get_dataset, remove_catalog
-from benchmarks.util import drop_page_cache, quiet, round_robin
+from benchmarks.util import drop_page_cache, print_table, quiet, round_robin
 from shardcat import Catalog
 from shardcat.migrations.legacy import load_pickle, migrate
 
@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = ("contender", "seconds", "migrate / contender")
     table = [(name, f"{s:.2f}", f"{migrate_s / s:.2f}") for name, s in rows]
-    widths = [max(len(r[i]) for r in [header, *table]) for i in range(3)]
-    for row in [header, tuple("-" * w for w in widths), *table]:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_table(header, table)
     return 0
 
 

@@ -16,7 +16,6 @@ import argparse
 import gc
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import util
 from shardcat import TensorBlob, TensorDB
 
 Contender = Callable[[], Any]
@@ -80,16 +80,8 @@ def _tensorblob() -> Any:
 
 
 def round_robin(contenders: dict[str, Contender], repeats: int) -> dict[str, float]:
-    """Median seconds of each contender's call, interleaved."""
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            gc.collect()
-            start = time.perf_counter()
-            contenders[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds of each contender's call, interleaved (rotating the start, gc first)."""
+    return util.round_robin(contenders, repeats, gc.collect, rotate=True)
 
 
 class Bench:

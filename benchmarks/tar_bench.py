@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from benchmarks.util import print_table, timed
 from shardcat import Catalog, TarReader
 
 
@@ -82,12 +83,6 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def _median_us(read: Callable[[str], object], keys: list[str]) -> float:
     times = []
     for key in keys:
@@ -111,7 +106,7 @@ def run(
     work = Path(tempfile.mkdtemp(prefix="tar_bench_"))
     try:
         # ingest of the shard set vs tfd-utils' index build (both from scratch, 2 workers)
-        ours = _timed(
+        ours = timed(
             lambda: (
                 Catalog(work / "ingest.sqlite")
                 .ingest([str(p) for p in parts], "parts", workers=2)
@@ -120,7 +115,7 @@ def run(
         )
         with _quiet():
             tfd = TfdTar([str(p) for p in parts], index_file=work / "t.tar_index", max_workers=2)
-            theirs = _timed(lambda: tfd.index)
+            theirs = timed(lambda: tfd.index)
             tfd.close()
         mb = sum(p.stat().st_size for p in parts) / 1e6
         rows.append(
@@ -168,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = run(args.data / f"{args.mb}mb", args.mb, args.reads, args.gz_reads_tfd)
     header = ("what", "shardcat", "tfd-utils 1.3.0", "shardcat / tfd-utils")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_table(header, rows)
     return 0
 
 

@@ -7,7 +7,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,20 +23,32 @@ def round_robin(
     contenders: dict[str, Callable[[], Any]],
     repeats: int,
     before_each: Callable[[], Any] | None = None,
+    *,
+    rotate: bool = False,
 ) -> dict[str, float]:
     """Median seconds per contender, running them in turn (A, B, C, A, B, C, ...).
 
     Interleaving makes a noisy neighbour slow every contender alike, so the
     ratios between them hold even when the absolute times wander.
-    ``before_each`` runs (untimed) before every timed call.
+    ``before_each`` runs (untimed) before every timed call. With ``rotate``,
+    round ``r`` starts ``r`` contenders later (A, B, C, B, C, A, C, A, B, ...).
     """
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
+    names = list(contenders)
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
+        for name in order:
             if before_each is not None:
                 before_each()
-            times[name].append(timed(fn))
+            times[name].append(timed(contenders[name]))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """Print ``rows`` under ``header`` as left-aligned columns joined by `` | ``."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
 def percentile(values: list[float], q: float) -> float:
