@@ -50,15 +50,15 @@ def tar_inputs(spec: PathsLike) -> list[str]:
     """The archives named by a file, a directory (its tar archives, detected by
     content) or a glob, or a list of them; sorted and absolute."""
     files = resolve_paths(spec)
-    out = []
-    for path in files:
-        try:
-            is_tar = detect_format(path) == "tar"
-        except (CatalogError, OSError):
-            is_tar = False
-        if is_tar or path.endswith(tar_format.EXTENSIONS):
-            out.append(path)
-    return out
+    return [p for p in files if p.endswith(tar_format.EXTENSIONS) or _is_tar(p)]
+
+
+def _is_tar(path: str) -> bool:
+    """Whether the content says tar (read only when the name does not)."""
+    try:
+        return detect_format(path) == "tar"
+    except (CatalogError, OSError):
+        return False
 
 
 def output_path(source: str, output_dir: str | os.PathLike[str] | None = None) -> str:

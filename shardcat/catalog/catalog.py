@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_paths"]
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Shard numbering at the end of a file stem: "-00003", "_00003-of-00016", ".7".
 _SHARD_SUFFIX = re.compile(r"(?:[-_.]+of|[-_.]*\d+)+$")
 
@@ -100,16 +99,21 @@ def default_dataset_name(files: Sequence[str]) -> str:
     prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))  # noqa: RUF071
     base = prefix or Path(files[0]).parent.name or "dataset"
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
-    reserved = slug.lower() in schema.RESERVED_NAMES or slug.lower().startswith("fields_")
-    return slug if _NAME_RE.match(slug) and not reserved else f"d_{slug}"
+    return slug if _valid_name(slug) else f"d_{slug}"
+
+
+def _valid_name(name: str) -> bool:
+    """An identifier that is none of the catalog's own tables (nor a ``fields_*`` one)."""
+    lower = name.lower()
+    return bool(
+        schema.IDENTIFIER.match(name)
+        and lower not in schema.RESERVED_NAMES
+        and not lower.startswith("fields_")
+    )
 
 
 def _check_name(name: str) -> None:
-    if (
-        not _NAME_RE.match(name)
-        or name.lower() in schema.RESERVED_NAMES
-        or (name.lower().startswith("fields_"))
-    ):
+    if not _valid_name(name):
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
             "with a digit), and none of the catalog's own table names"
@@ -270,11 +274,7 @@ class Catalog:
         taken = {
             str(r[0]).lower() for r in self.reader_connection().execute("SELECT name FROM datasets")
         }
-        name, n = base, 1
-        while name.lower() in taken:
-            n += 1
-            name = f"{base}_{n}"
-        return name
+        return schema.first_free(base, taken)
 
     def normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""

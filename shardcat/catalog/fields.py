@@ -75,12 +75,9 @@ def field_columns(conn: Connection, dataset_id: int) -> dict[str, tuple[str, str
 
 
 def _view_name_for(feature: str, taken: set[str]) -> str:
-    base = f"f_{feature}" if feature.lower() in schema.VIEW_COLUMNS else feature
-    name, n = base, 1
-    while name.lower() in taken:
-        n += 1
-        name = f"{base}_{n}"
-    return name
+    return schema.first_free(
+        f"f_{feature}" if feature.lower() in schema.VIEW_COLUMNS else feature, taken
+    )
 
 
 def ensure_field_columns(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog import schema
 from shardcat.errors import CatalogError
 
 __all__ = ["STORAGE_DB_NAME", "QueryResult", "attached", "run_readonly"]
@@ -17,7 +17,6 @@ __all__ = ["STORAGE_DB_NAME", "QueryResult", "attached", "run_readonly"]
 # The SQLite file that shardcat keeps inside a storage directory (TensorBlob,
 # TensorDB): ``attach`` accepts such a directory in place of the file.
 STORAGE_DB_NAME = ".shardcat.sqlite"
-_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # What a read-only statement may do (sqlite3 authorizer action codes).
 _ALLOWED = {
@@ -67,7 +66,7 @@ def run_readonly(
 
 
 def _attach_target(name: str, path: str | os.PathLike[str]) -> Path:
-    if not _ALIAS.match(name) or name.lower() in ("main", "temp"):
+    if not schema.IDENTIFIER.match(name) or name.lower() in ("main", "temp"):
         raise CatalogError(
             f"invalid attach name {name!r}: use letters, digits and '_' (not main or temp)"
         )

@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -138,6 +140,18 @@ fields = Table(
 VIEW_COLUMNS = ("key", "position", "shard")
 # Table names a dataset may not take for its view.
 RESERVED_NAMES = frozenset(metadata.tables) | {"sqlite_master", "sqlite_sequence"}
+
+# What a dataset, view column or attached schema may be called: a plain SQL identifier.
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def first_free(base: str, taken: set[str]) -> str:
+    """``base``, else ``base_2``, ``base_3``, ...: the first not in ``taken`` (lower case)."""
+    name, n = base, 1
+    while name.lower() in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
 
 
 def field_table_name(dataset_id: int) -> str:

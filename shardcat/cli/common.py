@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shardcat.catalog import Catalog
 from shardcat.catalog.engine import ENV_VAR, locate
@@ -77,3 +79,21 @@ def handle_errors(fn: F) -> F:
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def progress_bar(
+    label: str,
+    *,
+    unit: str | None = None,
+    elapsed: bool = True,
+    transient: bool = False,
+    disable: bool = False,
+) -> Progress:
+    """The commands' progress bar, on stderr: label, bar, done/total, then with
+    ``unit`` a running record count (``task.fields["records"]``) and the time taken."""
+    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn()]
+    if unit is not None:
+        columns.append(TextColumn(unit + " {task.fields[records]:,} records"))
+    if elapsed:
+        columns.append(TimeElapsedColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)

@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shardcat.cli.common import JsonOpt, handle_errors, print_json
+from shardcat.cli.common import JsonOpt, handle_errors, print_json, progress_bar
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError
 
@@ -58,17 +56,7 @@ def convert(
     sources = tar_inputs(inputs)
     if not sources:
         raise CatalogError(f"no tar archives found for {' '.join(inputs)}")
-    n_workers = workers if workers is not None else min(len(sources), os.cpu_count() or 1)
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]convert"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("archives {task.fields[records]:,} records"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=json_out,
-    ) as bar:
+    with progress_bar("convert", unit="archives", transient=json_out) as bar:
         task = bar.add_task("convert", total=len(sources), records=0)
         counted = {"records": 0}
 
@@ -80,7 +68,7 @@ def convert(
             sources,
             output_dir,
             delete=delete,
-            workers=max(1, n_workers),
+            workers=(os.cpu_count() or 1) if workers is None else workers,
             grouping=grouping,
             progress=progress,
         )

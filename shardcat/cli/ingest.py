@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shardcat.catalog import Catalog, resolve_paths
 from shardcat.catalog.catalog import KEEP
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import DUPLICATE_POLICIES, ShardOutcome
-from shardcat.cli.common import CatalogOpt, DatasetArg, handle_errors, open_catalog
+from shardcat.cli.common import CatalogOpt, DatasetArg, handle_errors, open_catalog, progress_bar
 from shardcat.errors import CatalogError, IngestError
 from shardcat.readers.formats import known_formats
 from shardcat.sample import make_sample
@@ -73,19 +71,7 @@ def ingest(
     if not files:
         raise CatalogError(f"no files match {paths}")
     where = locate(catalog, os.path.commonpath([str(Path(f).parent) for f in files]))
-    console = Console(stderr=True)
-    with (
-        Catalog(where) as cat,
-        Progress(
-            TextColumn("[bold]ingest"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("shards {task.fields[records]:,} records"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as bar,
-    ):
+    with Catalog(where) as cat, progress_bar("ingest", unit="shards") as bar:
         task = bar.add_task("ingest", total=len(files), records=0)
         counted = {"records": 0}
 

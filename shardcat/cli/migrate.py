@@ -9,18 +9,13 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 from rich.table import Table
 
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import DUPLICATE_POLICIES
-from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, print_json
+from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, print_json, progress_bar
 from shardcat.errors import CatalogError
 from shardcat.migrations import upgrade
 from shardcat.migrations.legacy import DEFAULT_SAMPLE, MigrationReport
@@ -128,14 +123,7 @@ def migrate(
     paths = [p for p in paths if p not in blobs]
     if not paths:
         return
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=json,
-    ) as bar:
+    with progress_bar("{task.description}", disable=json) as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(step: str, done: int, total: int) -> None:
@@ -181,16 +169,8 @@ def print_report(report: MigrationReport) -> None:
             padding=(0, 1, 0, 0),
         )  # fmt: skip
         for d in report.datasets:
-            table.add_row(
-                d.dataset,
-                str(len(d.shards)),
-                str(d.count(imported)),
-                str(sum(s.verified for s in d.shards)),
-                str(d.count(reindexed)),
-                str(d.count("unchanged")),
-                str(d.count("failed")),
-                f"{d.records:,}",
-            )
+            counts = map(str, d.totals(report.dry_run).values())
+            table.add_row(d.dataset, str(len(d.shards)), *counts, f"{d.records:,}")
         Console().print(table)
     for d in report.datasets:
         typer.echo(f"dataset {d.dataset} ({d.format}, {d.key_rule}) -> {d.catalog}", err=True)

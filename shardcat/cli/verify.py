@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from shardcat.cli.common import (
     CatalogOpt,
@@ -13,6 +11,7 @@ from shardcat.cli.common import (
     handle_errors,
     open_catalog,
     print_json,
+    progress_bar,
 )
 
 
@@ -24,13 +23,7 @@ def verify(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = Fals
     """
     with (
         open_catalog(catalog) as cat,
-        Progress(
-            TextColumn("[bold]verify"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=Console(stderr=True),
-            disable=json,
-        ) as bar,
+        progress_bar("verify", elapsed=False, disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)
         problems = cat.verify(

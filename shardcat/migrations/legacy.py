@@ -908,6 +908,18 @@ def _verify(
 # -- the report ------------------------------------------------------------------------------
 
 
+def _totals(shards: list[ShardReport], dry_run: bool) -> dict[str, int]:
+    imported = "import" if dry_run else "imported"
+    reindexed = "re-index" if dry_run else "re-indexed"
+    return {
+        "imported": sum(s.action == imported for s in shards),
+        "verified": sum(s.verified for s in shards),
+        "re-indexed": sum(s.action == reindexed for s in shards),
+        "unchanged": sum(s.action == "unchanged" for s in shards),
+        "failed": sum(s.action == "failed" for s in shards),
+    }
+
+
 @dataclass
 class ShardReport:
     """What happened to one shard.
@@ -944,6 +956,11 @@ class DatasetReport:
     def count(self, action: str) -> int:
         return sum(1 for s in self.shards if s.action == action)
 
+    def totals(self, dry_run: bool) -> dict[str, int]:
+        """Shards per outcome (``imported`` and ``re-indexed`` count the dry run's
+        ``import``/``re-index`` too; ``verified``: legacy entries that passed)."""
+        return _totals(self.shards, dry_run)
+
     @property
     def records(self) -> int:
         return sum(s.records for s in self.shards)
@@ -959,18 +976,8 @@ class MigrationReport:
     skipped: list[tuple[str, str]]
 
     def totals(self) -> dict[str, int]:
-        """Shards per outcome, over every dataset (``verified`` counts shards whose
-        legacy entries passed verification)."""
-        shards = [s for d in self.datasets for s in d.shards]
-        imported = "import" if self.dry_run else "imported"
-        reindexed = "re-index" if self.dry_run else "re-indexed"
-        return {
-            "imported": sum(s.action == imported for s in shards),
-            "verified": sum(s.verified for s in shards),
-            "re-indexed": sum(s.action == reindexed for s in shards),
-            "unchanged": sum(s.action == "unchanged" for s in shards),
-            "failed": sum(s.action == "failed" for s in shards),
-        }
+        """Shards per outcome, over every dataset (see :meth:`DatasetReport.totals`)."""
+        return _totals([s for d in self.datasets for s in d.shards], self.dry_run)
 
     @property
     def failed(self) -> bool:

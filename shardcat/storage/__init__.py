@@ -74,10 +74,8 @@ def convert_tensorblob(path: str | os.PathLike[str]) -> tuple[str, int]:
 
     What opening it would do, without using it: returns (class name, rows).
     """
-    conf = json.loads((Path(path) / ".conf").read_text())
-    is_db = "schema" in conf or str(conf.get("__notes__", {}).get("class_name", "")).endswith(
-        "TensorDB"
-    )
-    cls = __getattr__("TensorDB" if is_db else "TensorBlob")
+    from shardcat.storage.meta import KINDS, tensorblob_kind
+
+    cls = __getattr__(KINDS[tensorblob_kind(json.loads((Path(path) / ".conf").read_text()))])
     with cls.open(os.fspath(path), "r+") as storage:
         return cls.__name__, len(storage)

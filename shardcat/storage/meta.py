@@ -210,6 +210,12 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
+def tensorblob_kind(conf: Mapping[str, Any]) -> str:
+    """``"db"`` or ``"blob"``: which class wrote a tensorblob ``.conf``."""
+    class_name = str(conf.get("__notes__", {}).get("class_name", ""))
+    return "db" if class_name.endswith("TensorDB") or "schema" in conf else "blob"
+
+
 def _unlink_meta_files(directory: Path) -> None:
     """Delete the metadata file of ``directory`` and its SQLite side files, if any."""
     for suffix in ("", "-wal", "-shm", "-journal"):
@@ -354,8 +360,7 @@ class Metadata:
         length and the JSON files are deleted afterwards.
         """
         conf = _read_json(directory / ".conf")
-        class_name = str(conf.get("__notes__", {}).get("class_name", ""))
-        found = "db" if class_name.endswith("TensorDB") or "schema" in conf else "blob"
+        found = tensorblob_kind(conf)
         if found != kind:
             raise ValueError(
                 f"{str(directory)!r} holds a tensorblob {KINDS[found]}, not a {KINDS[kind]}"
