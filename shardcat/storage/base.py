@@ -448,6 +448,30 @@ class Storage:
         self._length = length
         self._commit()
 
+    def _extend(
+        self,
+        other: Any,
+        maintain_order: bool,
+        fetch: Callable[[int, int], Chunk],
+        work: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        """Append a compatible, non-empty ``other`` and commit; the position ends at the end.
+
+        ``other``'s full block files are copied whole when it is of this class
+        with the same block size and either ``maintain_order`` is off or this
+        storage ends on a block boundary (:meth:`_extend_blocks`, ``work`` in
+        its commit); otherwise its rows come through ``fetch``, in order.
+        """
+        if (
+            isinstance(other, type(self))
+            and other.block_size == self.block_size
+            and (not maintain_order or len(self) % self.block_size == 0)
+        ):
+            self._extend_blocks(other, work)
+        else:
+            self._extend_rows(other, fetch)
+        self.seek(0, io.SEEK_END)
+
     def _extend_rows(self, other: Any, fetch: Callable[[int, int], Chunk]) -> None:
         """Append ``other``'s rows in order, a few MB at a time, then commit (all or nothing)."""
         start_len, total = len(self), len(other)

@@ -165,17 +165,8 @@ class TensorBlob(Storage):
         self.seek(0, io.SEEK_END)
         if len(other) == 0:
             return
-        if (
-            isinstance(other, TensorBlob)
-            and other.block_size == self.block_size
-            and (not maintain_order or len(self) % self.block_size == 0)
-        ):
-            self._extend_blocks(other)
-            self.seek(0, io.SEEK_END)
-            return
 
         def fetch(start: int, stop: int) -> tuple[int, dict[str, torch.Tensor], None]:
             return start, {BLOB_FIELD: other[start:stop]}, None
 
-        self._extend_rows(other, fetch)
-        self.seek(0, io.SEEK_END)
+        self._extend(other, maintain_order, fetch)

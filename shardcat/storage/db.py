@@ -268,22 +268,13 @@ class TensorDB(Storage):
             return
         other_keys = other._keys_below(total) if isinstance(other, TensorDB) else {}
         self._check_new_keys(list(other_keys.values()), range(0))
-        if (
-            isinstance(other, TensorDB)
-            and other.block_size == self.block_size
-            and (not maintain_order or len(self) % self.block_size == 0)
-        ):
-            self._extend_blocks(other, self._block_mirror(other, other_keys))
-            self.seek(0, io.SEEK_END)
-            return
 
         def fetch(start: int, stop: int) -> Chunk:
             data = other[start:stop]
             keys = [other_keys.get(q) for q in range(start, stop)] if other_keys else None
             return start, {name: data[name] for name in self._fields}, keys
 
-        self._extend_rows(other, fetch)
-        self.seek(0, io.SEEK_END)
+        self._extend(other, maintain_order, fetch, self._block_mirror(other, other_keys))
 
     # -- keys and SQL ------------------------------------------------------------------------
 
