@@ -65,14 +65,20 @@ def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None
     return user_cache_dir() / f"{directory.name}-{digest}.sqlite"
 
 
+def configure_writer(conn: sqlite3.Connection) -> None:
+    """What every writing connection (catalog or storage metadata) sets: wait for
+    the write lock, WAL, and ``synchronous = NORMAL`` (in WAL mode a commit
+    survives the process being killed; only a power cut may lose the last ones)."""
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+
+
 def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
     dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
-    dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    configure_writer(dbapi_conn)
     dbapi_conn.execute("PRAGMA foreign_keys = ON")
-    dbapi_conn.execute("PRAGMA synchronous = NORMAL")
-    mode = dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]
-    if mode != "wal":
-        dbapi_conn.execute("PRAGMA journal_mode = WAL")
 
 
 def _on_begin(conn: Any) -> None:

@@ -66,7 +66,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from shardcat.catalog.engine import BUSY_TIMEOUT_MS, connect_readonly, fork_generation
+from shardcat.catalog.engine import configure_writer, connect_readonly, fork_generation
 from shardcat.catalog.query import STORAGE_DB_NAME
 from shardcat.errors import SchemaVersionError, StaleWriterError, StorageBusyError
 
@@ -153,12 +153,7 @@ def _ddl(layout: Layout) -> list[str]:
 
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-        conn.execute("PRAGMA journal_mode = WAL")
-    # NORMAL in WAL mode: a commit survives the process being killed (the
-    # failure this file is about); only a power cut may lose the last commits.
-    conn.execute("PRAGMA synchronous = NORMAL")
+    configure_writer(conn)
     return conn
 
 
