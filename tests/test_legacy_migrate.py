@@ -648,7 +648,11 @@ def test_an_empty_shard_no_index_lists_joins_the_dataset(tmp_path: Path):
     empty = tmp_path / "train-00002-of-00003.tfrecord"
     empty.write_bytes(b"")  # tfd-utils indexes it, but no entry names it
     tfd_tfrecord_index(str(tmp_path / GLOB))
-    (ds,) = migrate(tmp_path).datasets
+    steps: list[tuple[str, int, int]] = []
+    (ds,) = migrate(tmp_path, progress=lambda *step: steps.append(step)).datasets
+    # the shard no index lists counts in the totals the progress bar shows
+    assert [s for s in steps if s[0] == "verify"] == [("verify", i, 3) for i in (1, 2, 3)]
+    assert [s for s in steps if s[0] == "commit"][-1] == ("commit", 3, 3)
     assert ds.source == [str(tmp_path / GLOB)]
     assert {Path(s.path).name: (s.action, s.reason) for s in ds.shards}[empty.name] == (
         "re-indexed",

@@ -1099,7 +1099,6 @@ def _fill_command(report: DatasetReport) -> str:
 def _migrate_plan(
     plan: _Plan,
     *,
-    given: list[str],
     catalog: Catalog | str | os.PathLike[str] | None,
     dataset: str | None,
     dry_run: bool,
@@ -1126,7 +1125,6 @@ def _migrate_plan(
             bool(fields),
             missing,
         )
-    plan.source, plan.extra = _source(sorted(plan.shards), given)
     if isinstance(catalog, Catalog):
         where = catalog.path
     else:
@@ -1333,11 +1331,13 @@ def _migrate(
             + "; ".join(", ".join(i.path for i in p.indexes) for p in plans)
             + " (migrate them one at a time)"
         )
+    for plan in plans:  # the source set (and its files no index covers) before counting
+        if plan.shards:
+            plan.source, plan.extra = _source(sorted(plan.shards), as_patterns(paths))
     tick = _Ticker(sum(len(p.files) for p in plans), progress)
     reports = [
         _migrate_plan(
             plan,
-            given=as_patterns(paths),
             catalog=catalog,
             dataset=dataset,
             dry_run=dry_run,
