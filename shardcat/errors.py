@@ -16,7 +16,9 @@ __all__ = [
     "IngestError",
     "KeyNotFoundError",
     "LegacyIndexError",
+    "MissingShardError",
     "SchemaVersionError",
+    "ShardIOError",
     "ShardcatError",
     "StaleShardError",
     "StaleWriterError",
@@ -73,7 +75,34 @@ class IngestError(ShardcatError, ValueError):
 
 
 class StaleShardError(ShardcatError, RuntimeError):
-    """A shard changed on disk after it was indexed; re-ingest it."""
+    """A shard no longer matches what the catalog indexed (it changed on disk, or
+    the dataset was re-indexed in a way an open reader cannot follow): re-ingest it,
+    or reopen/refresh the reader. ``path`` names the file where there is one."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class MissingShardError(StaleShardError, FileNotFoundError):
+    """A shard file the catalog lists does not exist any more."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        StaleShardError.__init__(self, message, path)
+
+    def __str__(self) -> str:  # OSError would format (errno, strerror)
+        return str(self.args[0]) if self.args else ""
+
+
+class ShardIOError(ShardcatError, OSError):
+    """A shard file could not be opened or read (permissions, I/O error)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class StaleWriterError(ShardcatError, RuntimeError):

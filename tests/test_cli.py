@@ -191,18 +191,20 @@ def test_extract_saves_images_with_extension(ingested: Path, tmp_path: Path):
 
 
 def test_verify_reports_each_bad_record(tmp_path: Path):
+    # records mid-file (beyond the fingerprint's first and last 64 KiB), damaged in
+    # place with size and mtime put back: only their CRCs tell
     shard = tmp_path / "s" / "a.tfrecord"
     shard.parent.mkdir()
     offsets = []
     with TFRecordWriter(shard) as w:
-        for i in range(5):
-            offsets.append(w.write(make_example({"key": f"k{i}", "data": b"x" * 50})))
+        for i in range(40):
+            offsets.append(w.write(make_example({"key": f"k{i}", "data": b"x" * 8000})))
     catalog = tmp_path / "c.sqlite"
     run("ingest", shard, "-d", "s", "-c", catalog)
     assert "0 bad" in run("verify", "s", "-c", catalog).output
     data = bytearray(shard.read_bytes())
     stat = shard.stat()
-    for i in (1, 3):
+    for i in (20, 22):
         data[offsets[i] + 20] ^= 0xFF
     shard.write_bytes(bytes(data))
     import os
@@ -210,10 +212,10 @@ def test_verify_reports_each_bad_record(tmp_path: Path):
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     result = run("verify", "s", "-c", catalog, ok=False)
     assert result.exit_code == 1
-    assert f"{shard}: at byte {offsets[1]}: data CRC mismatch" in result.output
-    assert f"{shard}: at byte {offsets[3]}: data CRC mismatch" in result.output
+    assert f"{shard}: at byte {offsets[20]}: data CRC mismatch" in result.output
+    assert f"{shard}: at byte {offsets[22]}: data CRC mismatch" in result.output
     problems = json.loads(run("verify", "s", "-c", catalog, "--json", ok=False).stdout)
-    assert [p["offset"] for p in problems] == [offsets[1], offsets[3]]
+    assert [p["offset"] for p in problems] == [offsets[20], offsets[22]]
 
 
 def test_ingest_corrupt_shard_fails_but_keeps_others(tmp_path: Path):

@@ -108,6 +108,14 @@ def test_upgrade_and_usage_errors(tmp_path: Path):
     with Catalog(db) as cat:
         cat.ingest(str(tmp_path / "*.tfrecord"), "t", workers=1).close()
     with sqlite3.connect(db) as conn:  # what a version-1 catalog is (see test_migrations.py)
+        for table, column in (
+            ("shards", "generation"),
+            ("shards", "ino"),
+            ("shards", "ctime_ns"),
+            ("datasets", "version"),
+            ("members", "extents"),
+        ):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("DROP TABLE seek_indexes")
         conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
     assert "upgraded from 1" in run("migrate", "--upgrade", "-c", db).stdout

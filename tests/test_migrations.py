@@ -1,5 +1,6 @@
-"""Schema versions: a version-1 catalog upgrades to version 2 (``seek_indexes``)
-and then equals a freshly created one, with every lookup unchanged."""
+"""Schema versions: a version-1 catalog upgrades through version 2 (``seek_indexes``)
+to version 3 (indexed shard versions, member extents) and then has the shape of a
+freshly created one, with every lookup unchanged."""
 
 from __future__ import annotations
 
@@ -86,11 +87,56 @@ def build(directory: Path) -> Path:
     return db
 
 
+# Columns schema version 3 added (SQLite's DROP COLUMN restores the older DDL text).
+V3_COLUMNS = (
+    ("shards", "generation"),
+    ("shards", "ino"),
+    ("shards", "ctime_ns"),
+    ("datasets", "version"),
+    ("members", "extents"),
+)
+
+
+def downgrade_to_v2(db: Path) -> None:
+    """What a version-2 catalog of the same data is: no version-3 columns, version 2."""
+    with sqlite3.connect(db) as conn:
+        for table, column in V3_COLUMNS:
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute("UPDATE catalog_meta SET value = '2' WHERE name = 'schema_version'")
+
+
 def downgrade_to_v1(db: Path) -> None:
     """What a version-1 catalog of the same data is: no seek_indexes, version 1."""
+    downgrade_to_v2(db)
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE seek_indexes")
         conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
+
+
+def schema_shape(db: Path) -> dict[str, object]:
+    """Every table's columns (name, type, not null, default, pk), indexes and foreign
+    keys, and every view's SQL: what an upgrade must make equal to a fresh catalog
+    (``ALTER TABLE ADD COLUMN`` writes the DDL text differently, not the table)."""
+    with sqlite3.connect(db) as conn:
+        out: dict[str, object] = {}
+        for kind, name, sql in conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view') "
+            "ORDER BY name"
+        ):
+            if kind == "view":
+                out[name] = sql
+                continue
+            indexes = conn.execute(f'PRAGMA index_list("{name}")').fetchall()
+            out[name] = (
+                [r[1:] for r in conn.execute(f'PRAGMA table_info("{name}")')],
+                sorted(
+                    (i[2], i[3], [c[2] for c in conn.execute(f'PRAGMA index_info("{i[1]}")')])
+                    for i in indexes
+                ),
+                conn.execute(f'PRAGMA foreign_key_list("{name}")').fetchall(),
+                "WITHOUT ROWID" in (sql or ""),
+            )
+        return out
 
 
 def lookups(db: Path) -> dict[str, object]:
@@ -128,11 +174,11 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     expected = lookups(fresh)
     with Catalog(v1_catalog):  # opening for writing upgrades
         pass
-    assert schema_rows(v1_catalog) == schema_rows(fresh)
+    assert schema_shape(v1_catalog) == schema_shape(fresh)
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM catalog_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 2
+    assert migrations.SCHEMA_VERSION == 3
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"

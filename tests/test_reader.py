@@ -21,6 +21,7 @@ from shardcat import (
     Catalog,
     CatalogError,
     CorruptRecordError,
+    IngestError,
     KeyNotFoundError,
     ShardcatError,
     StaleShardError,
@@ -510,59 +511,92 @@ def test_key_by_position(data: tuple[str, list[Rec]]) -> None:
 # -- 5. CRC verification --------------------------------------------------------------------
 
 
-def test_verify_crc(tmp_path: Path, data: tuple[str, list[Rec]]) -> None:
-    pattern, recs = data
-    victim = recs[30]  # second shard
-    with TFRecordRandomAccess(pattern, verify_crc=True) as reader:
-        assert reader.verify() == []
-        assert reader.get_raw(victim.key) == victim.raw
-
-    # Flip one byte inside the image (the payload still parses), same size, same mtime.
-    at = victim.offset + HEADER + victim.raw.index(victim.image) + 10
-    st = os.stat(victim.path)
-    with open(victim.path, "r+b") as f:
+def flip_keeping_mtime(path: str, at: int) -> None:
+    """Flip the byte at ``at`` in place and put the file's mtime back (``touch -r``)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
         f.seek(at)
         original = f.read(1)
         f.seek(at)
         f.write(bytes([original[0] ^ 0xFF]))
-    os.utime(victim.path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    corrupted_raw = bytearray(victim.raw)
-    corrupted_raw[at - victim.offset - HEADER] ^= 0xFF
-    before = shard_rows(tmp_path / "shards" / "shardcat.sqlite")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
-    with TFRecordRandomAccess(pattern, verify_crc=True) as reader:
+
+def test_same_size_rewrite_with_restored_mtime_is_stale(
+    tmp_path: Path, data: tuple[str, list[Rec]]
+) -> None:
+    """A byte changed in place, size and mtime put back: the fingerprint tells."""
+    pattern, recs = data
+    victim = recs[30]  # second shard, inside its first 64 KiB
+    catalog_path = tmp_path / "shards" / "shardcat.sqlite"
+    with TFRecordRandomAccess(pattern) as reader:
+        assert reader.get_raw(victim.key) == victim.raw
+    flip_keeping_mtime(victim.path, victim.offset + HEADER + victim.raw.index(victim.image) + 10)
+
+    with Catalog(catalog_path) as catalog, catalog.dataset("part") as plain:  # no re-index
+        with pytest.raises(StaleShardError) as err:
+            plain.get_raw(victim.key)
+        assert err.value.path == victim.path
+        assert str(err.value).startswith(f"{victim.path} changed after it was indexed: its ")
+        assert "content changed (fingerprint differs)" in str(err.value)
+        assert plain.get_raw(recs[0].key) == recs[0].raw
+        assert plain.get_raw(recs[-1].key) == recs[-1].raw
+        problems = plain.verify()
+        assert [(p.path, p.offset) for p in problems] == [(victim.path, 0)]
+        assert "fingerprint differs" in str(problems[0])
+
+    # Opening by glob re-indexes the changed shard; its CRC fails, the rest stays.
+    with pytest.raises(IngestError) as failed:
+        TFRecordRandomAccess(pattern)
+    assert str(failed.value) == f"{victim.path}: at byte {victim.offset}: data CRC mismatch"
+    with Catalog(catalog_path) as catalog, catalog.dataset("part") as plain:
+        assert catalog.info("part").failed_shards == 1
+        assert len(plain) == 70 - 17
+        assert plain.get_raw(victim.key) is None  # its records describe bytes that are gone
+        assert [plain.get_raw(r.key) for r in recs if r.path != victim.path] == [
+            r.raw for r in recs if r.path != victim.path
+        ]
+
+
+def test_verify_crc(tmp_path: Path) -> None:
+    """Mid-file damage with size and mtime put back is outside the fingerprint's
+    first and last 64 KiB: CRC checks on read (``verify_crc``) and ``verify`` find it."""
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    path = str(directory / "big.tfrecord")
+    images = [bytes([i]) * 8000 for i in range(40)]  # 320 KB: record 20 is mid-file
+    with TFRecordWriter(path) as writer:
+        offsets = [
+            writer.write(make_example({"key": f"r{i}", "image": im})) for i, im in enumerate(images)
+        ]
+    with TFRecordRandomAccess(path, verify_crc=True) as reader:
+        assert reader.verify() == []
+        raw = reader.get_raw("r20")
+    flip_keeping_mtime(path, offsets[20] + HEADER + raw.index(images[20]) + 10)
+    before = shard_rows(directory / "shardcat.sqlite")
+
+    with TFRecordRandomAccess(path, verify_crc=True) as reader:
         for read in (
-            lambda: reader.get_record(victim.key),
-            lambda: reader.get_raw(victim.key),
-            lambda: reader[victim.key],
-            lambda: reader.get_many([recs[0].key, victim.key]),
-            lambda: reader.get_record_at(30),
+            lambda: reader.get_record("r20"),
+            lambda: reader.get_raw("r20"),
+            lambda: reader["r20"],
+            lambda: reader.get_many(["r0", "r20"]),
+            lambda: reader.get_record_at(20),
         ):
             with pytest.raises(CorruptRecordError) as err:
                 read()
             assert isinstance(err.value, ValueError)
-            assert err.value.path == victim.path
-            assert err.value.offset == victim.offset
-            assert str(err.value) == f"{victim.path}: at byte {victim.offset}: data CRC mismatch"
-        for r in recs:
-            if r is not victim:
-                assert reader.get_raw(r.key) == r.raw
-
+            assert (err.value.path, err.value.offset) == (path, offsets[20])
+            assert str(err.value) == f"{path}: at byte {offsets[20]}: data CRC mismatch"
+        for i in (0, 19, 21, 39):
+            assert reader.get_feature(f"r{i}", "image") == images[i]
         problems = reader.verify()
-        assert len(problems) == 1
-        assert (problems[0].path, problems[0].offset) == (victim.path, victim.offset)
+        assert [(p.path, p.offset) for p in problems] == [(path, offsets[20])]
         assert "data CRC mismatch" in str(problems[0])
         with Catalog(reader.index_file) as catalog:
             problems = catalog.verify(reader.dataset)
-            assert [(p.path, p.offset) for p in problems] == [(victim.path, victim.offset)]
-    assert shard_rows(tmp_path / "shards" / "shardcat.sqlite") == before  # not re-indexed
-
-    with TFRecordRandomAccess(pattern) as unchecked:
-        assert not unchecked.verify_crc
-        assert unchecked.get_raw(victim.key) == bytes(corrupted_raw) != victim.raw
-        image = unchecked.get_feature(victim.key, "image")
-        assert image != victim.image and len(image) == len(victim.image)
-        assert unchecked.get_feature(victim.key, "label") == victim.label
+            assert [(p.path, p.offset) for p in problems] == [(path, offsets[20])]
+    assert shard_rows(directory / "shardcat.sqlite") == before  # not re-indexed
 
 
 # -- 6. stale shards ------------------------------------------------------------------------
@@ -765,6 +799,9 @@ def test_reader_raises_when_its_shard_was_reindexed_meanwhile(tmp_path):
         cat.ingest(path, "d").close()
         with pytest.raises(StaleShardError, match="changed since this reader opened"):
             old.get_record_at(2)
+        assert old.get_raw("other") is not None  # keys follow the new version
+        old.refresh()
+        assert old.key_at(0) == "other" and len(old) == 1
 
 
 def test_ingest_without_a_name_never_takes_over_another_path_set(tmp_path):

@@ -387,17 +387,41 @@ def test_get_feature_reads_only_that_member(tmp_path: Path, monkeypatch: pytest.
         assert reader.verify() == []
 
 
+def _damage_keeping_mtime(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    stat = path.stat()
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size and mtime
+
+
 def test_verify_finds_a_changed_header(tmp_path: Path):
+    """A header changed in place, size and mtime put back: near either end of the
+    file the fingerprint says the shard is stale; mid-file the header check finds it."""
     path = tmp_path / "v.tar"
     write_samples(path)
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "v").close()
-        header = oracle(path)[2][1] - 512
-        data = bytearray(path.read_bytes())
-        data[header + 1] ^= 0x01
-        stat = path.stat()
-        path.write_bytes(bytes(data))
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size and mtime
+        _damage_keeping_mtime(path, oracle(path)[2][1] - 512 + 1)
+        problems = cat.verify("v")
+        assert [(p.offset, p.problem) for p in problems] == [
+            (
+                0,
+                f"{path} changed after it was indexed: its content changed (fingerprint "
+                "differs); re-ingest it (catalog ingest, or reader.rebuild_index())",
+            )
+        ]
+
+    big = tmp_path / "big.tar"
+    with tarfile.open(big, "w") as tf:
+        add(tf, "pad0.bin", bytes(100_000))
+        add(tf, "s1.jpg", b"\xff\xd8" * 300)
+        add(tf, "s1.cls", b"1")
+        add(tf, "pad9.bin", bytes(100_000))
+    with Catalog(tmp_path / "c2.sqlite") as cat:
+        cat.ingest(big, "v").close()
+        header = oracle(big)[1][1] - 512
+        _damage_keeping_mtime(big, header + 1)
         problems = cat.verify("v")
         assert [(p.offset, p.problem) for p in problems] == [
             (header, "bad tar header checksum before member data (stale shard?)")
@@ -511,3 +535,16 @@ def test_export_index_of_a_tar_dataset(tmp_path: Path):
     lines = target.read_text().splitlines()
     assert lines == tar.wds_index_lines(members_of(path))
     assert lines[0] == "v1.2 2"
+
+
+def test_get_many_returns_samples_in_the_order_asked(tmp_path: Path):
+    """Batch lookups run in sorted key order; the samples must come back in the
+    caller's order (they came back sorted: other keys' bytes)."""
+    path = tmp_path / "m.tar"
+    with tarfile.open(path, "w") as tf:
+        for key in ("a", "b", "c", "d"):
+            add(tf, f"{key}.bin", key.encode() * 3)
+    with Catalog(tmp_path / "c.sqlite") as cat, cat.ingest(path, "m") as reader:
+        asked = ["d", "a", "c", "b", "a"]
+        assert [r["bin"] for r in reader.get_many(asked)] == [k.encode() * 3 for k in asked]
+        assert [r["bin"] for r in reader.get_many_at([3, 0, 2])] == [b"ddd", b"aaa", b"ccc"]

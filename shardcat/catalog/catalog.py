@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -14,11 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import DBAPIError
 
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
-from shardcat.catalog.engine import connect_readonly, fork_generation, locate, make_engine
+from shardcat.catalog.engine import (
+    cannot_create_shm,
+    connect_readonly,
+    fork_generation,
+    locate,
+    make_engine,
+    open_error,
+    unsaved_wal,
+)
+from shardcat.catalog.engine import checkpoint as wal_checkpoint
 from shardcat.catalog.ingest import (
     DEFAULT_LEASE,
     DUPLICATE_POLICIES,
@@ -30,9 +41,9 @@ from shardcat.catalog.ingest import (
     stored_path,
     sync_shards,
 )
-from shardcat.catalog.query import QueryResult, attached, run_readonly
+from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.errors import CatalogError, SchemaVersionError
-from shardcat.migrations import SCHEMA_VERSION, ensure_schema, too_new
+from shardcat.migrations import SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.readers.formats import detect_format, get_format
 
 if TYPE_CHECKING:
@@ -120,6 +131,24 @@ def _check_name(name: str) -> None:
         )
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Refuse to turn a file that is not a catalog into one: anything but a missing or
+    empty file, or a SQLite database holding ``catalog_meta``, is left untouched."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    uri = path.resolve().as_uri() + "?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as exc:
+        raise open_error(path, exc) from None
+    if tables and "catalog_meta" not in tables:
+        raise CatalogError(
+            f"{path} is a SQLite database but not a shardcat catalog: refusing to add the "
+            "catalog's tables to it (give another catalog path)"
+        )
+
+
 class Keep:
     """Default of ``Catalog.ingest(key=...)``: keep the dataset's key rule (new: ``"key"``)."""
 
@@ -157,10 +186,15 @@ class Catalog:
 
     ``Catalog(path)`` opens (creating or upgrading when needed) the SQLite
     catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
-    ``./shardcat.sqlite``. ``readonly=True`` opens it without ever writing
-    (for catalogs on shared filesystems that one host indexed);
+    ``./shardcat.sqlite``; the write lock is only taken to create or upgrade.
+    ``readonly=True`` opens it without ever creating, upgrading or changing a
+    file (for catalogs on shared filesystems that one host indexed); in a
+    read-only directory or mount, where SQLite cannot create the ``-shm`` file,
+    it opens immutable when the main file holds every commit.
     ``immutable=True`` also promises SQLite that nobody writes it, so no locks
-    are taken at all.
+    are taken and the ``-wal`` file is not read: it refuses a catalog whose
+    ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`).
+    Errors opening the file are :class:`CatalogError` naming it.
     """
 
     def __init__(
@@ -177,29 +211,59 @@ class Catalog:
         self._ro: sqlite3.Connection | None = None
         self._ro_generation = -1
         self._snapshot_at = 0.0
-        if self.readonly:
-            if not self.path.is_file():
-                raise CatalogError(f"no catalog at {self.path}")
-            self._engine = None
-            version = self._read_version()
-            if version != SCHEMA_VERSION:
-                if self._ro is not None:  # not registered in _open yet: close it here
-                    self._ro.close()
-                    self._ro = None
+        self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
+        self._engine: Engine | None = None
+        try:
+            if self.readonly:
+                if not self.path.is_file():
+                    raise CatalogError(f"no catalog at {self.path}")
+                unsaved = unsaved_wal(self.path) if self.immutable else None
+                if unsaved is not None:
+                    raise CatalogError(
+                        f"{self.path} has commits in {self.path}-wal that {unsaved} in the main "
+                        "file, so immutable=True would not see them: open it with readonly=True "
+                        "instead, or checkpoint it where it is written "
+                        f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                    )
+                version = self._read_version()
+                if version is None:
+                    raise CatalogError(
+                        f"{self.path} is not a shardcat catalog (it records no schema version)"
+                    )
+                if version > SCHEMA_VERSION:
+                    raise too_new(str(self.path), version)
+                if version < SCHEMA_VERSION:
+                    raise SchemaVersionError(
+                        f"{self.path} has catalog schema version {version}, this shardcat "
+                        f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
+                        "(or run `catalog migrate --upgrade`) to upgrade it"
+                    )
+            else:
+                _refuse_foreign(self.path)
+                self._engine = make_engine(self.path)
+                try:
+                    # Read the version without the write lock (a deferred
+                    # transaction): an open that changes nothing never waits for
+                    # another process's ingest. Creating or upgrading takes the
+                    # lock, and ensure_schema reads the version again under it.
+                    with self._engine.connect().execution_options(immediate=False) as conn:
+                        with conn.begin():
+                            version = read_version(conn)
+                        if version is None or version < SCHEMA_VERSION:
+                            conn.execution_options(immediate=True)
+                            with conn.begin():
+                                ensure_schema(conn, str(self.path))
+                except DBAPIError as exc:
+                    raise open_error(self.path, exc) from None
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
-                raise SchemaVersionError(
-                    f"{self.path} has catalog schema version {version}, this shardcat "
-                    f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
-                    "(or run `catalog migrate --upgrade`) to upgrade it"
-                    if version is not None and version < SCHEMA_VERSION
-                    else f"{self.path} is not a shardcat catalog of a version this "
-                    f"library knows (found {version}, expected {SCHEMA_VERSION})"
-                )
-        else:
-            self._engine = make_engine(self.path)
-            with self._engine.begin() as conn:
-                ensure_schema(conn, str(self.path))
+        except BaseException:
+            if self._ro is not None:  # not registered in _open yet: close it here
+                self._ro.close()
+                self._ro = None
+            if self._engine is not None:
+                self._engine.dispose()
+            raise
         _open.add(self)
 
     # -- plumbing --------------------------------------------------------------
@@ -209,13 +273,36 @@ class Catalog:
         return str(self.path.parent)
 
     def _read_version(self) -> int | None:
-        conn = self.reader_connection()
+        """The schema version the file records, read on the read-only connection
+        (None: a SQLite database without one). Where SQLite cannot open it
+        read-only because it cannot create the ``-shm`` file (a read-only
+        directory or mount) and the main file holds every commit, it is opened
+        immutable instead: nothing can be writing it there."""
+        sql = "SELECT value FROM catalog_meta WHERE name = 'schema_version'"
         try:
-            row = conn.execute(
-                "SELECT value FROM catalog_meta WHERE name = 'schema_version'"
-            ).fetchone()
-        except sqlite3.DatabaseError:
-            return None
+            try:
+                row = self.reader_connection().execute(sql).fetchone()
+            except sqlite3.OperationalError as exc:
+                if self.immutable or not cannot_create_shm(self.path, exc):
+                    raise
+                if unsaved_wal(self.path) is not None:
+                    raise CatalogError(
+                        f"cannot open {self.path} read-only: SQLite needs to create "
+                        f"{self.path}-shm (the directory is read-only) to read the commits "
+                        f"in {self.path}-wal; checkpoint it where it is written "
+                        f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                    ) from None
+                if self._ro is not None:
+                    self._ro.close()
+                    self._ro = None
+                self.immutable = True
+                row = self.reader_connection().execute(sql).fetchone()
+        except sqlite3.OperationalError as exc:
+            if str(exc).startswith("no such table"):
+                return None
+            raise open_error(self.path, exc) from None
+        except sqlite3.DatabaseError as exc:  # not a database, corrupt
+            raise open_error(self.path, exc) from None
         return None if row is None else int(row[0])
 
     def reader_connection(self, *, snapshot: bool = False) -> sqlite3.Connection:
@@ -241,6 +328,7 @@ class Catalog:
                     conn.execute("COMMIT")
                 conn.execute("BEGIN")
                 self._snapshot_at = now
+                self.snapshot_serial += 1  # readers re-check their dataset's version
         elif conn.in_transaction:
             conn.execute("COMMIT")
         return conn
@@ -432,6 +520,7 @@ class Catalog:
         outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
         self.reader_connection()  # end any read snapshot: see what was just committed
         raise_for_failures(outcomes)
+        self.checkpoint()  # a finished writer leaves the main file complete (immutable opens)
         return Reader(self, name)
 
     def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
@@ -501,19 +590,24 @@ class Catalog:
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
+        timeout: float | None = DEFAULT_QUERY_TIMEOUT,
     ) -> QueryResult:
         """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
 
         Every dataset is a view named after it (``key``, ``position``,
         ``shard`` and its scalar fields). Statements that would write, attach
-        or change settings are refused with :class:`CatalogError`.
-        ``attach`` maps schema names to other SQLite files (or TensorDB
-        directories), attached read-only for this statement only, e.g.
+        or change settings are refused with :class:`CatalogError`, and so are
+        functions other than SQLite's built-in scalar, aggregate, window,
+        date/time, JSON and math ones (see ``ALLOWED_FUNCTIONS``).
+        ``timeout``: seconds the statement may run (default 60; None: no
+        limit) before it stops with :class:`CatalogError`; Ctrl-C stops it with
+        ``KeyboardInterrupt``. ``attach`` maps schema names to other SQLite
+        files (or TensorDB directories), attached read-only for this statement only, e.g.
         ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e ON e.key = t.key``.
         """
         conn = self.reader_connection()
         with attached(conn, attach):
-            return run_readonly(conn, sql, params)
+            return run_readonly(conn, sql, params, timeout=timeout)
 
     def verify(self, name: str, progress: Callable[[int, int], None] | None = None) -> list[Any]:
         """Re-read every record of ``name`` checking framing and checksums.
@@ -533,6 +627,28 @@ class Catalog:
             # (ON DELETE CASCADE; the engine turns foreign keys on)
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
         self.reader_connection()  # end any read snapshot
+        self.checkpoint()  # a finished writer leaves the main file complete (immutable opens)
+
+    def checkpoint(self) -> bool:
+        """Copy every commit from the ``-wal`` file back into the main file.
+
+        Empties the ``-wal`` file when no other process is reading or writing
+        (waiting up to half a second for them); else copies what no reader still
+        needs. Returns True when the main file now holds every commit, so that
+        ``Catalog(path, immutable=True)`` (or a copy of the file alone) sees
+        them all. ``ingest`` and ``drop`` call it when they finish.
+        """
+        engine = self._writer()
+        if self._ro is not None and self._ro_generation == fork_generation():
+            self.reader_connection()  # end this process's read snapshot: it pins the WAL
+        try:
+            conn = engine.raw_connection()
+            try:
+                return wal_checkpoint(conn.driver_connection)
+            finally:
+                conn.close()
+        except (DBAPIError, sqlite3.Error) as exc:
+            raise CatalogError(f"cannot checkpoint {self.path}: {exc}") from None
 
     def close(self) -> None:
         """Close this process's connections (idempotent)."""

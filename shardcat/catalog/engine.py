@@ -1,19 +1,34 @@
-"""Opening the catalog database: where it lives, engine, pragmas, fork safety."""
+"""Opening the catalog database: where it lives, engine, pragmas, fork safety,
+WAL checkpoints and what the ``-shm`` wal-index says about them."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
+from shardcat.errors import CatalogError
+
 ENV_VAR = "SHARDCAT_CATALOG"
 DEFAULT_NAME = "shardcat.sqlite"
 BUSY_TIMEOUT_MS = 60_000
+# How long a checkpoint waits for readers and writers before it settles for less.
+CHECKPOINT_BUSY_MS = 500
+
+# The -shm wal-index (https://www.sqlite.org/walformat.html), in native byte order:
+# two copies of a 48-byte header (isInit at byte 12, mxFrame, the last valid frame
+# of the WAL, at byte 16), then the checkpoint info (nBackfill, the frames already
+# copied back into the main file, at byte 96).
+_HEADER_SIZE = 48
+_IS_INIT = 12
+_MX_FRAME = 16
+_N_BACKFILL = 96
 
 # Incremented in every forked child, so objects holding connections can tell
 # that they now live in a new process and must reopen (see ``after_fork``).
@@ -101,13 +116,74 @@ def make_engine(path: Path) -> Engine:
     return engine
 
 
+def open_error(path: Path, exc: BaseException) -> CatalogError:
+    """The error for a catalog SQLite cannot open or read (``exc``: a sqlite3 error,
+    or SQLAlchemy's wrapper of one), naming the file."""
+    reason = getattr(exc, "orig", None) or exc
+    return CatalogError(f"cannot open catalog {path}: {reason}")
+
+
+def unsaved_wal(path: Path) -> str | None:
+    """Whether ``<path>-wal`` may hold commits that the main file lacks.
+
+    None when the main file holds every commit: there is no ``-wal`` file or it
+    is empty, or the ``-shm`` wal-index says every frame up to the last commit
+    (mxFrame) was copied back (nBackfill). Otherwise ``"are not yet"`` (the
+    wal-index says so) or ``"may not be"`` (no readable wal-index to tell).
+    """
+    try:
+        if os.path.getsize(f"{path}-wal") == 0:
+            return None
+    except FileNotFoundError:
+        return None
+    try:
+        with open(f"{path}-shm", "rb") as shm:
+            head = shm.read(_N_BACKFILL + 4)
+    except OSError:
+        return "may not be"
+    if (
+        len(head) < _N_BACKFILL + 4
+        or head[:_HEADER_SIZE] != head[_HEADER_SIZE : 2 * _HEADER_SIZE]
+        or not head[_IS_INIT]
+    ):
+        return "may not be"
+    mx_frame = int.from_bytes(head[_MX_FRAME : _MX_FRAME + 4], sys.byteorder)
+    backfilled = int.from_bytes(head[_N_BACKFILL : _N_BACKFILL + 4], sys.byteorder)
+    return None if backfilled >= mx_frame else "are not yet"
+
+
+def cannot_create_shm(path: Path, exc: sqlite3.Error) -> bool:
+    """Whether a read-only open failed because SQLite cannot create ``<path>-shm``
+    (a WAL catalog in a read-only directory or on a read-only mount)."""
+    return (
+        "unable to open database file" in str(exc)
+        and not os.path.exists(f"{path}-shm")
+        and not os.access(path.parent, os.W_OK)
+    )
+
+
+def checkpoint(conn: sqlite3.Connection) -> bool:
+    """Copy the WAL of ``conn``'s database back into the main file.
+
+    ``TRUNCATE`` first (waits up to ``CHECKPOINT_BUSY_MS`` for other readers and
+    writers, then empties the ``-wal`` file); when they keep it busy, ``PASSIVE``
+    (copies every frame no reader still needs). True when the main file now holds
+    every commit (also for a database that is not in WAL mode).
+    """
+    conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_MS}")
+    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return not busy and frames == copied
+
+
 def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
     """A raw DBAPI connection that cannot write (the readers' hot path).
 
     ``immutable`` is for catalogs on read-only or network filesystems that no
     process is writing: SQLite then takes no locks at all.
     """
-    uri = path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
+    uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
     conn = sqlite3.connect(
         uri, uri=True, check_same_thread=False, cached_statements=64, isolation_level=None
     )

@@ -17,8 +17,10 @@ at ingest are not in them).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from shardcat.catalog.catalog import Catalog
 from shardcat.catalog.ingest import absolute_path
@@ -33,7 +35,7 @@ _SHARDS = (
 )
 _RECORDS = 'SELECT key, ordinal, "offset", length FROM records WHERE shard_id = ? ORDER BY ordinal'
 _MEMBERS = (
-    'SELECT ordinal, name, "offset", length FROM members WHERE shard_id = ? '
+    'SELECT ordinal, name, "offset", length, extents FROM members WHERE shard_id = ? '
     'ORDER BY ordinal, "offset"'
 )
 
@@ -106,8 +108,11 @@ def export_index(
             for key, ordinal, offset, length in conn.execute(_RECORDS, (row[0],))
         ]
         if fmt.PARTS:
-            for ordinal, name, offset, length in conn.execute(_MEMBERS, (row[0],)):
-                entries[ordinal].members.append((name, offset, length))
+            for ordinal, name, offset, length, extents in conn.execute(_MEMBERS, (row[0],)):
+                member: tuple[Any, ...] = (name, offset, length)
+                if extents is not None:  # a sparse member: its pieces (dali_index_lines refuses)
+                    member = (*member, tuple(map(tuple, json.loads(extents))))
+                entries[ordinal].members.append(member)
         text = "".join(f"{line}\n" for line in lines_of(entries, info.options))
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -4,18 +4,25 @@ Concurrency model (no lock files, no heartbeat threads):
 
 1. ``sync_shards`` compares the files on disk with the dataset's shard rows
    in one write transaction: new files become ``pending`` rows, changed files
-   (size or mtime) lose their records and become ``pending``, failed shards
-   are retried, and rows of files no longer in the set are dropped.
+   (size or mtime; or inode/ctime with another fingerprint) become ``pending``
+   *keeping their indexed version* (records, identity, positions) until the
+   re-index commits, failed shards are retried, and rows of files no longer in
+   the set are dropped.
 2. Every indexing process (each ingest worker, each rank of a distributed
    job) loops: *claim* one pending shard in a short ``BEGIN IMMEDIATE``
    transaction (state ``indexing``, owner ``host:pid:start-time``), scan it
    without holding any lock, then *commit* its records, fields and ``ready``
-   state in one transaction — only if it still owns the claim.
+   state in one transaction — only if it still owns the claim. The commit
+   replaces the shard's previous version, increments its ``generation`` and
+   the dataset's ``version`` (what open readers watch), and records the file
+   identity the records were scanned from.
 3. A claim whose owner is a dead process on this host is taken over at once;
    a claim from another host is taken over after ``lease`` seconds.
 
-A reader therefore never sees half a shard, and a killed ingest leaves only
-whole shards plus a claim that the next ingest takes over.
+A reader therefore never sees half a shard nor a shard without records while it
+is re-indexed, and a killed ingest leaves only whole shards plus a claim that
+the next ingest takes over. A shard whose re-index fails loses its old records
+(they describe bytes that are gone) and is ``failed``.
 """
 
 from __future__ import annotations
@@ -32,17 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import crc32c as _crc32c
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.engine import fork_generation, make_engine
-from shardcat.errors import DuplicateKeyError, IngestError, ShardcatError
+from shardcat.errors import CatalogError, DuplicateKeyError, IngestError, ShardcatError
 from shardcat.readers.compressed import ShardScan, scan_shard
 from shardcat.readers.formats import Entry, get_format
+from shardcat.readers.source import fingerprint_file
 
 __all__ = [
     "IngestJob",
@@ -57,7 +64,6 @@ DUPLICATE_POLICIES = ("error", "first", "last")
 DEFAULT_LEASE = 600.0
 POLL_SECONDS = 0.2
 CLAIM_LOST = "claim lost to another process"
-_FINGERPRINT_SPAN = 64 * 1024
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -134,15 +140,17 @@ def claim_is_dead(owner: str | None, claimed_at: float | None, lease: float) -> 
     return state in ("Z", "X") or started not in ("?", now_started)
 
 
-def fingerprint(path: str, size: int) -> str:
-    """CRC32C of the first and last 64 KiB: cheap evidence of identical content."""
-    with open(path, "rb") as f:
-        head = f.read(_FINGERPRINT_SPAN)
-        tail = b""
-        if size > _FINGERPRINT_SPAN:
-            f.seek(max(size - _FINGERPRINT_SPAN, _FINGERPRINT_SPAN))
-            tail = f.read()
-    return f"{_crc32c.crc32c(head):08x}{_crc32c.crc32c(tail):08x}"
+def catalog_error(catalog: str, exc: SQLAlchemyError) -> CatalogError:
+    """A database failure while writing the catalog (disk full, I/O error, locked)
+    as one clear error; what was committed before stays."""
+    orig = getattr(exc, "orig", None) or exc
+    return CatalogError(f"cannot write the catalog {catalog}: {orig}")
+
+
+def bump_version(conn: Connection, dataset_id: int) -> None:
+    """Tell open readers that the dataset's shards or records changed."""
+    d = schema.datasets
+    conn.execute(update(d).where(d.c.id == dataset_id).values(version=d.c.version + 1))
 
 
 # -- sync ---------------------------------------------------------------------
@@ -161,24 +169,52 @@ def _clear_shard(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) ->
     )
 
 
+def _same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
+    """Whether the file at ``path`` is still the version ``row`` indexed: False when
+    size or mtime differ, or inode/ctime differ and so does the fingerprint; None when
+    it is the same content under another inode/ctime (copied, chmod, ``touch -r``
+    of unchanged bytes): the stored identity needs updating, not the records."""
+    if (row.size, row.mtime_ns) != (st.st_size, st.st_mtime_ns):
+        return False
+    if (row.ino, row.ctime_ns) == (st.st_ino, st.st_ctime_ns):
+        return True
+    if row.fingerprint is not None and fingerprint_file(path, st.st_size) != row.fingerprint:
+        return False
+    return None
+
+
 def sync_shards(
     conn: Connection, dataset_id: int, files: Sequence[str], catalog_dir: str, rescan: bool
 ) -> dict[str, int]:
-    """Make the dataset's shard rows match ``files``; returns counts per action."""
+    """Make the dataset's shard rows match ``files``; returns counts per action.
+
+    A changed shard keeps its indexed version (records, identity, position) until
+    its re-index commits; one already pending or being indexed keeps its claim.
+    """
     s = schema.shards
     existing = {
         r.path: r
         for r in conn.execute(
-            select(s.c.id, s.c.path, s.c.size, s.c.mtime_ns, s.c.state).where(
-                s.c.dataset_id == dataset_id
-            )
+            select(
+                s.c.id,
+                s.c.path,
+                s.c.size,
+                s.c.mtime_ns,
+                s.c.ino,
+                s.c.ctime_ns,
+                s.c.fingerprint,
+                s.c.state,
+                s.c.generation,
+            ).where(s.c.dataset_id == dataset_id)
         )
     }
     counts = {"new": 0, "changed": 0, "unchanged": 0, "removed": 0, "retry": 0}
     wanted = set()
-    reset: list[int] = []
     for path in files:
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # gone since it was listed: treated as not in the set
         key = stored_path(path, catalog_dir)
         wanted.add(key)
         row = existing.get(key)
@@ -194,52 +230,54 @@ def sync_shards(
                 )
             )
             counts["new"] += 1
-        elif rescan or (row.size, row.mtime_ns) != (st.st_size, st.st_mtime_ns):
-            reset.append(row.id)
+            continue
+        if row.state in ("pending", "indexing"):  # queued already: its claimer stats it
+            counts["changed" if rescan else "unchanged"] += 1
+            continue
+        if row.state == "failed":
+            conn.execute(update(s).where(s.c.id == row.id).values(state="pending", error=None))
+            counts["retry"] += 1
+            continue
+        same = _same_file(row, st, path)
+        if rescan or same is False:
             conn.execute(
                 update(s)
                 .where(s.c.id == row.id)
-                .values(
-                    size=st.st_size,
-                    mtime_ns=st.st_mtime_ns,
-                    state="pending",
-                    num_records=0,
-                    first_position=None,
-                    claim_owner=None,
-                    claimed_at=None,
-                    error=None,
-                )
+                .values(state="pending", claim_owner=None, claimed_at=None, error=None)
             )
             counts["changed"] += 1
-        elif row.state == "failed":
-            conn.execute(update(s).where(s.c.id == row.id).values(state="pending", error=None))
-            counts["retry"] += 1
         else:
+            if same is None:  # the same bytes under a new inode/ctime: note the new identity
+                conn.execute(
+                    update(s).where(s.c.id == row.id).values(ino=st.st_ino, ctime_ns=st.st_ctime_ns)
+                )
             counts["unchanged"] += 1
     gone = [r.id for p, r in existing.items() if p not in wanted]
-    _clear_shard(conn, dataset_id, reset + gone)
     if gone:
+        _clear_shard(conn, dataset_id, gone)
         conn.execute(delete(s).where(s.c.id.in_(gone)))
         counts["removed"] = len(gone)
-    recompute_positions(conn, dataset_id)
+        bump_version(conn, dataset_id)
+        recompute_positions(conn, dataset_id)
     return counts
 
 
 def recompute_positions(conn: Connection, dataset_id: int) -> None:
-    """Ready shards in path order get consecutive position ranges."""
+    """Shards with an indexed version, in path order, get consecutive position ranges."""
     s = schema.shards
     rows = conn.execute(
-        select(s.c.id, s.c.num_records, s.c.first_position, s.c.state)
+        select(s.c.id, s.c.num_records, s.c.first_position, s.c.generation)
         .where(s.c.dataset_id == dataset_id)
         .order_by(s.c.path)
     ).all()
     position = 0
     changes = []
     for r in rows:
-        want = position if r.state == "ready" else None
+        indexed = r.generation is not None
+        want = position if indexed else None
         if r.first_position != want:
             changes.append({"sid": r.id, "fp": want})
-        if r.state == "ready":
+        if indexed:
             position += r.num_records
     if changes:
         conn.execute(
@@ -442,6 +480,7 @@ def _commit(
     compression: str | None = None,
     seek_index: tuple[str, bytes] | None = None,
 ) -> int:
+    _clear_shard(conn, job.dataset_id, [shard_id])  # the version this one replaces
     try:
         with conn.begin_nested():
             _insert_records(conn, job, shard_id, entries)
@@ -450,18 +489,20 @@ def _commit(
         _insert_records(conn, job, shard_id, entries)
     members = [(i, *member) for i, e in enumerate(entries) for member in e.members]
     if members:  # tar samples: one row per member
-        ordinal, name, offset, length = zip(*members, strict=True)
-        insert_columns(
-            conn,
-            "members",
-            {
-                "shard_id": shard_id,
-                "ordinal": ordinal,
-                "name": name,
-                "offset": offset,
-                "length": length,
-            },
-        )
+        ordinal = [m[0] for m in members]
+        columns: dict[str, Any] = {
+            "shard_id": shard_id,
+            "ordinal": ordinal,
+            "name": [m[1] for m in members],
+            "offset": [m[2] for m in members],
+            "length": [m[3] for m in members],
+        }
+        if any(len(m) > 4 for m in members):  # pieces of sparse members (see schema)
+            columns["extents"] = [
+                json.dumps([list(p) for p in m[4]]) if len(m) > 4 and m[4] else None
+                for m in members
+            ]
+        insert_columns(conn, "members", columns)
     if job.options.get("fields", True):  # without fields the view reads records alone
         _insert_fields(conn, job, shard_id, entries)
     s = schema.shards
@@ -470,9 +511,12 @@ def _commit(
         .where(s.c.id == shard_id)
         .values(
             state="ready",
+            generation=func.coalesce(s.c.generation, 0) + 1,
             num_records=len(entries),
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
+            ino=st.st_ino,
+            ctime_ns=st.st_ctime_ns,
             fingerprint=fp,
             compression=compression,
             claim_owner=None,
@@ -489,6 +533,7 @@ def _commit(
                 shard_id=shard_id, kind=seek_index[0], data=seek_index[1]
             )
         )
+    bump_version(conn, job.dataset_id)
     recompute_positions(conn, job.dataset_id)
     return len(entries)
 
@@ -510,10 +555,17 @@ def index_claimed(
     fmt = get_format(job.format)
     try:
         st = os.stat(path)
-        fp = fingerprint(path, st.st_size)
+        fp = fingerprint_file(path, st.st_size)
         scanned = None if provide is None else provide(path, st)
         if scanned is None:
             scanned = scan_shard(fmt, path, job.options)  # plain or compressed (+ seek points)
+        after = os.stat(path)
+        if (after.st_size, after.st_mtime_ns, after.st_ino) != (
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ino,
+        ) or fingerprint_file(path, after.st_size) != fp:
+            raise ShardcatError(f"{path}: the file changed while it was being indexed")
         entries = _dedupe_within(scanned.entries, stored, job.on_duplicate)
         seek = (
             None
@@ -525,27 +577,43 @@ def index_claimed(
                 return ShardOutcome(stored, 0, CLAIM_LOST)
             n = _commit(conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek)
         return ShardOutcome(stored, n)
+    except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)
+        try:
+            _release(engine, job, shard_id, owner, failed=None)
+        except SQLAlchemyError:
+            pass  # the claim dies with this process; the next ingest takes it over
+        raise catalog_error(job.catalog, exc) from None
     except (ShardcatError, OSError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{path}: {exc.strerror or exc}"
-        _release(engine, shard_id, owner, state="failed", error=message)
+        _release(engine, job, shard_id, owner, failed=message)
         return ShardOutcome(stored, 0, message)
     except BaseException:
-        _release(engine, shard_id, owner, state="pending")  # give it back; caller sees the error
+        _release(engine, job, shard_id, owner, failed=None)  # give it back; caller sees why
         raise
 
 
-def _release(engine: Engine, shard_id: int, owner: str, **values: Any) -> None:
-    """End this process's claim on a shard, setting ``values`` (if it still owns it)."""
+def _release(
+    engine: Engine, job: IngestJob, shard_id: int, owner: str, *, failed: str | None
+) -> None:
+    """End this process's claim on a shard (if it still owns it): back to ``pending``,
+    or with ``failed`` (the error), ``failed`` without records: the indexed version's
+    records describe bytes the file no longer holds."""
     s = schema.shards
     with engine.begin() as conn:
-        if _still_mine(conn, shard_id, owner):
-            conn.execute(
-                update(s)
-                .where(s.c.id == shard_id)
-                .values(claim_owner=None, claimed_at=None, **values)
-            )
+        if not _still_mine(conn, shard_id, owner):
+            return
+        values: dict[str, Any] = {"claim_owner": None, "claimed_at": None}
+        if failed is None:
+            values["state"] = "pending"
+        else:
+            values.update(state="failed", error=failed, generation=None, num_records=0)
+            _clear_shard(conn, job.dataset_id, [shard_id])
+        conn.execute(update(s).where(s.c.id == shard_id).values(**values))
+        if failed is not None:
+            bump_version(conn, job.dataset_id)
+            recompute_positions(conn, job.dataset_id)
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:

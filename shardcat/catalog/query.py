@@ -1,10 +1,12 @@
-"""Read-only SQL over the catalog."""
+"""Read-only SQL over the catalog: the authorizer, its function allow-list, and the
+time limit / Ctrl-C handling of a running statement."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,23 +14,111 @@ from typing import Any
 from shardcat.catalog import schema
 from shardcat.errors import CatalogError
 
-__all__ = ["STORAGE_DB_NAME", "QueryResult", "attached", "run_readonly"]
+__all__ = [
+    "ALLOWED_FUNCTIONS",
+    "DEFAULT_QUERY_TIMEOUT",
+    "STORAGE_DB_NAME",
+    "QueryResult",
+    "attached",
+    "run_readonly",
+]
 
 # The SQLite file that shardcat keeps inside a storage directory (TensorBlob,
 # TensorDB): ``attach`` accepts such a directory in place of the file.
 STORAGE_DB_NAME = ".shardcat.sqlite"
 
-# What a read-only statement may do (sqlite3 authorizer action codes).
+# Seconds a query may run unless the caller says otherwise (None: no limit).
+DEFAULT_QUERY_TIMEOUT = 60.0
+# The progress handler (time limit, Ctrl-C) runs every this many VM instructions:
+# well under a millisecond apart, and too rare to cost anything measurable.
+_PROGRESS_STEPS = 10_000
+
+# What a read-only statement may do (sqlite3 authorizer action codes); functions
+# are checked by name against ALLOWED_FUNCTIONS. Everything else is denied:
+# writes, ATTACH, PRAGMA (also the table-valued pragma_* functions), transactions.
 _ALLOWED = {
     sqlite3.SQLITE_SELECT,
     sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
     getattr(sqlite3, "SQLITE_RECURSIVE", 33),
 }
 
+# SQLite's built-in scalar, aggregate, window, date/time, JSON and math functions
+# (https://www.sqlite.org/lang_corefunc.html and the pages it links; names newer
+# than the linked SQLite are harmless: they fail as "no such function"). Left out
+# on purpose: load_extension, fts3_tokenizer (reads and writes raw pointers),
+# sqlite_log, the FTS/R-tree helpers and any function an application registers.
+# fmt: off
+ALLOWED_FUNCTIONS = frozenset(
+    {
+        # core scalar
+        "abs", "changes", "char", "coalesce", "concat", "concat_ws", "format", "glob",
+        "hex", "if", "ifnull", "iif", "instr", "last_insert_rowid", "length", "like",
+        "likelihood", "likely", "lower", "ltrim", "max", "min", "nullif", "octet_length",
+        "printf", "quote", "random", "randomblob", "replace", "round", "rtrim", "sign",
+        "soundex", "sqlite_compileoption_get", "sqlite_compileoption_used",
+        "sqlite_offset", "sqlite_source_id", "sqlite_version", "substr", "substring",
+        "total_changes", "trim", "typeof", "unhex", "unicode", "unistr", "unistr_quote",
+        "unlikely", "upper", "zeroblob",
+        # aggregate
+        "avg", "count", "group_concat", "median", "percentile", "percentile_cont",
+        "percentile_disc", "string_agg", "sum", "total",
+        # window
+        "cume_dist", "dense_rank", "first_value", "lag", "last_value", "lead",
+        "nth_value", "ntile", "percent_rank", "rank", "row_number",
+        # date and time
+        "current_date", "current_time", "current_timestamp", "date", "datetime",
+        "julianday", "strftime", "time", "timediff", "unixepoch",
+        # JSON
+        "->", "->>", "json", "json_array", "json_array_length", "json_error_position",
+        "json_extract", "json_group_array", "json_group_object", "json_insert",
+        "json_object", "json_patch", "json_pretty", "json_quote", "json_remove",
+        "json_replace", "json_set", "json_type", "json_valid", "jsonb", "jsonb_array",
+        "jsonb_extract", "jsonb_group_array", "jsonb_group_object", "jsonb_insert",
+        "jsonb_object", "jsonb_patch", "jsonb_remove", "jsonb_replace", "jsonb_set",
+        # math
+        "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "ceiling",
+        "cos", "cosh", "degrees", "exp", "floor", "ln", "log", "log10", "log2", "mod",
+        "pi", "pow", "power", "radians", "sin", "sinh", "sqrt", "tan", "tanh", "trunc",
+    }
+)
+# fmt: on
 
-def _authorize(action: int, *_args: Any) -> int:
-    return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
+
+class _Guard:
+    """The authorizer and progress handler of one statement, and what they saw."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.denied_function: str | None = None
+        self.timed_out = False
+        self.interrupted = False
+
+    def authorize(self, action: int, _arg1: Any, arg2: Any, *_rest: Any) -> int:
+        try:
+            if action == sqlite3.SQLITE_FUNCTION:  # arg2: the function's name
+                if str(arg2).lower() in ALLOWED_FUNCTIONS:
+                    return sqlite3.SQLITE_OK
+                if self.denied_function is None:
+                    self.denied_function = str(arg2)
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
+        except KeyboardInterrupt:  # sqlite3 would swallow it: remember it
+            self.interrupted = True
+            return sqlite3.SQLITE_DENY
+
+    def progress(self) -> int:
+        # Ctrl-C raises KeyboardInterrupt in here (the only Python code that runs
+        # while SQLite works); sqlite3 would swallow it, so it is remembered and
+        # the statement stopped. Non-zero stops the statement ("interrupted").
+        try:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.timed_out = True
+                return 1
+            return 0
+        except KeyboardInterrupt:
+            self.interrupted = True
+            return 1
 
 
 class QueryResult(list[tuple[Any, ...]]):
@@ -40,29 +130,61 @@ class QueryResult(list[tuple[Any, ...]]):
 
 
 def run_readonly(
-    conn: sqlite3.Connection, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = DEFAULT_QUERY_TIMEOUT,
 ) -> QueryResult:
     """Run one SELECT on a read-only connection; anything else is refused.
 
     Two guards: the connection is opened read-only (``mode=ro`` and
-    ``query_only``), and an authorizer denies every action but reading, so
-    neither a write nor ``ATTACH`` nor a ``PRAGMA`` gets through.
+    ``query_only``), and an authorizer denies every action but reading and
+    calling the functions in :data:`ALLOWED_FUNCTIONS` (in views too), so
+    neither a write nor ``ATTACH`` nor a ``PRAGMA`` nor ``fts3_tokenizer`` gets
+    through. A statement still running after ``timeout`` seconds (None: no
+    limit) is stopped with :class:`CatalogError`; Ctrl-C stops it with
+    ``KeyboardInterrupt``. The connection is left as it was.
     """
-    conn.set_authorizer(_authorize)
+    if timeout is not None and not timeout > 0:
+        raise CatalogError(f"timeout must be a positive number of seconds or None, not {timeout}")
+    guard = _Guard(timeout)
+    conn.set_authorizer(guard.authorize)
+    conn.set_progress_handler(guard.progress, _PROGRESS_STEPS)
     try:
         cursor = conn.execute(sql, params or ())
         rows = cursor.fetchall()
         columns = [d[0] for d in cursor.description or ()]
     except sqlite3.DatabaseError as exc:
-        message = str(exc)
-        if "not authorized" in message or "readonly" in message:
-            message = "the catalog is read-only here: only SELECT statements are allowed"
-        raise CatalogError(f"query failed: {message}") from None
+        raise _query_error(guard, exc) from None
     except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
         raise CatalogError(f"query failed: {exc}") from None
     finally:
+        conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
     return QueryResult(rows, columns)
+
+
+def _query_error(guard: _Guard, exc: sqlite3.DatabaseError) -> BaseException:
+    message = str(exc)
+    if guard.timed_out:
+        return CatalogError(
+            f"query exceeded its time limit of {guard.timeout:g} s; "
+            "pass --timeout/timeout= to allow more"
+        )
+    if guard.interrupted or message == "interrupted":
+        # "interrupted" without a timeout: Ctrl-C came at the progress handler's
+        # very first instruction, before its try, and sqlite3 swallowed it there.
+        return KeyboardInterrupt()
+    if guard.denied_function is not None and "not authorized" in message:
+        return CatalogError(
+            f"query failed: function {guard.denied_function}() is not allowed in a "
+            "read-only query (only SQLite's built-in scalar, aggregate, window, "
+            "date/time, JSON and math functions are)"
+        )
+    if "not authorized" in message or "readonly" in message:
+        message = "the catalog is read-only here: only SELECT statements are allowed"
+    return CatalogError(f"query failed: {message}")
 
 
 def _attach_target(name: str, path: str | os.PathLike[str]) -> Path:

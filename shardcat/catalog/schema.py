@@ -1,16 +1,25 @@
 """The catalog's tables (SQLAlchemy Core), portable across SQLite and PostgreSQL.
 
 - ``datasets``: one row per dataset: format, key rule, grouping rule, options.
+- ``datasets.version`` counts the commits that changed the dataset's shard set
+  or records; readers compare it to know when to reload their shard list.
 - ``shards``: one row per container file: path (relative to the catalog's
-  directory when below it), size/mtime/fingerprint for change detection,
-  state (pending -> indexing -> ready | failed), the claim of the process
-  indexing it, and ``first_position``, the dataset position of its first record.
+  directory when below it), state (pending -> indexing -> ready | failed), the
+  claim of the process indexing it, and the *indexed version*: ``generation``
+  (NULL until a first commit, +1 with every re-index), the file identity it was
+  indexed from (size, mtime, inode, ctime, a fingerprint of its first and last
+  64 KiB), ``num_records`` and ``first_position``, the dataset position of its
+  first record. A changed shard keeps its indexed version (and records) until
+  the re-index commits, so readers see the old or the new version, never none.
 - ``records``: one row per record: key, shard, ``ordinal`` (index within the
   shard), byte offset and length. A record's dataset position is
   ``shards.first_position + records.ordinal``, so re-indexing one shard never
   rewrites the rows of the others.
 - ``members``: per-feature byte ranges of records stored as several parts
-  (tar samples); empty for TFRecord.
+  (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
+  one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
+  up the member's content in order, ``offset`` -1 for a run of zeros (sparse
+  tar members).
 - ``fields``: the scalar field columns of each dataset. The values live in one
   table per dataset, ``fields_<dataset id>`` (``shard_id, ordinal`` + one
   column per field), exposed with the key and position through a view named
@@ -61,6 +70,7 @@ datasets = Table(
     Column("options", Text, nullable=False),  # JSON: format options
     Column("source", Text, nullable=False),  # JSON: the patterns the dataset was ingested from
     Column("created_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False, server_default="0"),  # schema version 3
 )
 
 shards = Table(
@@ -80,6 +90,10 @@ shards = Table(
     Column("claim_owner", String(256)),
     Column("claimed_at", Float),
     Column("indexed_at", Float),
+    # schema version 3: which indexed version the records are, and the file they came from
+    Column("generation", BigInteger),
+    Column("ino", BigInteger),
+    Column("ctime_ns", BigInteger),
     UniqueConstraint("dataset_id", "path"),
 )
 
@@ -105,6 +119,7 @@ members = Table(
     Column("name", Text, nullable=False),
     Column("offset", BigInteger, nullable=False),
     Column("length", BigInteger, nullable=False),
+    Column("extents", Text),  # schema version 3
     PrimaryKeyConstraint("shard_id", "ordinal", "name"),
     sqlite_with_rowid=False,
 )

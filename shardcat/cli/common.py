@@ -1,4 +1,5 @@
-"""Options shared by every command, opening the catalog, and error handling."""
+"""Options shared by every command, opening the catalog, error handling, and making
+text safe to print."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 import json
 import sys
 import traceback
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -13,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from shardcat.catalog import Catalog
 from shardcat.catalog.engine import ENV_VAR, locate
@@ -32,6 +35,18 @@ CatalogOpt = Annotated[
 ]
 DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# How the commands that only read open the catalog (never creating, upgrading or
+# changing a file either way).
+ReadModeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--readonly/--immutable",
+        help="--readonly (default): read-only, seeing other processes' commits. "
+        "--immutable: no locks and no -shm file, for a catalog nothing writes (e.g. a "
+        "snapshot on a read-only or network filesystem); refused while its -wal file "
+        "holds commits not yet in the main file (see `catalog checkpoint`).",
+    ),
+]
 
 _debug = False
 
@@ -41,15 +56,56 @@ def set_debug(on: bool) -> None:
     _debug = on
 
 
-def open_catalog(path: Path | None) -> Catalog:
-    """An existing catalog (commands other than ingest never create one)."""
+def open_catalog(path: Path | None, *, readonly: bool = False, immutable: bool = False) -> Catalog:
+    """An existing catalog (commands other than ingest never create one).
+
+    Commands that only read pass ``readonly=True`` (or ``immutable=True``): the
+    file is then never created, upgraded or changed. Without either, it is
+    opened for writing (and upgraded when older).
+    """
     where = locate(path)
     if not where.is_file():
         raise CatalogError(
             f"no catalog at {where}: pass --catalog FILE, set ${ENV_VAR}, "
             "or create one with `catalog ingest`"
         )
-    return Catalog(where)
+    return Catalog(where, readonly=readonly or immutable, immutable=immutable)
+
+
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+# Characters that reorder or break what a terminal shows: bidirectional marks,
+# embeddings, overrides and isolates, and the line and paragraph separators.
+_LAYOUT_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters made visible, for tables printed to a terminal.
+
+    C0/C1 control characters and DEL (the escape sequences a terminal would
+    obey) and the bidirectional overrides (which reorder what is shown) become
+    Python-style escapes: ``"\\x1b[2J"`` prints as ``\\x1b[2J``, a newline as
+    ``\\n``. Everything else is kept. JSON and CSV output must not use it.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif char in _LAYOUT_CONTROLS or unicodedata.category(char) == "Cc":
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def cell(value: Any) -> Text:
+    """A table cell: ``NULL`` for None, else the value as :func:`printable` text
+    (a rich ``Text``, so brackets in data are never read as markup)."""
+    return Text("NULL" if value is None else printable(str(value)))
 
 
 def handle_errors(fn: F) -> F:

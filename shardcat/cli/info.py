@@ -1,4 +1,4 @@
-"""datasets, stats, list: what the catalog holds."""
+"""datasets, stats, list: what the catalog holds; checkpoint: fold its WAL into the file."""
 
 from __future__ import annotations
 
@@ -13,16 +13,21 @@ from shardcat.cli.common import (
     CatalogOpt,
     DatasetArg,
     JsonOpt,
+    ReadModeOpt,
+    cell,
     handle_errors,
     open_catalog,
     print_json,
 )
+from shardcat.errors import CatalogError
 
 
 @handle_errors
-def datasets(catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+def datasets(
+    catalog: CatalogOpt = None, json: JsonOpt = False, readonly: ReadModeOpt = True
+) -> None:
     """List the datasets with their format, key rule and counts."""
-    with open_catalog(catalog) as cat:
+    with open_catalog(catalog, readonly=True, immutable=not readonly) as cat:
         infos = cat.datasets()
     if json:
         print_json([dataclasses.asdict(d) for d in infos])
@@ -36,21 +41,29 @@ def datasets(catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
             f" ({d.failed_shards} failed)" if d.failed_shards else ""
         )
         table.add_row(
-            d.name,
-            d.format,
-            d.key_rule,
+            cell(d.name),
+            cell(d.format),
+            cell(d.key_rule),
             shards,
             f"{d.records:,}",
-            ", ".join(d.fields),
+            cell(", ".join(d.fields)),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
         )
     Console().print(table)
 
 
 @handle_errors
-def stats(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+def stats(
+    dataset: DatasetArg,
+    catalog: CatalogOpt = None,
+    json: JsonOpt = False,
+    readonly: ReadModeOpt = True,
+) -> None:
     """Record counts per shard of one dataset."""
-    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+    with (
+        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        cat.dataset(dataset) as reader,
+    ):
         result = reader.get_stats()
     if json:
         print_json(result)
@@ -58,17 +71,27 @@ def stats(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False
     table = Table(
         "shard",
         "records",
-        title=f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards",
+        title=cell(
+            f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards"
+        ),
     )
     for name, n in result["records_per_file"].items():
-        table.add_row(name, f"{n:,}")
+        table.add_row(cell(name), f"{n:,}")
     Console().print(table)
 
 
 @handle_errors
-def list_features(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+def list_features(
+    dataset: DatasetArg,
+    catalog: CatalogOpt = None,
+    json: JsonOpt = False,
+    readonly: ReadModeOpt = True,
+) -> None:
     """Features and types of the first record, and the dataset's SQL columns."""
-    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+    with (
+        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        cat.dataset(dataset) as reader,
+    ):
         features = reader.describe()
         first = reader.key_at(0) if len(reader) else None
         columns = cat.info(dataset).fields
@@ -78,13 +101,33 @@ def list_features(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt
     if first is None:
         typer.echo(f"dataset {dataset} has no records")
         return
-    table = Table("feature", "type", "SQL column", title=f"first record: {first}")
+    table = Table("feature", "type", "SQL column", title=cell(f"first record: {first}"))
     for name, kind in features.items():
-        table.add_row(name, kind, name if name in columns else "")
+        table.add_row(cell(name), cell(kind), cell(name if name in columns else ""))
     Console().print(table)
+
+
+@handle_errors
+def checkpoint(catalog: CatalogOpt = None) -> None:
+    """Copy every commit from the catalog's -wal file into the main file.
+
+    Run it where the catalog is written before a copy of the file alone, or an
+    --immutable / immutable=True open, has to see every commit (ingest and drop
+    do it when they finish). Exit code 1 while readers still hold on to the WAL.
+    """
+    with open_catalog(catalog) as cat:
+        complete = cat.checkpoint()
+        where = cat.path
+    if not complete:
+        raise CatalogError(
+            f"{where}: readers still use the WAL, not every commit is in the main file "
+            "yet; run `catalog checkpoint` again when they are done"
+        )
+    typer.echo(f"{where}: every commit is in the main file")
 
 
 def register(app: typer.Typer) -> None:
     app.command()(datasets)
     app.command()(stats)
     app.command("list")(list_features)
+    app.command()(checkpoint)

@@ -8,7 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from shardcat.cli.common import CatalogOpt, DatasetArg, handle_errors, open_catalog
+from shardcat.cli.common import (
+    CatalogOpt,
+    DatasetArg,
+    ReadModeOpt,
+    handle_errors,
+    open_catalog,
+    printable,
+)
 from shardcat.errors import CatalogError, KeyNotFoundError
 from shardcat.readers.reader import Reader
 
@@ -39,6 +46,22 @@ def file_extension(data: bytes) -> str:
     return "json" if text.lstrip()[:1] in ("{", "[") else "txt"
 
 
+_MAX_NAME_PART = 100  # characters of a key or feature name kept in a file name
+
+
+def safe_name(text: str) -> str:
+    """``text`` as one file name part: letters, digits, ``-``, ``_`` and ``.`` kept,
+    every other character (``/``, NUL, controls, spaces...) becomes ``_``, cut
+    to ``_MAX_NAME_PART`` characters. It never contains a path separator, so
+    ``<key>_<feature>_<i>.<ext>`` stays inside the output directory."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text[:_MAX_NAME_PART])
+
+
+def _show(data: bytes) -> str:
+    """Bytes as text for a terminal: UTF-8 with control characters made visible."""
+    return printable(data.decode("utf-8", "backslashreplace"))
+
+
 def _features(reader: Reader, key: str) -> dict[str, list[Any]]:
     record = reader.get_record(key)
     if record is None:
@@ -56,15 +79,19 @@ def get(
         Path | None, typer.Option("--output", "-o", help="Write the bytes to this file.")
     ] = None,
     index: Annotated[int, typer.Option(help="Which value of a multi-valued feature.")] = 0,
+    readonly: ReadModeOpt = True,
 ) -> None:
     """Write one feature's bytes to stdout (or --output); numbers are printed.
 
     Example: catalog get train rec_000000042 image > img.jpg
     """
-    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+    with (
+        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        cat.dataset(dataset) as reader,
+    ):
         features = _features(reader, key)
     if feature not in features:
-        have = ", ".join(sorted(features))
+        have = ", ".join(printable(name) for name in sorted(features))
         raise CatalogError(f"record {key!r} has no feature {feature!r} (it has: {have})")
     values = features[feature]
     if not values:
@@ -80,13 +107,15 @@ def get(
     if output is not None:
         output.write_bytes(value)
         typer.echo(f"wrote {len(value):,} bytes to {output}", err=True)
-    elif sys.stdout.isatty() and file_extension(value) not in ("txt", "json"):
+    elif not sys.stdout.isatty():
+        sys.stdout.buffer.write(value)  # redirected: the exact bytes
+        sys.stdout.flush()
+    elif file_extension(value) not in ("txt", "json"):
         raise CatalogError(
             f"{feature!r} holds {len(value):,} binary bytes: redirect stdout or pass -o FILE"
         )
     else:
-        sys.stdout.buffer.write(value)
-        sys.stdout.flush()
+        typer.echo(_show(value))  # a terminal: escape sequences shown, not obeyed
 
 
 @handle_errors
@@ -97,27 +126,42 @@ def extract(
     output_dir: Annotated[
         Path, typer.Option("--output-dir", "-o", help="Directory for the files.")
     ] = Path("."),
+    readonly: ReadModeOpt = True,
 ) -> None:
     """Save a record's bytes features as files (images get their extension); print the rest.
 
-    Files are named <key>_<feature>_<i>.<ext>.
+    Files are named <key>_<feature>_<i>.<ext>, with characters other than
+    letters, digits, '-', '_' and '.' in the key and feature replaced by '_'
+    (a name can never point outside --output-dir). Text printed has control
+    characters shown as escapes.
     """
-    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+    with (
+        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        cat.dataset(dataset) as reader,
+    ):
         features = _features(reader, key)
     output_dir.mkdir(parents=True, exist_ok=True)
-    safe_key = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    safe_key = safe_name(key)
+    written: set[str] = set()
     for name, values in sorted(features.items()):
+        shown = printable(name)
         if values and isinstance(values[0], bytes):
             for i, data in enumerate(values):
                 ext = file_extension(data)
                 if ext == "txt" and len(data) <= 200:
-                    typer.echo(f"{name}[{i}] (text): {data.decode('utf-8')}")
+                    typer.echo(f"{shown}[{i}] (text): {_show(data)}")
                     continue
-                path = output_dir / f"{safe_key}_{name}_{i}.{ext}"
+                stem = f"{safe_key}_{safe_name(name)}_{i}"
+                filename, n = f"{stem}.{ext}", 1
+                while filename in written:  # two names that differ only in replaced characters
+                    n += 1
+                    filename = f"{stem}~{n}.{ext}"
+                written.add(filename)
+                path = output_dir / filename
                 path.write_bytes(data)
-                typer.echo(f"{name}[{i}]: {len(data):,} bytes -> {path}")
+                typer.echo(f"{shown}[{i}]: {len(data):,} bytes -> {printable(str(path))}")
         else:
-            typer.echo(f"{name}: {values}")
+            typer.echo(f"{shown}: {printable(str(values))}")
 
 
 def register(app: typer.Typer) -> None:

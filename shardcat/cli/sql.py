@@ -8,9 +8,18 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
-from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, open_catalog, print_json
+from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT
+from shardcat.cli.common import (
+    CatalogOpt,
+    JsonOpt,
+    ReadModeOpt,
+    cell,
+    handle_errors,
+    open_catalog,
+    print_json,
+)
 from shardcat.errors import CatalogError
 
 
@@ -32,6 +41,15 @@ def query(
             "as schema NAME, read-only (repeatable).",
         ),
     ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help="Stop the query after this long (0: no limit).",
+        ),
+    ] = DEFAULT_QUERY_TIMEOUT,
+    readonly: ReadModeOpt = True,
 ) -> None:
     """Run read-only SQL; every dataset is a view named after it.
 
@@ -40,6 +58,9 @@ def query(
     With --attach emb=emb.db, a TensorDB's rows join a dataset's records:
     catalog query "SELECT t.key, e.position FROM train t JOIN emb.rows e ON e.key = t.key"
     --attach emb=emb.db
+
+    Only SELECT runs, calling SQLite's built-in functions; the catalog file is
+    never changed. Ctrl-C stops a query.
     """
     attached: dict[str, str] = {}
     for item in attach or []:
@@ -47,8 +68,10 @@ def query(
         if not sep or not name or not path:
             raise CatalogError(f"--attach takes NAME=PATH, not {item!r}")
         attached[name] = path
-    with open_catalog(catalog) as cat:
-        rows = cat.query(sql, param or [], attach=attached)
+    if timeout < 0:
+        raise CatalogError(f"--timeout takes seconds (0: no limit), not {timeout:g}")
+    with open_catalog(catalog, readonly=True, immutable=not readonly) as cat:
+        rows = cat.query(sql, param or [], attach=attached, timeout=timeout or None)
     if json:
         print_json([dict(zip(rows.columns, row, strict=True)) for row in rows])
     elif as_csv:
@@ -56,9 +79,9 @@ def query(
         writer.writerow(rows.columns)
         writer.writerows(rows)
     else:
-        table = Table(*rows.columns)
+        table = Table(*(Column(cell(name)) for name in rows.columns))
         for row in rows:
-            table.add_row(*("NULL" if v is None else str(v) for v in row))
+            table.add_row(*(cell(v) for v in row))
         Console().print(table)
         typer.echo(f"{len(rows)} row(s)", err=True)
 

@@ -8,6 +8,7 @@ from shardcat.cli.common import (
     CatalogOpt,
     DatasetArg,
     JsonOpt,
+    ReadModeOpt,
     handle_errors,
     open_catalog,
     print_json,
@@ -16,13 +17,18 @@ from shardcat.cli.common import (
 
 
 @handle_errors
-def verify(dataset: DatasetArg, catalog: CatalogOpt = None, json: JsonOpt = False) -> None:
+def verify(
+    dataset: DatasetArg,
+    catalog: CatalogOpt = None,
+    json: JsonOpt = False,
+    readonly: ReadModeOpt = True,
+) -> None:
     """Re-read every record of a dataset checking framing and CRCs.
 
     Reports each bad record with its file and byte offset; exit code 1 if any.
     """
     with (
-        open_catalog(catalog) as cat,
+        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
         progress_bar("verify", elapsed=False, disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)

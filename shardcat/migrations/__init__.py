@@ -18,14 +18,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import Connection, inspect, select
+from sqlalchemy import Connection, inspect, select, text
 
 from shardcat.catalog import schema
 from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -34,8 +34,23 @@ def _add_seek_indexes(conn: Connection) -> None:
     schema.seek_indexes.create(conn)
 
 
+def _add_versions(conn: Connection) -> None:
+    """2 -> 3: indexed versions of shards (``generation``, ``ino``, ``ctime_ns``),
+    ``datasets.version`` and ``members.extents``. Ready shards become generation 1;
+    inode and ctime stay NULL until a sync or a reader has checked the fingerprint."""
+    for table, column in (
+        ("shards", "generation BIGINT"),
+        ("shards", "ino BIGINT"),
+        ("shards", "ctime_ns BIGINT"),
+        ("datasets", "version BIGINT NOT NULL DEFAULT '0'"),
+        ("members", "extents TEXT"),
+    ):
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column}"))
+    conn.execute(text("UPDATE shards SET generation = 1 WHERE state = 'ready'"))
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
-STEPS: dict[int, Callable[[Connection], None]] = {1: _add_seek_indexes}
+STEPS: dict[int, Callable[[Connection], None]] = {1: _add_seek_indexes, 2: _add_versions}
 
 
 def read_version(conn: Connection) -> int | None:

@@ -794,6 +794,8 @@ def _walk_to(fd: int, size: int, path: str, start: int, target: int) -> tar_form
 
 
 def _check_member(member: tar_format.Member, name: str, size: int, offset: int) -> None:
+    if member.extents is not None:  # a legacy index holds one range: the stored bytes
+        raise _Mismatch(f"{member.name!r} is a sparse member (re-indexed from the data)")
     if (
         not member.is_file
         or member.name != name

@@ -19,7 +19,9 @@ in the same transaction as the shard's records:
   decompressed data, each with its 32 KiB window; stored zlib-compressed.
   A random read decompresses ~0.5 MiB on average (~2-4 ms).
 - bzip2: ``indexed_bzip2`` block offsets (bzip2 blocks are independent; a
-  read decompresses one ~900 KB block, ~50-100 ms in pure bzip2 speed).
+  read decompresses one ~900 KB block, ~50-100 ms in pure bzip2 speed);
+  stored with a CRC-32 and checked when loaded (a damaged index would serve
+  other bytes: it is a :class:`~shardcat.errors.CorruptRecordError` instead).
 - xz: ``python-xz`` uses the block index inside the xz file itself, so no
   seek points are stored. Random access is as good as the file's blocks are
   small: files written by multi-threaded ``xz -T``/xz >= 5.6 have blocks of a
@@ -44,6 +46,14 @@ per MiB of data before zlib (about 1.5-3% of the decompressed size).
 bzip2 uses ``indexed_bzip2`` (the same author's library that rapidgzip
 embeds) with ``parallelization=1``, which starts no threads.
 
+**Damaged input** never escapes as a library's own exception type
+(``xz.XZError``, indexed_gzip's ``ZranError``, ``zlib.error``,
+``lzma.LZMAError``, ``EOFError``...): every call into a decompressor is
+wrapped, and its errors become :class:`~shardcat.errors.CorruptRecordError`
+naming the shard and the decompressed offset. Reads ask a decompressor for
+bounded chunks only, so a length read off damaged data (a TFRecord length or
+tar size of 2**63) costs no more memory than the bytes that exist.
+
 Ingest reads a gzip shard twice: once with Python's ``gzip`` module for the
 format's scan (it checks every member's CRC and length; indexed_gzip would
 return a short stream for a truncated file without an error), once with
@@ -55,6 +65,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import itertools
 import lzma
 import os
 import struct
@@ -65,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.readers.formats import read_full
 
 __all__ = [
     "COMPRESSIONS",
@@ -120,15 +132,57 @@ def _library(compression: str) -> Any:
 
 def open_stream(path: str) -> io.BufferedIOBase:
     """A sequential stream of the shard's bytes, decompressed when it is compressed
-    (standard library only; no seek points)."""
+    (standard library only; no seek points). Decompression errors of its ``read``
+    are :class:`CorruptRecordError` naming the decompressed offset."""
     compression = detect_compression(path)
     if compression == "gzip":
-        return gzip.open(path, "rb")
+        return _Decompressed(gzip.open(path, "rb"), path, compression)
     if compression == "bz2":
-        return bz2.open(path, "rb")
+        return _Decompressed(bz2.open(path, "rb"), path, compression)
     if compression == "xz":
-        return lzma.open(path, "rb")
+        return _Decompressed(lzma.open(path, "rb"), path, compression)
     return open(path, "rb")
+
+
+# What Python's decompressing streams raise for damaged input (gzip.BadGzipFile
+# is an OSError; zlib.error and lzma.LZMAError are not).
+_STDLIB_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
+
+
+class _Decompressed(io.BufferedIOBase):
+    """A standard library decompressing stream whose errors name the shard."""
+
+    def __init__(self, inner: Any, path: str, compression: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self.path = path
+        self.compression = compression
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            data: bytes = self._inner.read(-1 if size is None else size)
+        except _STDLIB_ERRORS as exc:
+            raise _corrupt(self.path, self.pos, self.compression, exc) from None
+        self.pos += len(data)
+        return data
+
+    def read1(self, size: int | None = -1) -> bytes:
+        return self.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
 
 
 def read_head(path: str, size: int) -> bytes:
@@ -139,8 +193,8 @@ def read_head(path: str, size: int) -> bytes:
         return head
     try:
         with open_stream(path) as f:
-            return f.read(size)
-    except (OSError, EOFError, lzma.LZMAError, zlib.error):
+            return read_full(f, size)
+    except (CorruptRecordError, *_STDLIB_ERRORS):
         return b""  # not really compressed, or broken: let the format sniffers say no
 
 
@@ -149,6 +203,19 @@ def read_head(path: str, size: int) -> bytes:
 
 def _corrupt(path: str, offset: int, compression: str, exc: BaseException) -> CorruptRecordError:
     return CorruptRecordError(path, offset, f"{compression} stream is corrupt or truncated: {exc}")
+
+
+def _library_error(exc: Exception) -> bool:
+    """Whether ``exc``, raised inside a decompression library, means damaged input.
+
+    indexed_gzip (``ZranError``, ``CrcError``, "ZRAN_READ_FAIL"), indexed_bzip2
+    (C++ exceptions as ``RuntimeError``/``ValueError``/``Exception``) and python-xz
+    (``XZError``, a plain ``Exception``) do not share a base class that can be
+    imported without them, so any ``Exception`` from the library call counts,
+    except our own errors (kept as they are) and ``MemoryError`` (not the data's
+    fault).
+    """
+    return not isinstance(exc, (CorruptRecordError, CatalogError, MemoryError))
 
 
 class IndexingStream:
@@ -163,7 +230,10 @@ class IndexingStream:
     from the last point on every call). bzip2 is read through
     ``indexed_bzip2``, which records block offsets on the way.
     Decompression errors become :class:`CorruptRecordError` naming the
-    decompressed offset where they happened.
+    decompressed offset where they happened (the end of the good bytes).
+    Reads never ask the decompressor for more than ``_BUFFER`` bytes at once,
+    whatever ``read``/``skip`` are asked for (a tar size field of 2**80 costs
+    only the bytes that exist).
     """
 
     def __init__(self, path: str, compression: str) -> None:
@@ -172,8 +242,9 @@ class IndexingStream:
         self.pos = 0
         self._buf = b""
         self._at = 0
-        self._file: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._decompressed = 0  # bytes the decompressor has produced
         lib = _library(compression)
+        self._file: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
         try:
             if compression == "gzip":
                 self._stream: Any = gzip.open(self._file, "rb")  # noqa: SIM115 - closed in close()
@@ -181,15 +252,23 @@ class IndexingStream:
                 self._stream = lib.open(self._file, parallelization=1)
             else:
                 self._stream = lzma.open(self._file, "rb")  # noqa: SIM115 - closed in close()
+        except Exception as exc:
+            self._file.close()
+            if not _library_error(exc):
+                raise
+            raise _corrupt(path, 0, compression, exc) from None
         except BaseException:
             self._file.close()
             raise
 
-    def _fill(self, size: int) -> bytes:
+    def _fill(self) -> bytes:
         try:
-            data: bytes = self._stream.read(size)
-        except (OSError, EOFError, RuntimeError, ValueError, lzma.LZMAError, zlib.error) as exc:
-            raise _corrupt(self.path, self.pos, self.compression, exc) from None
+            data: bytes = self._stream.read(_BUFFER)
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            raise _corrupt(self.path, self._decompressed, self.compression, exc) from None
+        self._decompressed += len(data)
         return data
 
     def read(self, size: int) -> bytes:
@@ -205,7 +284,7 @@ class IndexingStream:
         if have < size:
             parts = [self._buf[self._at :]]
             while have < size:
-                chunk = self._fill(max(_BUFFER, size - have))
+                chunk = self._fill()
                 if not chunk:
                     break
                 parts.append(chunk)
@@ -231,22 +310,33 @@ class IndexingStream:
         while self.skip(_CHUNK * 16):
             pass
         if self.compression == "gzip":
-            zran = _library("gzip")._IndexedGzipFile(
-                filename=self.path, spacing=SEEK_SPACING, readbuf_size=_READBUF
-            )
+            try:
+                zran = _library("gzip")._IndexedGzipFile(
+                    filename=self.path, spacing=SEEK_SPACING, readbuf_size=_READBUF
+                )
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                raise _corrupt(self.path, 0, "gzip", exc) from None
             try:
                 zran.build_full_index()
                 buf = io.BytesIO()
                 zran.export_index(fileobj=buf)
-            except (OSError, RuntimeError, ValueError) as exc:
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
                 raise _corrupt(self.path, 0, "gzip", exc) from None
             finally:
                 zran.close()
             return "zran", _BLOB_MAGIC + b"zran\0" + zlib.compress(buf.getvalue(), 1)
         if self.compression == "bz2":
-            offsets = sorted(self._stream.block_offsets().items())
-            packed = struct.pack(f"<{2 * len(offsets)}Q", *(v for pair in offsets for v in pair))
-            return "bz2-blocks", _BLOB_MAGIC + b"bz2\0" + packed
+            try:
+                offsets = sorted(self._stream.block_offsets().items())
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                raise _corrupt(self.path, self._decompressed, "bz2", exc) from None
+            return "bz2-blocks", _BLOB_MAGIC + b"bz2\0" + _pack_blocks(offsets)
         return None  # xz: the file's own block index is the seek index
 
     def close(self) -> None:
@@ -298,7 +388,9 @@ def scan_shard(fmt: Any, path: str, options: Mapping[str, Any]) -> ShardScan:
 class CompressedSource:
     """``pread`` in decompressed coordinates, seeking from the stored seek points.
 
-    One lock per source: the decompressor has a single position.
+    One lock per source: the decompressor has a single position. Errors of the
+    decompression libraries (damaged data, a damaged seek index) are
+    :class:`CorruptRecordError` naming the shard and the decompressed offset.
     """
 
     def __init__(
@@ -313,33 +405,76 @@ class CompressedSource:
             blob = load_seek_index()
             if compression == "gzip":
                 data = _unpack_blob(blob, b"zran")
-                self._stream: Any = lib._IndexedGzipFile(
-                    fileobj=self._file,
-                    spacing=SEEK_SPACING,
-                    readbuf_size=_READBUF,
-                    auto_build=True,
+                index = None if data is None else self._zran_index(data)
+                self._stream: Any = self._call(
+                    "open",
+                    lambda: lib._IndexedGzipFile(
+                        fileobj=self._file,
+                        spacing=SEEK_SPACING,
+                        readbuf_size=_READBUF,
+                        auto_build=True,
+                    ),
                 )
-                if data is not None:
-                    self._stream.import_index(fileobj=io.BytesIO(zlib.decompress(data)))
+                if index is not None:
+                    self._call("index", lambda: self._stream.import_index(fileobj=index))
             elif compression == "bz2":
                 data = _unpack_blob(blob, b"bz2")
-                self._stream = lib.open(self._file, parallelization=1)
-                if data:
-                    values = struct.unpack(f"<{len(data) // 8}Q", data)
-                    pairs = zip(values[::2], values[1::2], strict=True)
-                    self._stream.set_block_offsets(dict(pairs))
+                blocks = None if data is None else self._bz2_blocks(data)
+                self._stream = self._call("open", lambda: lib.open(self._file, parallelization=1))
+                if blocks:
+                    self._call("index", lambda: self._stream.set_block_offsets(blocks))
             else:
-                self._stream = lib.open(self._file, "rb")
+                self._stream = self._call("open", lambda: lib.open(self._file, "rb"))
         except BaseException:
-            self._file.close()
+            stream = getattr(self, "_stream", None)
+            try:
+                if stream is not None:
+                    stream.close()
+            finally:
+                self._file.close()
             raise
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, a library call while opening; its errors become ours."""
+        try:
+            return call()
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            raise self._bad(what, exc) from None
+
+    def _bad(self, what: str, exc: BaseException) -> CorruptRecordError:
+        if what == "open":
+            return CorruptRecordError(
+                self.path, 0, f"cannot open the {self.compression} stream: {exc}"
+            )
+        return CorruptRecordError(
+            self.path,
+            0,
+            f"the catalog's {self.compression} seek index of this shard is damaged ({exc}); "
+            "re-ingest the shard (rescan=True)",
+        )
+
+    def _zran_index(self, data: bytes) -> io.BytesIO:
+        try:
+            return io.BytesIO(zlib.decompress(data))  # zlib's Adler-32 checks it
+        except zlib.error as exc:
+            raise self._bad("index", exc) from None
+
+    def _bz2_blocks(self, data: bytes) -> dict[int, int]:
+        try:
+            return _unpack_blocks(data, os.fstat(self._file.fileno()).st_size * 8)
+        except ValueError as exc:
+            raise self._bad("index", exc) from None
 
     def pread(self, length: int, offset: int) -> bytes:
         with self._lock:
             try:
                 self._stream.seek(offset)
-                data: bytes = self._stream.read(length)
-            except (OSError, EOFError, RuntimeError, ValueError, lzma.LZMAError) as exc:
+                data = read_full(self._stream, length)  # in bounded chunks
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
                 raise _corrupt(self.path, offset, self.compression, exc) from None
         return data
 
@@ -359,15 +494,48 @@ def _unpack_blob(blob: bytes | None, kind: bytes) -> bytes | None:
     return blob[len(prefix) :]
 
 
+_PAIR = struct.Struct("<QQ")
+_CRC = struct.Struct("<I")
+_BZ2_FIRST_BLOCK = 32  # bits: a bzip2 stream's first block follows its 4-byte "BZh9" header
+
+
+def _pack_blocks(offsets: list[tuple[int, int]]) -> bytes:
+    """bzip2 block offsets (compressed bit offset, decompressed byte offset) as
+    stored: little-endian uint64 pairs, then the CRC-32 of those bytes (blobs
+    written before the CRC was added have none and are checked for shape only)."""
+    packed = b"".join(_PAIR.pack(bits, at) for bits, at in offsets)
+    return packed + _CRC.pack(zlib.crc32(packed))
+
+
+def _unpack_blocks(data: bytes, file_bits: int) -> dict[int, int]:
+    """The block offsets of a stored bzip2 seek index, checked: its CRC (when it
+    has one), and that the offsets start at the first block, grow, and stay
+    inside the file. A ``ValueError`` says what is wrong."""
+    if len(data) % _PAIR.size == _CRC.size:
+        data, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
+        if zlib.crc32(data) != crc:
+            raise ValueError("CRC mismatch")
+    elif len(data) % _PAIR.size:
+        raise ValueError(f"{len(data)} bytes is not a whole number of block offsets")
+    pairs = [_PAIR.unpack_from(data, i) for i in range(0, len(data), _PAIR.size)]
+    if not pairs:
+        return {}
+    if pairs[0] != (_BZ2_FIRST_BLOCK, 0):
+        raise ValueError(f"the first block is at {pairs[0]}, not ({_BZ2_FIRST_BLOCK}, 0)")
+    for (bits, at), (next_bits, next_at) in itertools.pairwise(pairs):
+        if next_bits <= bits or next_at < at:
+            raise ValueError(f"block offsets {(bits, at)} and {(next_bits, next_at)} go backwards")
+    if pairs[-1][0] > file_bits:
+        raise ValueError(f"block at bit {pairs[-1][0]} lies past the end of the file")
+    return dict(pairs)
+
+
 def open_compressed_source(
     fd: int, path: str, compression: str, load_seek_index: Callable[[], bytes | None]
 ) -> CompressedSource:
+    """The source of a compressed shard; it owns ``fd`` (closed here on errors).
+    A stream or seek index that cannot be opened is a :class:`CorruptRecordError`."""
     if compression not in COMPRESSIONS:
         os.close(fd)
         raise CatalogError(f"{path}: unknown compression {compression!r}")
-    try:
-        return CompressedSource(fd, path, compression, load_seek_index)
-    except CatalogError:
-        raise
-    except (OSError, RuntimeError, ValueError, zlib.error) as exc:
-        raise CorruptRecordError(path, 0, f"cannot open the {compression} stream: {exc}") from None
+    return CompressedSource(fd, path, compression, load_seek_index)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, CorruptRecordError, ShardcatError
 
 __all__ = ["Entry", "Format", "detect_format", "get_format", "known_formats"]
 
@@ -58,14 +58,16 @@ class Entry:
 
     ``key`` is None for datasets keyed by position. ``members`` lists
     ``(feature, offset, length)`` for formats whose records are made of
-    separately stored parts (tar samples); it stays empty for the others.
+    separately stored parts (tar samples); it stays empty for the others. A
+    member stored in pieces adds a fourth item, its extents: ``((offset,
+    length), ...)`` in content order, offset -1 for zeros (sparse tar members).
     """
 
     key: str | None
     offset: int
     length: int
     fields: dict[str, Scalar] = field(default_factory=dict)
-    members: list[tuple[str, int, int]] = field(default_factory=list)
+    members: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class Format(Protocol):
@@ -139,24 +141,56 @@ def detect_format(path: str) -> str:
     return matches[0]
 
 
+# The most bytes one ``read`` asks a stream for: a length read off the data is
+# never handed to a stream (or allocated) as one number; reads grow with the bytes
+# that really arrive.
+READ_CHUNK = 1 << 20
+
+
 def pread_exact(source: Any, path: str, offset: int, length: int) -> bytes:
     """``source.pread`` that treats a short read as a truncated shard."""
-    data: bytes = source.pread(length, offset)
+    data = pread_checked(source, path, offset, length)
     if len(data) != length:
-        from shardcat.errors import CorruptRecordError
-
         raise CorruptRecordError(
             path, offset, f"expected {length} bytes, file ends after {len(data)}"
         )
     return data
 
 
+def pread_checked(source: Any, path: str, offset: int, length: int) -> bytes:
+    """``source.pread(length, offset)``, where a length or offset no read can serve
+    (negative, or one of 2**63 from a damaged index, which ``os.pread`` would try
+    to allocate) is a :class:`CorruptRecordError` instead of ``ValueError``,
+    ``OverflowError`` or ``MemoryError``. The result may be short."""
+    if length < 0 or offset < 0:
+        raise CorruptRecordError(path, offset, f"cannot read {length} bytes at byte {offset}")
+    try:
+        data: bytes = source.pread(length, offset)
+    except ShardcatError:
+        raise
+    except (OverflowError, MemoryError, ValueError) as exc:
+        raise unreadable(path, offset, length, exc) from None
+    return data
+
+
+def unreadable(path: str, offset: int, length: int, exc: BaseException) -> CorruptRecordError:
+    """The error for a read of ``length`` bytes at ``offset`` that ``exc`` refused."""
+    return CorruptRecordError(
+        path, offset, f"cannot read {length} bytes at byte {offset} ({type(exc).__name__})"
+    )
+
+
 def read_full(stream: Any, size: int) -> bytes:
     """``size`` bytes from ``stream.read``, calling it until it has them all or it
-    returns nothing (the end of the stream): fewer only at the end."""
+    returns nothing (the end of the stream): fewer only at the end.
+
+    The stream is asked for at most :data:`READ_CHUNK` bytes at a time, so a
+    huge ``size`` read off damaged data costs only the bytes that exist (a
+    buffered stream would allocate the whole ``size`` up front).
+    """
     parts = []
     while size > 0:
-        chunk = stream.read(size)
+        chunk = stream.read(min(size, READ_CHUNK))
         if not chunk:
             break
         parts.append(chunk)
@@ -186,8 +220,6 @@ def index_lines(path: str) -> Iterator[tuple[int, str]]:
     """(byte offset, stripped text) of each non-empty line of a text index file
     (MXNet ``.idx``, DALI ``tfrecord2idx``...); a line that is not UTF-8 raises
     :class:`CorruptRecordError` with its offset."""
-    from shardcat.errors import CorruptRecordError
-
     at = 0
     with open(path, "rb") as f:
         for raw in f:

@@ -3,27 +3,57 @@
 A lookup by key is one indexed point query (a cached prepared statement on a
 read-only DBAPI connection) plus one ``os.pread``. Batches are one query per
 batch. Opening a reader loads the dataset's shard rows, never its records.
-After ``fork`` the catalog connection is reopened lazily; file descriptors are
-kept, since ``pread`` does not use the shared file offset.
+
+**Consistency.** Every public call works in one read snapshot of the catalog
+(kept for up to ``SNAPSHOT_SECONDS`` across calls) and with the shard list of
+that snapshot: when a snapshot begins, the dataset's ``version`` is compared
+with the one the shard list was loaded at, and the list is reloaded when
+another process committed since. A record's location is therefore always read
+together with the indexed version (``generation`` and file identity) of its
+shard, and bytes are read only from a file that is that version (see
+:mod:`shardcat.readers.source`): a shard re-indexed while a reader runs is
+seen as the old or the new version, never a mix, never missing. A file that
+matches no indexed version raises :class:`StaleShardError`.
+
+**Positions** (``get_record_at``, slices, and the keys of datasets keyed by
+position) are those of the shard layout the reader opened with. A re-index
+that moves them (a shard changed, added or removed) makes positional access
+raise :class:`StaleShardError` until ``refresh()``: position keys are not
+stable across re-ingest, and a reader never silently lets a position name
+another record. Keys of keyed datasets stay valid.
+
+**Processes.** After ``fork`` (DataLoader workers) the catalog connection and
+every open file, decompressor and seek index are reopened in the child: the
+pool of sources is keyed by fork generation, checked on every call.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import operator
 import os
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from shardcat.catalog import engine as _engine
 from shardcat.catalog.catalog import Catalog, PathsLike, resolve_paths
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import absolute_path
-from shardcat.errors import CatalogError, CorruptRecordError, KeyNotFoundError, StaleShardError
+from shardcat.errors import (
+    CatalogError,
+    CorruptRecordError,
+    KeyNotFoundError,
+    ShardcatError,
+    ShardIOError,
+    StaleShardError,
+)
 from shardcat.readers.formats import get_format
-from shardcat.readers.source import Source, open_source
+from shardcat.readers.source import CheckedSource, Identity, open_source, read_extents
 
 __all__ = [
     "Reader",
@@ -48,20 +78,33 @@ _MANY_BY_POSITION = (
     "CROSS JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
     "AND r.ordinal = json_extract(j.value, '$[1]')"
 )
-# Members of records (formats whose records have parts): (batch index, name, offset, length).
+# Members of records (formats whose records have parts):
+# (batch index, name, offset, length, extents).
 _MEMBERS_AT = (
-    'SELECT j.key, m.name, m."offset", m.length FROM json_each(?) j '
+    'SELECT j.key, m.name, m."offset", m.length, m.extents FROM json_each(?) j '
     "CROSS JOIN members m ON m.shard_id = json_extract(j.value, '$[0]') "
     "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
 )
 _MEMBER_BY_KEY = (
-    'SELECT r.shard_id, m."offset", m.length FROM records r JOIN members m '
+    'SELECT r.shard_id, m."offset", m.length, m.extents FROM records r JOIN members m '
     "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
     "WHERE r.dataset_id = ? AND r.key = ? AND m.name = ?"
+)
+_SHARDS = (
+    "SELECT id, path, first_position, num_records, compression, generation, "
+    "size, mtime_ns, ino, ctime_ns, fingerprint FROM shards "
+    "WHERE dataset_id = ? AND generation IS NOT NULL ORDER BY path"
+)
+_VERSION = "SELECT version FROM datasets WHERE id = ?"
+_SEEK_INDEX = (
+    "SELECT i.data FROM seek_indexes i JOIN shards s ON s.id = i.shard_id "
+    "WHERE i.shard_id = ? AND s.generation = ?"
 )
 Row = tuple[int, int, int, int, int]
 _LOCATION = operator.itemgetter(1, 3)  # (shard_id, offset): read shards front to back
 _KEYS_OF_SHARD = "SELECT key FROM records WHERE shard_id = ? ORDER BY ordinal"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -70,9 +113,37 @@ class _Shard:
     path: str
     first: int
     count: int
-    size: int
-    mtime_ns: int
     compression: str | None
+    generation: int
+    identity: Identity
+
+
+def _follows_reindex(method: F) -> F:
+    """Repeat a call once when a shard file turned out stale and the catalog has
+    meanwhile committed a newer version of the dataset (the call read a snapshot
+    from just before a re-index)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Reader, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StaleShardError:
+            if not self._moved_on():
+                raise
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _batch_query(
+    conn: sqlite3.Connection, sql: str, items: Sequence[Any], params: tuple[Any, ...]
+) -> list[tuple[Any, ...]]:
+    """Run a ``json_each`` batch query over ``items`` looked up in sorted order (B-tree
+    locality: 2-3x faster than random order); each row's first column is the index
+    of its item in ``items``."""
+    order = sorted(range(len(items)), key=items.__getitem__)
+    rows = conn.execute(sql, (json.dumps([items[i] for i in order]), *params)).fetchall()
+    return [(order[r[0]], *r[1:]) for r in rows]
 
 
 class Reader:
@@ -80,6 +151,8 @@ class Reader:
 
     Keys are strings. ``reader[key]`` raises ``KeyError`` for a missing key;
     ``get_record``/``get_feature`` return None instead (as tfd-utils does).
+    Bytes are those the catalog indexed or a :class:`ShardcatError`, never
+    others (see the module docstring for re-indexing and forked workers).
     """
 
     def __init__(
@@ -96,8 +169,13 @@ class Reader:
         self.verify_crc = verify_crc
         self._owns_catalog = owns_catalog
         self._pool_size = max(1, file_pool_size)
-        self._sources: dict[int, Source] = {}
-        self._sources_pid = os.getpid()
+        self._sources: dict[int, CheckedSource] = {}
+        self._pool_generation = _engine.fork_generation()
+        self._shards: dict[int, _Shard] = {}
+        self._serial = -1
+        self._version: int | None = None
+        self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
+        self._positions_moved = False
         self.closed = False
         row = catalog.dataset_row(dataset)
         self._id: int = row[0]
@@ -108,46 +186,77 @@ class Reader:
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._by_position = self.key_rule == "position"
-        self._load_shards()
+        self.refresh()
 
-    # -- shards and files ------------------------------------------------------
+    # -- snapshots, shards and files ---------------------------------------------
 
-    def _load_shards(self) -> None:
-        rows = (
-            self.catalog.reader_connection()
-            .execute(
-                "SELECT id, path, first_position, num_records, size, mtime_ns, compression "
-                "FROM shards "
-                "WHERE dataset_id = ? AND state = 'ready' ORDER BY path",
-                (self._id,),
-            )
-            .fetchall()
-        )
+    def refresh(self) -> None:
+        """Follow the catalog to its latest version of the dataset, positions included
+        (after a re-ingest moved them; see the module docstring)."""
+        self._serial, self._version, self._pinned = -1, None, None
+        self._positions_moved = False
+        self.catalog.reader_connection()  # end any read snapshot: see the latest commit
+        self._conn()
+        self._pinned = self._layout()
+
+    def _conn(self) -> sqlite3.Connection:
+        """The read snapshot for one call, with this reader's shard list matching it.
+
+        Every public call takes it once and runs all its queries on it.
+        """
+        if self._pool_generation != _engine._fork_generation:
+            # a forked child: the parent's files and decompressors are never touched
+            self._sources, self._pool_generation = {}, _engine._fork_generation
+        catalog = self.catalog
+        conn = catalog.reader_connection(snapshot=True)
+        if catalog.snapshot_serial != self._serial:
+            self._serial = catalog.snapshot_serial
+            row = conn.execute(_VERSION, (self._id,)).fetchone()
+            if row is None:
+                raise CatalogError(f"dataset {self.dataset!r} was dropped from {catalog.path}")
+            if row[0] != self._version:
+                self._load_shards(conn, row[0])
+        return conn
+
+    def _moved_on(self) -> bool:
+        """Whether the catalog now holds a newer version of the dataset than the
+        snapshot the current call read (see :func:`_follows_reindex`)."""
+        before = self._version
+        self.catalog.reader_connection()  # end the snapshot
+        self._conn()
+        return self._version != before
+
+    def _load_shards(self, conn: sqlite3.Connection, version: int) -> None:
         directory = self.catalog.directory
-        self._shards = {r[0]: _Shard(r[0], absolute_path(r[1], directory), *r[2:]) for r in rows}
-        self._order = [self._shards[r[0]] for r in rows]
+        shards = {
+            r[0]: _Shard(
+                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:])
+            )
+            for r in conn.execute(_SHARDS, (self._id,))
+        }
+        for shard_id in list(self._sources):  # files of versions that are gone
+            old, new = self._shards.get(shard_id), shards.get(shard_id)
+            if old is None or new is None or old.generation != new.generation:
+                self._sources.pop(shard_id).close()
+        self._shards = shards
+        self._order = list(shards.values())
         self._starts = [s.first for s in self._order]
         self._len = sum(s.count for s in self._order)
+        self._version = version
+        if self._pinned is not None and self._layout() != self._pinned:
+            self._positions_moved = True
 
-    def _source(self, shard_id: int) -> Source:
+    def _layout(self) -> tuple[tuple[int, int, int, int], ...]:
+        return tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+
+    def _source(self, shard_id: int) -> CheckedSource:
         source = self._sources.get(shard_id)
         if source is not None:
             return source
-        if os.getpid() != self._sources_pid:  # inherited descriptors stay the parent's to close
-            self._sources, self._sources_pid = {}, os.getpid()
-        shard = self._shards.get(shard_id)
-        if shard is None:
-            self._load_shards()
-            shard = self._shards[shard_id]
-        fd = os.open(shard.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        st = os.fstat(fd)
-        if (st.st_size, st.st_mtime_ns) != (shard.size, shard.mtime_ns):
-            os.close(fd)
-            raise StaleShardError(
-                f"{shard.path} changed after it was indexed (size {shard.size} -> "
-                f"{st.st_size}); re-ingest it (catalog ingest, or reader.rebuild_index())"
-            )
-        source = open_source(fd, shard.path, shard.compression, lambda: self._seek_index(shard))
+        shard = self._shards[shard_id]
+        source = open_source(
+            shard.path, shard.identity, shard.compression, lambda: self._seek_index(shard)
+        )
         if len(self._sources) >= self._pool_size:
             oldest = next(iter(self._sources))
             self._sources.pop(oldest).close()
@@ -155,22 +264,48 @@ class Reader:
         return source
 
     def _seek_index(self, shard: _Shard) -> bytes | None:
-        """The stored seek points of a compressed shard (None: none stored)."""
+        """The stored seek points of a compressed shard's version (None: none stored)."""
         row = (
-            self.catalog.reader_connection()
-            .execute("SELECT data FROM seek_indexes WHERE shard_id = ?", (shard.id,))
+            self.catalog.reader_connection(snapshot=True)
+            .execute(_SEEK_INDEX, (shard.id, shard.generation))
             .fetchone()
         )
         return None if row is None else bytes(row[0])
 
-    def _read(self, shard_id: int, offset: int, length: int, verify: bool | None = None) -> bytes:
-        return self._fmt.read(
-            self._sources.get(shard_id) or self._source(shard_id),
-            self._shards[shard_id].path,
-            offset,
-            length,
-            self.verify_crc if verify is None else verify,
-        )
+    def _read(
+        self,
+        shard_id: int,
+        offset: int,
+        length: int,
+        extents: str | None = None,
+        verify: bool | None = None,
+    ) -> bytes:
+        source = self._sources.get(shard_id) or self._source(shard_id)
+        path = self._shards[shard_id].path
+        try:
+            if extents is not None:  # a member stored in pieces (sparse tar members)
+                return read_extents(source, path, json.loads(extents))
+            return self._fmt.read(
+                source, path, offset, length, self.verify_crc if verify is None else verify
+            )
+        except OSError as exc:  # EIO and the like (our own errors are not OSErrors here)
+            if isinstance(exc, ShardcatError):
+                raise
+            raise ShardIOError(f"{path}: cannot read at byte {offset}: {exc}", path) from None
+
+    def _failed(self, exc: Exception, shard_id: int, offset: int) -> ShardcatError:
+        """The error for a record that could not be read or decoded: the file checked
+        first (bytes that changed under the read are a stale shard, not a corrupt one),
+        then the format's or the system's error as a :class:`ShardcatError`."""
+        source = self._sources.get(shard_id)
+        if source is not None:
+            source.check()
+        if isinstance(exc, ShardcatError):
+            return exc
+        path = self._shards[shard_id].path
+        if isinstance(exc, OSError):
+            return ShardIOError(f"{path}: cannot read at byte {offset}: {exc}", path)
+        return CorruptRecordError(path, offset, f"cannot decode the record: {exc}")
 
     # -- locating records ------------------------------------------------------
 
@@ -182,68 +317,63 @@ class Reader:
         return position if 0 <= position < self._len and str(position) == key else None
 
     def _shard_at(self, position: int) -> tuple[_Shard, int]:
+        if self._positions_moved:
+            raise StaleShardError(
+                f"dataset {self.dataset!r} changed since this reader opened: a re-index "
+                "moved its positions (positions and position keys are not stable across "
+                "re-ingest); call reader.refresh() or reopen the reader"
+            )
         if not -self._len <= position < self._len:
             raise IndexError(f"position {position} out of range for {self._len} records")
         position %= self._len
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
 
-    def _locate(self, key: Any) -> Row | None:
+    def _locate(self, conn: sqlite3.Connection, key: Any) -> Row | None:
         key = str(key)
         if self._by_position:
             position = self._position_of_key(key)
             if position is None:
                 return None
-            return self._rows_at([position])[0][:5]
-        row = (
-            self.catalog.reader_connection(snapshot=True)
-            .execute(_BY_KEY, (self._id, key))
-            .fetchone()
-        )
+            return self._rows_at(conn, [position])[0][:5]
+        row = conn.execute(_BY_KEY, (self._id, key)).fetchone()
         return None if row is None else row[:5]
 
-    def _rows_at(self, positions: Sequence[int]) -> list[tuple[Any, ...]]:
+    def _rows_at(self, conn: sqlite3.Connection, positions: Sequence[int]) -> list[tuple[Any, ...]]:
         """Record rows (with the key last) for positions, in the order given; one query."""
         pairs = []
         for position in positions:
             shard, ordinal = self._shard_at(position)
             pairs.append((shard.id, ordinal))
-        rows = self._batch_query(_MANY_BY_POSITION, pairs, ())
-        if len(rows) != len(pairs):  # records of a shard this reader knew were re-indexed
+        rows = _batch_query(conn, _MANY_BY_POSITION, pairs, ())
+        if len(rows) != len(pairs):  # cannot happen within one snapshot: a broken catalog
             raise StaleShardError(
                 f"dataset {self.dataset!r} changed since this reader opened: reopen it"
             )
         return rows
 
-    def _batch_query(
-        self, sql: str, items: Sequence[Any], params: tuple[Any, ...]
-    ) -> list[tuple[Any, ...]]:
-        """Run a ``json_each`` batch query over ``items`` looked up in sorted order (B-tree
-        locality: 2-3x faster than random order); each row's first column is the index
-        of its item in ``items``."""
-        order = sorted(range(len(items)), key=items.__getitem__)
-        rows = (
-            self.catalog.reader_connection(snapshot=True)
-            .execute(sql, (json.dumps([items[i] for i in order]), *params))
-            .fetchall()
-        )
-        return [(order[r[0]], *r[1:]) for r in rows]
-
     # -- records -----------------------------------------------------------------
 
+    @_follows_reindex
     def get_raw(self, key: Any) -> Any:
         """The record's bytes as stored (``{member: bytes}`` for tar), or None."""
-        row = self._locate(key)
-        return None if row is None else self._load([row], raw=True)[0]
+        conn = self._conn()
+        row = self._locate(conn, key)
+        return None if row is None else self._load(conn, [row], raw=True)[0]
 
+    @_follows_reindex
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
-        row = self._locate(key)
+        conn = self._conn()
+        row = self._locate(conn, key)
         if row is None:
             return None
         if self._parts:
-            return self._load_parts([row])[0]
-        return self._fmt.decode(self._read(row[1], row[3], row[4]), self.options)
+            return self._load_parts(conn, [row])[0]
+        try:
+            return self._fmt.decode(self._read(row[1], row[3], row[4]), self.options)
+        except Exception as exc:  # bad bytes for the format, or a failed read
+            raise self._failed(exc, row[1], row[3]) from None
 
     def get_feature(self, key: Any, feature_name: str) -> Any:
         """The first value of one feature, or None when the key or feature is missing.
@@ -251,17 +381,18 @@ class Reader:
         For formats whose records have parts (tar) only that member is read.
         """
         if self._parts and not self._by_position:
-            row = (
-                self.catalog.reader_connection(snapshot=True)
-                .execute(_MEMBER_BY_KEY, (self._id, str(key), feature_name))
-                .fetchone()
-            )
-            return None if row is None else self._read(*row)
+            return self._member(key, feature_name)
         record = self.get_record(key)
         if record is None:
             return None
         values = self._fmt.feature_list(record, feature_name)
         return values[0] if values else None
+
+    @_follows_reindex
+    def _member(self, key: Any, feature_name: str) -> bytes | None:
+        row = self._conn().execute(_MEMBER_BY_KEY, (self._id, str(key), feature_name))
+        found = row.fetchone()
+        return None if found is None else self._read(*found)
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
@@ -271,6 +402,7 @@ class Reader:
         values = self._fmt.feature_list(record, feature_name)
         return list(values) if values else None  # empty -> None, as tfd-utils
 
+    @_follows_reindex
     def get_many(self, keys: Sequence[Any], *, raw: bool = False) -> list[Any]:
         """Records for ``keys`` in the same order, found with one query.
 
@@ -284,34 +416,40 @@ class Reader:
             if missing:
                 raise KeyNotFoundError(self._missing_message(missing))
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
-        rows = self._batch_query(_MANY_BY_KEY, keys, (self._id,))
+        conn = self._conn()
+        rows = _batch_query(conn, _MANY_BY_KEY, keys, (self._id,))
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
                 self._missing_message([k for i, k in enumerate(keys) if i not in found])
             )
-        return self._load(rows, raw)
+        return self._load(conn, rows, raw)
 
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
         """The record at ``position`` (0..len-1, negative counts from the end)."""
         return self.get_many_at([position], raw=raw)[0]
 
     def key_at(self, position: int) -> str:
+        conn = self._conn()
         shard, ordinal = self._shard_at(position)
         if self._by_position:
             return str(shard.first + ordinal)
-        return str(self._rows_at([position])[0][5])
+        return str(self._rows_at(conn, [position])[0][5])
 
+    @_follows_reindex
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
         """Records at ``positions`` (a sequence or a slice), one query for the batch."""
+        conn = self._conn()
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
-        return self._load(self._rows_at(positions), raw)
+        return self._load(conn, self._rows_at(conn, positions), raw)
 
-    def _load(self, rows: Sequence[Sequence[Any]], raw: bool) -> list[Any]:
+    def _load(
+        self, conn: sqlite3.Connection, rows: Sequence[Sequence[Any]], raw: bool
+    ) -> list[Any]:
         """Read and decode the records of ``rows`` (in batch order), in file order."""
         if self._parts:
-            return self._load_parts(rows)
+            return self._load_parts(conn, rows)
         out: list[Any] = [None] * len(rows)
         read, decode, options, verify = (
             self._fmt.read,
@@ -319,23 +457,32 @@ class Reader:
             self.options,
             self.verify_crc,
         )
-        sources, shards = self._sources, self._shards
+        shards = self._shards
+        touched: dict[int, tuple[CheckedSource, Any, str]] = {}
         for row in sorted(rows, key=_LOCATION):
             shard_id = row[1]
-            source = sources.get(shard_id) or self._source(shard_id)
-            data = read(source, shards[shard_id].path, row[3], row[4], verify)
-            out[row[0]] = data if raw else decode(data, options)
+            opened = touched.get(shard_id)
+            if opened is None:
+                source = self._sources.get(shard_id) or self._source(shard_id)
+                opened = touched[shard_id] = (source, source.unchecked, shards[shard_id].path)
+            try:
+                data = read(opened[1], opened[2], row[3], row[4], verify)
+                out[row[0]] = data if raw else decode(data, options)
+            except Exception as exc:  # bad bytes for the format, or a failed read
+                raise self._failed(exc, shard_id, row[3]) from None
+        for source, _, _ in touched.values():  # one file check per shard covers its reads
+            source.check()
         return out
 
-    def _load_parts(self, rows: Sequence[Sequence[Any]]) -> list[dict[str, bytes]]:
-        members = (
-            self.catalog.reader_connection(snapshot=True)
-            .execute(_MEMBERS_AT, (json.dumps([(r[1], r[2]) for r in rows]),))
-            .fetchall()
-        )
+    def _load_parts(
+        self, conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]
+    ) -> list[dict[str, bytes]]:
+        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place)."""
+        members = conn.execute(_MEMBERS_AT, (json.dumps([(r[1], r[2]) for r in rows]),))
         out: list[dict[str, bytes]] = [{} for _ in rows]
-        for index, name, offset, length in members:
-            out[index][name] = self._read(rows[index][1], offset, length)
+        for index, name, offset, length, extents in members.fetchall():
+            row = rows[index]
+            out[row[0]][name] = self._read(row[1], offset, length, extents)
         return out
 
     def _missing_message(self, missing: list[str]) -> str:
@@ -350,9 +497,10 @@ class Reader:
         if self._by_position:
             yield from (str(p) for p in range(self._len))
             return
-        conn = self.catalog.reader_connection()
-        for shard in self._order:
-            for (key,) in conn.execute(_KEYS_OF_SHARD, (shard.id,)):
+        conn = self._conn()
+        for shard in list(self._order):
+            # one shard's keys at a time: lookups between two keys may renew the snapshot
+            for (key,) in conn.execute(_KEYS_OF_SHARD, (shard.id,)).fetchall():
                 yield key
 
     def get_keys(self) -> list[str]:
@@ -373,7 +521,7 @@ class Reader:
         return [r[0] for r in rows]
 
     def contains_key(self, key: Any) -> bool:
-        return self._locate(key) is not None
+        return self._locate(self._conn(), key) is not None
 
     def get_stats(self) -> dict[str, Any]:
         """Counts as tfd-utils reports them, plus the catalog and dataset names."""
@@ -404,27 +552,32 @@ class Reader:
     def verify(
         self, progress: Callable[[int, int], None] | None = None
     ) -> list[CorruptRecordError]:
-        """Re-read every record checking framing and checksums; one error per bad record."""
+        """Re-read every record checking framing and checksums; one error per bad record
+        (a shard whose file is not the indexed version is one error at byte 0)."""
         problems: list[CorruptRecordError] = []
-        conn = self.catalog.reader_connection()
+        self.catalog.reader_connection()  # see the latest commit
+        conn = self._conn()
         done = 0
-        for shard in self._order:
+        for shard in list(self._order):
             try:
                 self._source(shard.id)
-            except (StaleShardError, OSError) as exc:
+            except ShardcatError as exc:  # stale, missing or unreadable file
                 problems.append(CorruptRecordError(shard.path, 0, str(exc)))
                 done += shard.count
                 continue
+            columns = '"offset", length, extents' if self._parts else '"offset", length, NULL'
             table = "members" if self._parts else "records"
             rows = conn.execute(
-                f'SELECT "offset", length FROM {table} WHERE shard_id = ? ORDER BY "offset"',
-                (shard.id,),
-            )
-            for offset, length in rows:
+                f'SELECT {columns} FROM {table} WHERE shard_id = ? ORDER BY "offset"', (shard.id,)
+            ).fetchall()
+            for offset, length, extents in rows:
                 try:
-                    self._read(shard.id, offset, length, verify=True)
+                    self._read(shard.id, offset, length, extents, verify=True)
                 except CorruptRecordError as exc:
                     problems.append(exc)
+                except StaleShardError as exc:  # the file is not the indexed version
+                    problems.append(CorruptRecordError(shard.path, 0, str(exc)))
+                    break
                 if not self._parts:  # rows are members for tar: count records per shard
                     done += 1
                     if progress is not None and done % 1000 == 0:
@@ -443,8 +596,7 @@ class Reader:
         self.catalog.ingest(
             sources, self.dataset, format=self.format, options=self.options, rescan=True
         ).close()
-        self._close_fds()
-        self._load_shards()
+        self.refresh()
 
     # -- protocol ----------------------------------------------------------------
 
@@ -464,7 +616,7 @@ class Reader:
         return self.iter_keys()
 
     def _close_fds(self) -> None:
-        if os.getpid() == self._sources_pid:
+        if self._pool_generation == _engine._fork_generation:  # never the parent's files
             for source in self._sources.values():
                 source.close()
         self._sources = {}

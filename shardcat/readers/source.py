@@ -1,17 +1,50 @@
-"""Byte sources behind a shard: where a reader's ``pread`` goes.
+"""Byte sources behind a shard: where a reader's ``pread`` goes, and the proof
+that the bytes are those of the version the catalog indexed.
 
 A plain shard is read with ``os.pread`` on its file descriptor. Compressed
-shards (gzip, bz2) are read through a source that seeks in the decompressed
-stream with seek points stored in the catalog; ``open_source`` picks one.
+shards (gzip, bz2, xz) are read through a source that seeks in the
+decompressed stream with seek points stored in the catalog; ``open_source``
+picks one.
+
+**File identity.** The catalog records, for each indexed version of a shard,
+the identity of the file it was scanned from (:class:`Identity`: size, mtime,
+inode, ctime, and a fingerprint of its first and last 64 KiB). A source is
+opened only when the file still matches it: size and mtime must be equal; when
+inode or ctime differ too (a copy, a ``chmod``, a rewrite whose mtime was put
+back with ``touch -r``), the fingerprint decides. Every read then checks the
+descriptor with ``fstat`` *after* ``pread``: a write to the file updates its
+mtime/ctime before any byte changes, so bytes that changed under the read are
+caught. A file that was deleted or replaced (``os.replace``) while open keeps
+its old bytes behind the descriptor; those still match the indexed version and
+are served. Anything else is a :class:`~shardcat.errors.StaleShardError`
+naming the file and what changed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["FileSource", "Source", "open_source"]
+import crc32c as _crc32c
+
+from shardcat.errors import CorruptRecordError, MissingShardError, ShardIOError, StaleShardError
+
+__all__ = [
+    "CheckedSource",
+    "FileSource",
+    "Identity",
+    "Source",
+    "fingerprint_fd",
+    "fingerprint_file",
+    "open_file",
+    "open_source",
+    "read_extents",
+]
+
+_FINGERPRINT_SPAN = 64 * 1024
+_CHUNK = 1 << 20
 
 
 class Source(Protocol):
@@ -20,8 +53,58 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-class FileSource:
-    """An uncompressed shard: ``os.pread`` on a descriptor (safe to share after fork)."""
+class CheckedSource(Source, Protocol):
+    """A shard's source as readers get it (:func:`open_source`): ``pread`` checks the
+    file after reading; ``unchecked.pread`` does not, and ``check()`` does it once."""
+
+    unchecked: Source
+
+    def check(self) -> None: ...
+
+
+def fingerprint_fd(fd: int, size: int) -> str:
+    """CRC32C of the first and last 64 KiB: cheap evidence of identical content."""
+    head = os.pread(fd, _FINGERPRINT_SPAN, 0)
+    tail = b""
+    if size > _FINGERPRINT_SPAN:
+        start = max(size - _FINGERPRINT_SPAN, _FINGERPRINT_SPAN)
+        tail = os.pread(fd, size - start, start)
+    return f"{_crc32c.crc32c(head):08x}{_crc32c.crc32c(tail):08x}"
+
+
+def fingerprint_file(path: str, size: int) -> str:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return fingerprint_fd(fd, size)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The file an indexed version of a shard was scanned from (None: not recorded,
+    catalogs upgraded from schema version 2 until a sync records it)."""
+
+    size: int
+    mtime_ns: int
+    ino: int | None
+    ctime_ns: int | None
+    fingerprint: str | None
+
+
+def _difference(want: Identity, st: os.stat_result) -> str | None:
+    """What makes the file behind ``st`` another version than ``want`` (None: none)."""
+    if st.st_size != want.size:
+        return f"its size is {st.st_size} bytes, the catalog indexed {want.size}"
+    if st.st_mtime_ns != want.mtime_ns:
+        return "it was modified (mtime differs)"
+    return None
+
+
+class _Pread:
+    """``pread`` on a descriptor and nothing else."""
+
+    __slots__ = ("fd",)
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -30,19 +113,152 @@ class FileSource:
         return os.pread(self.fd, length, offset)
 
     def close(self) -> None:
+        """The descriptor belongs to the :class:`FileSource` that made this."""
+
+
+class FileSource:
+    """An uncompressed shard: ``os.pread`` on a descriptor. With an ``identity``
+    (what :func:`open_file` gives) every read is followed by the ``fstat`` check of
+    the module docstring; without one it is a bare ``pread``.
+
+    Batches read through :attr:`unchecked` and call :meth:`check` once at the end:
+    one ``fstat`` covers every read before it.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        path: str = "",
+        identity: Identity | None = None,
+        st: os.stat_result | None = None,
+    ) -> None:
+        self.fd = fd
+        self.path = path
+        self.identity = identity
+        self.unchecked: Source = _Pread(fd)
+        self._seen = None if st is None else (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        data = os.pread(self.fd, length, offset)
+        if self._seen is not None:
+            st = os.fstat(self.fd)
+            if (st.st_mtime_ns, st.st_ctime_ns, st.st_size) != self._seen:
+                self.recheck(st)
+        return data
+
+    def check(self) -> None:
+        """Raise :class:`StaleShardError` if the file is no longer the indexed version."""
+        if self._seen is not None:
+            st = os.fstat(self.fd)
+            if (st.st_mtime_ns, st.st_ctime_ns, st.st_size) != self._seen:
+                self.recheck(st)
+
+    def recheck(self, st: os.stat_result) -> None:
+        """The descriptor's file changed since the last check: still the indexed
+        version (unlinked, replaced, chmod), or a :class:`StaleShardError`."""
+        if self.identity is None:
+            return
+        problem = _difference(self.identity, st)
+        fp = self.identity.fingerprint
+        if problem is None and fp is not None and fingerprint_fd(self.fd, st.st_size) != fp:
+            problem = "its content changed (fingerprint differs)"
+        if problem is not None:
+            raise StaleShardError(
+                f"{self.path} changed after it was indexed: {problem}; re-ingest it "
+                "(catalog ingest, or reader.rebuild_index())",
+                self.path,
+            )
+        self._seen = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+    def close(self) -> None:
         os.close(self.fd)
 
 
-def open_source(
-    fd: int, path: str, compression: str | None, load_seek_index: Callable[[], bytes | None]
-) -> Source:
-    """The source for a shard; ``load_seek_index`` fetches its seek points when needed.
+class _CheckedSource:
+    """A compressed source whose reads are followed by the same file check."""
 
-    Compressed shards read in decompressed-stream offsets (see
-    :mod:`shardcat.readers.compressed`); the source owns ``fd`` either way.
-    """
+    def __init__(self, inner: Source, file: FileSource) -> None:
+        self.unchecked = inner
+        self._file = file
+
+    def pread(self, length: int, offset: int) -> bytes:
+        data = self.unchecked.pread(length, offset)
+        self._file.check()
+        return data
+
+    def check(self) -> None:
+        self._file.check()
+
+    def close(self) -> None:
+        self.unchecked.close()  # owns the descriptor
+
+
+def open_file(path: str, identity: Identity) -> FileSource:
+    """Open ``path`` if it is still the indexed version ``identity``; else
+    :class:`MissingShardError` (deleted), :class:`StaleShardError` (changed) or
+    :class:`ShardIOError` (cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise MissingShardError(
+            f"{path} no longer exists (deleted or moved after it was indexed); "
+            "re-ingest the dataset to drop it",
+            path,
+        ) from None
+    except OSError as exc:
+        raise ShardIOError(f"{path}: cannot open: {exc.strerror or exc}", path) from None
+    try:
+        st = os.fstat(fd)
+        source = FileSource(fd, path, identity, st)
+        if (st.st_ino, st.st_ctime_ns) != (identity.ino, identity.ctime_ns) or _difference(
+            identity, st
+        ):
+            source.recheck(st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return source
+
+
+def open_source(
+    path: str,
+    identity: Identity,
+    compression: str | None,
+    load_seek_index: Callable[[], bytes | None],
+) -> CheckedSource:
+    """The source for a shard's indexed version; ``load_seek_index`` fetches its seek
+    points when needed. Compressed shards read in decompressed-stream offsets (see
+    :mod:`shardcat.readers.compressed`)."""
+    checked = open_file(path, identity)
     if compression is None:
-        return FileSource(fd)
+        return checked
     from shardcat.readers.compressed import open_compressed_source
 
-    return open_compressed_source(fd, path, compression, load_seek_index)
+    return _CheckedSource(
+        open_compressed_source(checked.fd, path, compression, load_seek_index), checked
+    )
+
+
+def read_extents(source: Source, path: str, extents: Sequence[Sequence[int]]) -> bytes:
+    """The content of a record or member stored in pieces: ``extents`` lists
+    ``(offset, length)`` in content order, offset -1 for a run of zeros (a hole
+    of a sparse tar member). Pieces are read 1 MiB at a time, so a length past
+    the end of the file costs only the bytes that exist; a short read is a
+    :class:`CorruptRecordError`."""
+    parts: list[bytes] = []
+    for at, length in extents:
+        if at < -1 or length < 0:
+            raise CorruptRecordError(path, max(at, 0), f"bad extent ({at}, {length})")
+        if at == -1:
+            parts.append(bytes(length))
+            continue
+        done = 0
+        while done < length:
+            data = source.pread(min(_CHUNK, length - done), at + done)
+            if not data:
+                raise CorruptRecordError(
+                    path, at, f"truncated: the file ends after {done} of {length} bytes"
+                )
+            parts.append(data)
+            done += len(data)
+    return b"".join(parts)

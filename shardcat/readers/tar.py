@@ -7,19 +7,41 @@ numbers in octal or base-256. Supported: ustar (``prefix`` + ``name``), GNU
 (``././@LongLink`` headers ``L`` for long names and ``K`` for long link
 names), pax (``x`` extended headers whose ``path`` and ``size`` override the
 ustar fields, ``g`` global headers that apply to every later member, UTF-8
-names), v7. The archive ends at the first all-zero block or at the end of
-the file when it falls on a header boundary. A truncated header, a bad
-checksum, member data cut short, a malformed pax record or a name that is not
-UTF-8 raises :class:`CorruptRecordError` naming the file and the byte offset
-of the (first) header of that member.
+names), v7, and GNU sparse files (below). The archive ends at the first
+all-zero block or at the end of the file when it falls on a header boundary.
+A truncated header, a bad checksum, member data cut short, a malformed pax
+record, a damaged sparse map or a name that is not UTF-8 raises
+:class:`CorruptRecordError` naming the file and the byte offset of the
+(first) header of that member. No declared size is trusted beyond the bytes
+that exist: in a plain file a member (or extended header) whose size runs
+past the end of the archive is an error before anything is read, and a
+stream is read and skipped in pieces of at most 1 MiB, so a size field of
+2**63 costs no allocation of that size.
+
+**Sparse files** (GNU tar ``--sparse``), in all of GNU tar's formats: old
+GNU (type ``S``: 4 ``(offset, numbytes)`` pairs in the header at byte 386,
+21 more in each extension block while ``isextended`` is set, the real size
+at byte 483), and pax versions 0.0 (``GNU.sparse.offset`` /
+``GNU.sparse.numbytes`` records in turn), 0.1 (``GNU.sparse.map``) and 1.0
+(``GNU.sparse.major``/``minor`` ``1``/``0``, the map as decimal lines at the
+start of the data, padded to whole blocks). Such a member is indexed under
+its real name (``GNU.sparse.name``, else the name it would have anyway: the
+0.0 and old GNU header name) with its real size (``GNU.sparse.size`` or
+``GNU.sparse.realsize``; the old GNU realsize field), as Python's ``tarfile``
+reads it, and comes with its extents (:attr:`Member.extents`): its content
+as pieces of stored data and holes of zeros, read back with
+:func:`assemble`. The map is checked: well-formed numbers (ASCII decimal or
+tar octal/base-256, below 2**63), pieces in order and not overlapping,
+inside the real size, their data exactly the member's stored bytes; a 1.0
+map may not run past the member's data. Other sparse versions are refused.
 
 **Which members are samples.** Regular files only (types ``0``, NUL and
-``7``). Directories, symlinks, hardlinks, devices and fifos are skipped:
+``7``, and ``S``). Directories, symlinks, hardlinks, devices and fifos are skipped:
 they are not samples and have no bytes of their own (a hardlink's bytes are
-those of an earlier member, which is indexed under its own name). GNU sparse
-members are refused (their stored bytes are not the file's content).
-Members whose name yields no key under the grouping rule (no extension) are
-skipped, as both WebDataset and tfd-utils skip them.
+those of an earlier member, which is indexed under its own name). Sparse
+files (above) are regular files. Members whose name yields no key under the
+grouping rule (no extension) are skipped, as both WebDataset and tfd-utils
+skip them.
 
 **Grouping** (``options["grouping"]``, recorded per dataset):
 
@@ -44,9 +66,12 @@ silently merge such members into one record.
 
 **Entries.** One per sample: ``offset`` is the first header of its first
 member (including GNU/pax extended headers), ``length`` runs to the end of
-its last member's data; ``members`` holds ``(feature, data offset, size)``
-per member. For compressed archives the offsets are decompressed-stream
-offsets (see :mod:`shardcat.readers.compressed`).
+its last member's data (for a sparse member, its stored data); ``members``
+holds ``(feature, data offset, size)`` per member, and for a sparse member
+``(feature, first stored byte, real size, extents)`` (:data:`MemberRow`).
+For compressed archives the offsets, those of extents too, are
+decompressed-stream offsets (see :mod:`shardcat.readers.compressed`). Small
+field members that are sparse are expanded before their fields are read.
 
 **SQL fields** (``options["fields"]``, default True):
 
@@ -83,10 +108,14 @@ from typing import Any, Protocol
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import Entry, Scalar, pread_exact, read_full
+from shardcat.readers.source import read_extents
 
 __all__ = [
     "GROUPINGS",
+    "Extents",
     "Member",
+    "MemberRow",
+    "assemble",
     "check_grouping",
     "dali_index_lines",
     "decode",
@@ -119,6 +148,7 @@ TEXT_EXTENSIONS = frozenset({"txt", "text", "label", "caption", "transcript"})
 
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset({b"0", b"\0", b"7"})
+_FILE_TYPES = _REGULAR | {b"S"}  # "S": an old GNU sparse file
 # Types with no data blocks of their own (tarfile and GNU tar skip none for them).
 _NO_DATA = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
 _GNU_TYPES = frozenset({b"L", b"K", b"S"})
@@ -127,6 +157,18 @@ _SIGNED_TAIL = struct.Struct("356b")
 _WDS_SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)
 _NOT_WORD = re.compile(r"[^0-9A-Za-z_]")
 _INT_TEXT = re.compile(r"^[+-]?\d+$")
+_CHUNK = 1 << 20  # reads and skips of member data go in pieces of this size at most
+_MAX_OFF = (1 << 63) - 1  # the largest file offset or size (off_t)
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # ASCII digits only (int() takes others)
+_DECIMAL_BYTES = re.compile(rb"[0-9]{1,19}")
+_OLD_GNU_MAP = 386  # 4 (offset, numbytes) pairs of 12-byte numbers, then isextended, realsize
+_OLD_GNU_EXT = 21  # pairs in an extension block, then its isextended byte at 504
+_PAX_00 = ("GNU.sparse.offset", "GNU.sparse.numbytes")
+
+#: ``(offset, length)`` pieces making up a sparse member's content, in order:
+#: ``offset`` is where the piece's bytes are in the (decompressed) archive,
+#: -1 for a hole (zeros).
+Extents = tuple[tuple[int, int], ...]
 
 
 # -- headers -------------------------------------------------------------------
@@ -142,10 +184,20 @@ class Member:
     header_offset: int
     data_offset: int
     size: int
+    #: For a sparse member: its content as :data:`Extents` (``size`` is then the
+    #: real size, ``data_offset`` the first stored byte); None for any other member.
+    extents: Extents | None = None
 
     @property
     def is_file(self) -> bool:
-        return self.type in _REGULAR and not self.name.endswith("/")
+        return self.type in _FILE_TYPES and not self.name.endswith("/")
+
+    @property
+    def stored_size(self) -> int:
+        """How many bytes of data the member has in the archive from ``data_offset``."""
+        if self.extents is None:
+            return self.size
+        return sum(length for at, length in self.extents if at >= 0)
 
 
 class _Cursor(Protocol):
@@ -236,9 +288,10 @@ def _cstr(raw: bytes) -> bytes:
     return raw.split(b"\0", 1)[0]
 
 
-def _pax(data: bytes, path: str, offset: int) -> dict[str, str]:
-    """Records ``"<len> <key>=<value>\\n"`` of a pax extended header."""
-    out: dict[str, str] = {}
+def _pax(data: bytes, path: str, offset: int) -> list[tuple[str, str]]:
+    """Records ``"<len> <key>=<value>\\n"`` of a pax extended header, in order
+    (GNU sparse 0.0 repeats its keys)."""
+    out: list[tuple[str, str]] = []
     pos = 0
     while pos < len(data) and data[pos] != 0:
         space = data.find(b" ", pos)
@@ -252,13 +305,51 @@ def _pax(data: bytes, path: str, offset: int) -> dict[str, str]:
         key, eq, value = record[space - pos + 1 : -1].partition(b"=")
         if not eq:
             raise CorruptRecordError(path, offset, f"malformed pax record at +{pos}")
-        out[_text(key, path, offset, "pax key")] = _text(value, path, offset, "pax value")
+        out.append((_text(key, path, offset, "pax key"), _text(value, path, offset, "pax value")))
         pos += length
     return out
 
 
+def _decimal(text: str | bytes, path: str, offset: int, what: str) -> int:
+    """A size or offset written in decimal (pax records, the GNU sparse 1.0 map)."""
+    if isinstance(text, bytes):
+        digits = _DECIMAL_BYTES.fullmatch(text) is not None
+    else:
+        digits = _DECIMAL.fullmatch(text) is not None
+    value = int(text) if digits else -1
+    if not 0 <= value <= _MAX_OFF:
+        raise CorruptRecordError(path, offset, f"bad {what} {text[:40]!r}")
+    return value
+
+
+def _check_declared(cur: _Cursor, size: int, path: str, offset: int, name: str) -> None:
+    """A member's ``size`` bytes from ``cur.pos`` must exist, when the cursor knows
+    where the archive ends (plain files; a stream finds out as it reads)."""
+    end = getattr(cur, "size", None)
+    if isinstance(end, int) and size > end - cur.pos:
+        raise CorruptRecordError(
+            path,
+            offset,
+            f"truncated member {name!r} declares {size} bytes, "
+            f"the archive ends after {max(0, end - cur.pos)} of them",
+        )
+
+
 def _read_exact(cur: _Cursor, size: int, path: str, offset: int, name: str) -> bytes:
-    data = cur.read(size)
+    """``size`` bytes from ``cur``, read in bounded pieces: a size declared past
+    the end of the archive is an error, never an allocation of that size."""
+    _check_declared(cur, size, path, offset, name)
+    if size <= _CHUNK:
+        data = cur.read(size)
+    else:
+        parts, left = [], size
+        while left > 0:
+            part = cur.read(min(_CHUNK, left))
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        data = b"".join(parts)
     if len(data) < size:
         raise CorruptRecordError(
             path, offset, f"truncated member {name!r}: archive ends inside its data"
@@ -279,14 +370,239 @@ def padded(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+# -- sparse members ------------------------------------------------------------
+
+
+def _old_gnu_map(cur: _Cursor, block: bytes, path: str, offset: int) -> list[tuple[int, int]]:
+    """The ``(offset, numbytes)`` map of an old GNU sparse (``S``) member: 4 pairs
+    in its header, 21 in each extension block that follows (read from ``cur``)
+    while the block before sets its ``isextended`` byte. As GNU tar reads it,
+    a pair whose numbytes field starts with NUL is unused and ends the map;
+    any pair written after that is a damaged map."""
+    pairs: list[tuple[int, int]] = []
+    ended = False
+
+    def take(raw: bytes) -> None:
+        nonlocal ended
+        for at in range(0, len(raw), 24):
+            pair = raw[at : at + 24]
+            if pair[12] == 0:
+                ended = True
+            elif ended:
+                raise CorruptRecordError(path, offset, "GNU sparse map entry after its end")
+            else:
+                pairs.append(
+                    (
+                        _number(pair[:12], path, offset, "sparse offset"),
+                        _number(pair[12:], path, offset, "sparse numbytes"),
+                    )
+                )
+
+    take(block[_OLD_GNU_MAP : _OLD_GNU_MAP + 96])
+    extended = block[482]
+    while extended:
+        ext = cur.read(BLOCK)
+        if len(ext) < BLOCK:
+            raise CorruptRecordError(
+                path, offset, "truncated GNU sparse map: archive ends inside its extension blocks"
+            )
+        take(ext[: _OLD_GNU_EXT * 24])
+        extended = ext[504]
+    return pairs
+
+
+def _pax_10_map(
+    cur: _Cursor, size: int, path: str, offset: int, name: str
+) -> tuple[list[tuple[int, int]], int]:
+    """The map at the start of a GNU sparse 1.0 member's data, read from ``cur``:
+    decimal numbers, one a line (the number of pairs, then offset and numbytes
+    of each), padded to whole blocks. Returns the pairs and the bytes the map
+    takes. It may not run past the member's ``size`` bytes."""
+    numbers: list[int] = []
+    count: int | None = None
+    buf = b""
+    used = 0
+    while count is None or len(numbers) < 2 * count:
+        line_end = buf.find(b"\n")
+        if line_end < 0:
+            if len(buf) > 19:
+                raise CorruptRecordError(path, offset, f"bad GNU sparse map number {buf[:40]!r}")
+            if used + BLOCK > size:
+                raise CorruptRecordError(
+                    path, offset, f"GNU sparse map of {name!r} runs past the member's data"
+                )
+            more = cur.read(BLOCK)
+            if len(more) < BLOCK:
+                raise CorruptRecordError(
+                    path, offset, "truncated GNU sparse map: archive ends inside it"
+                )
+            buf += more
+            used += BLOCK
+            continue
+        value = _decimal(buf[:line_end], path, offset, "GNU sparse map number")
+        buf = buf[line_end + 1 :]
+        if count is not None:
+            numbers.append(value)
+        elif 4 * value > size:  # each pair takes 4 bytes at least ("0\n0\n")
+            raise CorruptRecordError(
+                path,
+                offset,
+                f"GNU sparse map of {name!r}: {value} pairs do not fit in {size} bytes",
+            )
+        else:
+            count = value
+    return list(zip(numbers[::2], numbers[1::2], strict=True)), used
+
+
+def _pax_0x_map(
+    pax: Mapping[str, str], pairs_00: Sequence[tuple[str, str]], path: str, offset: int
+) -> list[tuple[int, int]]:
+    """The map of a GNU sparse 0.1 (``GNU.sparse.map``: offset,numbytes,...) or
+    0.0 member (``GNU.sparse.offset`` and ``GNU.sparse.numbytes`` records, in turn)."""
+    if "GNU.sparse.map" in pax:
+        if pairs_00:
+            raise CorruptRecordError(
+                path, offset, "two GNU sparse maps (0.0 and 0.1) in one header"
+            )
+        text = pax["GNU.sparse.map"]
+        numbers = [
+            _decimal(t, path, offset, "GNU sparse map number") for t in text.split(",") if text
+        ]
+        if len(numbers) % 2:
+            raise CorruptRecordError(path, offset, "GNU sparse map with an odd count of numbers")
+        pairs = list(zip(numbers[::2], numbers[1::2], strict=True))
+    else:
+        if len(pairs_00) % 2 or any(key != _PAX_00[i % 2] for i, (key, _) in enumerate(pairs_00)):
+            raise CorruptRecordError(
+                path, offset, "GNU sparse 0.0 map records are not offset/numbytes pairs"
+            )
+        numbers = [_decimal(v, path, offset, "GNU sparse map number") for _, v in pairs_00]
+        pairs = list(zip(numbers[::2], numbers[1::2], strict=True))
+    if "GNU.sparse.numblocks" in pax:
+        blocks = _decimal(pax["GNU.sparse.numblocks"], path, offset, "GNU.sparse.numblocks")
+        if blocks != len(pairs):
+            raise CorruptRecordError(
+                path, offset, f"GNU sparse map has {len(pairs)} entries, numblocks says {blocks}"
+            )
+    return pairs
+
+
+def _extents(
+    pairs: Sequence[tuple[int, int]],
+    real_size: int,
+    data_offset: int,
+    stored: int,
+    path: str,
+    offset: int,
+    name: str,
+) -> Extents:
+    """A sparse map checked (non-negative, in order, not overlapping, inside the
+    real size, its data exactly the ``stored`` bytes) and made :data:`Extents`:
+    pieces of data stored one after another from ``data_offset``, holes between."""
+    out: list[tuple[int, int]] = []
+    logical = 0  # where in the real file the map has got to
+    stored_at = data_offset
+
+    def add(at: int, length: int) -> None:
+        if out and (out[-1][0] < 0) == (at < 0):  # merge hole with hole, data with data
+            out[-1] = (out[-1][0], out[-1][1] + length)
+        else:
+            out.append((at, length))
+
+    for at, length in pairs:
+        if at < 0 or length < 0:
+            raise CorruptRecordError(
+                path, offset, f"sparse map of {name!r}: negative number ({at}, {length})"
+            )
+        if at < logical:
+            raise CorruptRecordError(
+                path,
+                offset,
+                f"sparse map of {name!r}: the piece at {at} starts before the one before ends "
+                f"({logical})",
+            )
+        if at + length > real_size:
+            raise CorruptRecordError(
+                path,
+                offset,
+                f"sparse map of {name!r}: the piece at {at} of {length} bytes runs past the "
+                f"real size {real_size}",
+            )
+        if at > logical:
+            add(-1, at - logical)
+        if length:
+            add(stored_at, length)
+            stored_at += length
+        logical = at + length
+    if logical < real_size:
+        add(-1, real_size - logical)
+    if stored_at - data_offset != stored:
+        raise CorruptRecordError(
+            path,
+            offset,
+            f"sparse map of {name!r} holds {stored_at - data_offset} bytes of data, "
+            f"the member {stored}",
+        )
+    return tuple(out)
+
+
+def _expand(stored: bytes, data_offset: int, extents: Extents) -> bytes:
+    """A sparse member's content from its stored bytes (read from ``data_offset``)."""
+    return b"".join(
+        bytes(length) if at < 0 else stored[at - data_offset : at - data_offset + length]
+        for at, length in extents
+    )
+
+
+def _is_pax_sparse(pax: Mapping[str, str], pairs_00: Sequence[tuple[str, str]]) -> bool:
+    return bool(pairs_00) or any(key.startswith("GNU.sparse.") for key in pax)
+
+
+def _pax_sparse(
+    cur: _Cursor,
+    pax: Mapping[str, str],
+    pairs_00: Sequence[tuple[str, str]],
+    name: str,
+    size: int,
+    path: str,
+    offset: int,
+) -> tuple[str, int, Extents]:
+    """Real name, real size and extents of a pax GNU sparse member (versions 0.0,
+    0.1 and 1.0) whose data starts at ``cur.pos`` and declares ``size`` bytes;
+    reads the 1.0 map from ``cur``."""
+    name = pax.get("GNU.sparse.name", name)
+    data_offset = cur.pos
+    if "GNU.sparse.major" in pax or "GNU.sparse.minor" in pax:
+        version = (pax.get("GNU.sparse.major"), pax.get("GNU.sparse.minor"))
+        if version != ("1", "0"):
+            raise CorruptRecordError(
+                path, offset, f"unsupported GNU sparse format version {'.'.join(map(str, version))}"
+            )
+        real_key = "GNU.sparse.realsize" if "GNU.sparse.realsize" in pax else "GNU.sparse.size"
+        pairs, used = _pax_10_map(cur, size, path, offset, name)
+        data_offset += used
+        size -= used
+    elif "GNU.sparse.map" in pax or pairs_00:
+        real_key = "GNU.sparse.size"
+        pairs = _pax_0x_map(pax, pairs_00, path, offset)
+    else:
+        raise CorruptRecordError(path, offset, f"GNU sparse member {name!r} has no sparse map")
+    if real_key not in pax:
+        raise CorruptRecordError(path, offset, f"GNU sparse member {name!r} has no real size")
+    real_size = _decimal(pax[real_key], path, offset, real_key)
+    return name, real_size, _extents(pairs, real_size, data_offset, size, path, offset, name)
+
+
 def iter_members(cur: _Cursor, path: str) -> Iterator[Member]:
     """Every member of the archive read through ``cur``, in archive order.
 
     The caller may read a yielded member's data from ``cur`` (from
     ``data_offset``) before asking for the next member; the rest is skipped.
+    Sparse members come with their real name and size and their extents.
     """
     global_pax: dict[str, str] = {}
     local_pax: dict[str, str] = {}
+    pairs_00: list[tuple[str, str]] = []  # GNU sparse 0.0 map records, in order
     long_name: str | None = None
     first: int | None = None
     while True:
@@ -311,12 +627,15 @@ def iter_members(cur: _Cursor, path: str) -> Iterator[Member]:
         if first is None:
             first = start
         if kind in (b"L", b"K", b"x", b"g"):
-            data = _read_exact(cur, size, path, start, "././@LongLink")
-            _skip_exact(cur, padded(size) - size, path, start, "././@LongLink")
+            label = "././@LongLink" if kind in (b"L", b"K") else "pax header"
+            data = _read_exact(cur, size, path, start, label)
+            _skip_exact(cur, padded(size) - size, path, start, label)
             if kind == b"L":
                 long_name = _text(_cstr(data), path, start, "member name")
             elif kind == b"x":
-                local_pax.update(_pax(data, path, start))
+                records = _pax(data, path, start)
+                local_pax.update(records)
+                pairs_00.extend(r for r in records if r[0] in _PAX_00)
             elif kind == b"g":
                 global_pax.update(_pax(data, path, start))
                 first = None  # a global header belongs to no member
@@ -332,18 +651,31 @@ def iter_members(cur: _Cursor, path: str) -> Iterator[Member]:
             if prefix and kind not in _GNU_TYPES:
                 name = _text(prefix, path, start, "member name prefix") + "/" + name
         if "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise CorruptRecordError(path, first, f"bad pax size {pax['size']!r}") from None
+            size = _decimal(pax["size"], path, first, "pax size")
+        sparse: tuple[str, int, Extents] | None = None
+        pairs = _old_gnu_map(cur, block, path, first) if kind == b"S" else []
+        data_start = cur.pos  # after an old GNU sparse member's extension blocks
+        if kind not in _NO_DATA:
+            _check_declared(cur, size, path, first, name)
         if kind == b"S":
-            raise CorruptRecordError(path, first, f"GNU sparse member {name!r} is not supported")
-        data_offset = cur.pos
-        member = Member(name, kind, first, data_offset, size)
+            real_size = _number(block[483:495], path, first, "sparse real size")
+            if not 0 <= real_size <= _MAX_OFF:
+                raise CorruptRecordError(path, first, f"bad GNU sparse real size {real_size}")
+            sparse = (
+                name,
+                real_size,
+                _extents(pairs, real_size, data_start, size, path, first, name),
+            )
+        elif kind in _REGULAR and _is_pax_sparse(local_pax, pairs_00):
+            sparse = _pax_sparse(cur, local_pax, pairs_00, name, size, path, first)
+        if sparse is None:
+            member = Member(name, kind, first, data_start, size)
+        else:
+            member = Member(sparse[0], kind, first, cur.pos, sparse[1], sparse[2])
         yield member
         span = 0 if kind in _NO_DATA else padded(size)
-        _skip_exact(cur, data_offset + span - cur.pos, path, first, name)
-        local_pax, long_name, first = {}, None, None
+        _skip_exact(cur, data_start + span - cur.pos, path, first, name)
+        local_pax, pairs_00, long_name, first = {}, [], None, None
 
 
 # -- grouping ------------------------------------------------------------------
@@ -439,12 +771,17 @@ def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
 # -- scanning ------------------------------------------------------------------
 
 
+#: One item of ``Entry.members``: ``(feature, data offset, size)``, and for a
+#: sparse member ``(feature, first stored byte, real size, extents)``.
+MemberRow = tuple[str, int, int] | tuple[str, int, int, Extents]
+
+
 @dataclass(slots=True)
 class _Sample:
     key: str
     offset: int
     end: int = 0
-    members: list[tuple[str, int, int]] = field(default_factory=list)
+    members: list[MemberRow] = field(default_factory=list)
     fields: dict[str, Scalar] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
 
@@ -468,11 +805,15 @@ def _samples(
             sample, data = None, {}
         if sample is None:
             sample = _Sample(key, m.header_offset)
-        sample.members.append((feature, m.data_offset, m.size))
+        if m.extents is None:
+            sample.members.append((feature, m.data_offset, m.size))
+        else:
+            sample.members.append((feature, m.data_offset, m.size, m.extents))
         sample.seen.add(feature)
-        sample.end = m.data_offset + m.size
+        sample.end = m.data_offset + m.stored_size
         if want is not None and want(feature, m.size):
-            data[feature] = _read_exact(cur, m.size, path, m.header_offset, m.name)
+            raw = _read_exact(cur, m.stored_size, path, m.header_offset, m.name)
+            data[feature] = raw if m.extents is None else _expand(raw, m.data_offset, m.extents)
     if sample is not None:
         yield sample, data
 
@@ -491,12 +832,13 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[
         for feature, raw in data.items():
             for name, value in member_fields(feature, raw).items():
                 fields.setdefault(name, value)
+        members: list[Any] = sample.members  # 4-tuples for sparse members
         yield Entry(
             None if by_position else sample.key,
             sample.offset,
             sample.end - sample.offset,
             fields,
-            sample.members,
+            members,
         )
 
 
@@ -522,7 +864,8 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:
     """``(key, {feature: bytes})`` per sample of the archive, in archive order
-    (compressed archives are decompressed on the fly)."""
+    (compressed archives are decompressed on the fly; sparse members come as
+    their real content, holes as zeros)."""
     check_grouping(grouping)
     with open_stream(path) as stream:
         for sample, data in _samples(_StreamCursor(stream), path, grouping, lambda f, n: True):
@@ -575,6 +918,43 @@ def read(source: Any, path: str, offset: int, length: int, verify: bool = False)
     return data
 
 
+def assemble(
+    source: Any, path: str, extents: Sequence[tuple[int, int]], verify: bool = False
+) -> bytes:
+    """The content of a sparse member from its :data:`Extents`: each data piece
+    read with ``source.pread(length, offset)``, holes as zeros.
+
+    A short read is a truncated shard; pieces are read 1 MiB at a time, so a
+    length past the end of the file costs only the bytes that exist. With
+    ``verify``, the data pieces must follow each other in the archive (as
+    every GNU sparse format stores them), and what comes after the last one,
+    rounded up to a block, must be the next tar header, the end-of-archive
+    zeros or the end of the file (a shard that changed since it was indexed
+    usually fails that).
+    """
+    data = read_extents(source, path, extents)
+    if verify:
+        end: int | None = None  # where the last data piece ends in the archive
+        for at, length in extents:
+            if at == -1:
+                continue
+            if end is not None and at != end:
+                raise CorruptRecordError(
+                    path,
+                    at,
+                    f"sparse member data at byte {at} does not follow the piece before ({end})",
+                )
+            end = at + length
+        if end is not None:
+            after = padded(end)
+            block = source.pread(BLOCK, after)
+            if block and (len(block) < BLOCK or (block != _ZERO and not _checksum_ok(block))):
+                raise CorruptRecordError(
+                    path, after, "no tar header after sparse member data (stale shard?)"
+                )
+    return data
+
+
 def decode(raw: Any, options: Mapping[str, Any] | None = None) -> dict[str, bytes]:
     """A sample is ``{feature: bytes}`` already."""
     return dict(raw)
@@ -596,7 +976,12 @@ def describe(record: Mapping[str, bytes]) -> dict[str, str]:
 
 
 def regular_members(path: str) -> Iterator[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of every regular file member, in archive order."""
+    """``(name, data offset, size)`` of every regular file member, in archive order.
+
+    For a sparse member: its real name, its first stored byte and its real
+    size, as Python's ``tarfile`` gives them (``offset_data``, ``size``); its
+    bytes there are not its content (see :attr:`Member.extents`).
+    """
     with open_stream(path) as stream:
         for m in iter_members(_StreamCursor(stream), path):
             if m.is_file:
@@ -650,11 +1035,21 @@ def dali_index_lines(entries: Sequence[Entry], options: Mapping[str, Any]) -> It
             "ingest it keyed by member stem for a DALI index"
         )
     members = sorted(
-        (
-            (member_name(str(e.key), feature), offset, size)
-            for e in entries
-            for feature, offset, size in e.members
-        ),
+        (_dali_member(str(e.key), row) for e in entries for row in e.members),
         key=lambda m: m[1],
     )
     yield from wds_index_lines(members)
+
+
+def _dali_member(key: str, row: Sequence[Any]) -> tuple[str, int, int]:
+    """``(member name, data offset, size)`` for DALI, which reads ``size`` bytes
+    from ``offset``: a sparse member can be given only when it has no holes."""
+    name, offset, size = member_name(key, row[0]), row[1], row[2]
+    extents = row[3] if len(row) > 3 else None
+    if extents is None or len(extents) == 0:
+        return name, offset, size
+    if len(extents) == 1 and extents[0][0] >= 0:
+        return name, extents[0][0], size
+    raise CatalogError(
+        f"member {name!r} is a sparse file with holes: a DALI index cannot describe it"
+    )

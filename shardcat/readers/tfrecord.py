@@ -39,7 +39,14 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
-from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact, read_full
+from shardcat.readers.formats import (
+    Entry,
+    Scalar,
+    float32_shortest,
+    pread_exact,
+    read_full,
+    unreadable,
+)
 
 __all__ = [
     "TFRecordWriter",
@@ -143,13 +150,29 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     ``fields`` (extract scalar fields, default True).
     """
     with open(path, "rb", buffering=_SCAN_BUFFER) as f:
-        yield from scan_stream(f, path, options)
+        yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
 
 
 def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     """:func:`scan` over a binary stream read sequentially: a plain file, or the
     decompressed stream of a GZIP-compressed TFRecord (``compression_type="GZIP"``),
     whose offsets are then decompressed-stream offsets."""
+    return _scan(stream, path, options, None)
+
+
+def _truncated(path: str, pos: int, length: int, left: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        path,
+        pos,
+        f"truncated record: needs {HEADER + length + FOOTER} bytes, file has {left} left",
+    )
+
+
+def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) -> Iterator[Entry]:
+    """The frames of ``stream``; ``size``: its length in bytes when known (a plain
+    file), so that a length running past the end is refused before any read.
+    Without it (a decompressed stream) the payload is read in bounded chunks:
+    a damaged length costs no more memory than the bytes that exist."""
     key_feature: str | None = options.get("key", "key")
     want_fields: bool = options.get("fields", True)
     kinds: dict[str, str] = {}
@@ -166,14 +189,11 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[
         (length,) = _U64.unpack_from(header, 0)
         if masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
             raise CorruptRecordError(path, pos, "length CRC mismatch")
+        if size is not None and HEADER + length + FOOTER > size - pos:
+            raise _truncated(path, pos, length, size - pos)
         body = read_full(stream, length + FOOTER)
         if len(body) < length + FOOTER:
-            raise CorruptRecordError(
-                path,
-                pos,
-                f"truncated record: needs {HEADER + length + FOOTER} bytes, "
-                f"file has {HEADER + len(body)} left",
-            )
+            raise _truncated(path, pos, length, HEADER + len(body))
         data = body[:length]
         if masked_crc(data) != _U32.unpack_from(body, length)[0]:
             raise CorruptRecordError(path, pos, "data CRC mismatch")
@@ -200,7 +220,10 @@ def key_rule(options: Mapping[str, Any]) -> str:
 def read(source: Any, path: str, offset: int, length: int, verify: bool = False) -> bytes:
     """The payload of the frame at ``offset``; with ``verify``, check both CRCs."""
     if not verify:
-        data: bytes = source.pread(length, offset + HEADER)
+        try:
+            data: bytes = source.pread(length, offset + HEADER)
+        except (OverflowError, MemoryError) as exc:  # a length no file has (damaged index)
+            raise unreadable(path, offset, length, exc) from None
         if len(data) != length:
             raise CorruptRecordError(
                 path, offset, f"truncated record: {len(data)} of {length} payload bytes"
@@ -268,21 +291,33 @@ def describe(record: Any) -> dict[str, str]:
 
 def detect_options(path: str) -> dict[str, Any]:
     """Dataset options read off the first shard: ``message`` is ``sequence_example``
-    when its first record carries feature lists, else ``example``."""
-    from shardcat.readers.compressed import open_stream  # GZIP TFRecords too
+    when its first record carries feature lists, else ``example``.
 
+    The first frame's length is believed only when its CRC is right and the
+    bytes it declares exist (a damaged one is the scan's to report, with its
+    offset); it is read in bounded chunks, never allocated at once.
+    """
+    from shardcat.readers.compressed import detect_compression, open_stream  # GZIP too
+
+    default = {"message": "example"}
     try:
+        size = None if detect_compression(path) else os.path.getsize(path)
         with open_stream(path) as f:
-            header = f.read(HEADER)
-            if len(header) < HEADER:
-                return {"message": "example"}
-            data = f.read(_U64.unpack_from(header, 0)[0])
+            header = read_full(f, HEADER)
+            if len(header) < HEADER or masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
+                return default
+            (length,) = _U64.unpack_from(header, 0)
+            if size is not None and HEADER + length + FOOTER > size:
+                return default
+            data = read_full(f, length)
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
-        return {"message": "example"}  # a broken compressed stream: the scan reports it
+        return default  # a broken compressed stream: the scan reports it
+    if len(data) < length:
+        return default
     try:
         seq = SequenceExample.FromString(data)
     except Exception:  # the scan reports undecodable payloads with their offset
-        return {"message": "example"}
+        return default
     return {"message": "sequence_example" if seq.feature_lists.feature_list else "example"}
 
 

@@ -1,0 +1,1 @@
+"""Test harnesses shipped with the package: the churn stress (readers during re-ingest)."""
