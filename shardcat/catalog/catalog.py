@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
 from shardcat.catalog.engine import (
+    CHECKPOINT_BUSY_MS,
     cannot_create_shm,
     connect_readonly,
     fork_generation,
@@ -491,11 +492,12 @@ class Catalog:
                         + ": ingest into "
                         f"another dataset or drop it first (catalog drop {name})"
                     )
-                conn.execute(
-                    d.update()
-                    .where(d.c.id == dataset_id)
-                    .values(options=json.dumps(opts), source=json.dumps(source))
-                )
+                if (row.options, row.source) != (json.dumps(opts), json.dumps(source)):
+                    conn.execute(
+                        d.update()
+                        .where(d.c.id == dataset_id)
+                        .values(options=json.dumps(opts), source=json.dumps(source))
+                    )
                 if stored.get("fields", True) != opts.get("fields", True):
                     rescan = True  # every shard gains (or loses) its field rows
                     field_store.create_view(conn, dataset_id, name)
@@ -520,7 +522,7 @@ class Catalog:
         outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
         self.reader_connection()  # end any read snapshot: see what was just committed
         raise_for_failures(outcomes)
-        self.checkpoint()  # a finished writer leaves the main file complete (immutable opens)
+        self.checkpoint(wait=False)  # a finished writer leaves the main file complete
         return Reader(self, name)
 
     def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
@@ -627,16 +629,17 @@ class Catalog:
             # (ON DELETE CASCADE; the engine turns foreign keys on)
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
         self.reader_connection()  # end any read snapshot
-        self.checkpoint()  # a finished writer leaves the main file complete (immutable opens)
+        self.checkpoint(wait=False)  # a finished writer leaves the main file complete
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, wait: bool = True) -> bool:
         """Copy every commit from the ``-wal`` file back into the main file.
 
-        Empties the ``-wal`` file when no other process is reading or writing
-        (waiting up to half a second for them); else copies what no reader still
-        needs. Returns True when the main file now holds every commit, so that
+        Copies what no reader still needs, then empties the ``-wal`` file when no
+        other process is reading or writing (``wait``: for up to half a second).
+        Returns True when the main file now holds every commit, so that
         ``Catalog(path, immutable=True)`` (or a copy of the file alone) sees
-        them all. ``ingest`` and ``drop`` call it when they finish.
+        them all. ``ingest`` and ``drop`` call it when they finish, without
+        waiting (readers of a training job never slow them down).
         """
         engine = self._writer()
         if self._ro is not None and self._ro_generation == fork_generation():
@@ -644,7 +647,7 @@ class Catalog:
         try:
             conn = engine.raw_connection()
             try:
-                return wal_checkpoint(conn.driver_connection)
+                return wal_checkpoint(conn.driver_connection, CHECKPOINT_BUSY_MS if wait else 0)
             finally:
                 conn.close()
         except (DBAPIError, sqlite3.Error) as exc:

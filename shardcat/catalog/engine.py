@@ -18,7 +18,7 @@ from shardcat.errors import CatalogError
 ENV_VAR = "SHARDCAT_CATALOG"
 DEFAULT_NAME = "shardcat.sqlite"
 BUSY_TIMEOUT_MS = 60_000
-# How long a checkpoint waits for readers and writers before it settles for less.
+# How long ``Catalog.checkpoint()`` waits for readers and writers to empty the -wal file.
 CHECKPOINT_BUSY_MS = 500
 
 # The -shm wal-index (https://www.sqlite.org/walformat.html), in native byte order:
@@ -162,19 +162,21 @@ def cannot_create_shm(path: Path, exc: sqlite3.Error) -> bool:
     )
 
 
-def checkpoint(conn: sqlite3.Connection) -> bool:
+def checkpoint(conn: sqlite3.Connection, wait_ms: int = 0) -> bool:
     """Copy the WAL of ``conn``'s database back into the main file.
 
-    ``TRUNCATE`` first (waits up to ``CHECKPOINT_BUSY_MS`` for other readers and
-    writers, then empties the ``-wal`` file); when they keep it busy, ``PASSIVE``
-    (copies every frame no reader still needs). True when the main file now holds
+    ``PASSIVE`` first (copies every frame no reader still needs, never waits),
+    then, when that copied everything, ``TRUNCATE`` to empty the ``-wal`` file
+    (waiting up to ``wait_ms`` for other readers and writers; giving up is fine,
+    the main file is complete either way). True when the main file now holds
     every commit (also for a database that is not in WAL mode).
     """
-    conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_MS}")
-    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-    if busy:
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-    return not busy and frames == copied
+    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    complete = not busy and frames == copied
+    if complete and frames > 0:
+        conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return bool(complete)
 
 
 def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:

@@ -108,6 +108,12 @@ def cell(value: Any) -> Text:
     return Text("NULL" if value is None else printable(str(value)))
 
 
+def open_to_read(path: Path | None, readonly: bool) -> Catalog:
+    """What the commands that only read open: read-only, or immutable when
+    ``--immutable`` turned ``readonly`` (a :data:`ReadModeOpt`) off."""
+    return open_catalog(path, readonly=True, immutable=not readonly)
+
+
 def handle_errors(fn: F) -> F:
     """Turn shardcat errors into one line on stderr and exit code 1."""
 

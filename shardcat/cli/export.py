@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from shardcat.catalog.export import export_index as write_index_files
-from shardcat.cli.common import CatalogOpt, DatasetArg, ReadModeOpt, handle_errors, open_catalog
+from shardcat.cli.common import CatalogOpt, DatasetArg, ReadModeOpt, handle_errors, open_to_read
 
 
 @handle_errors
@@ -35,7 +35,7 @@ def export_index(
     The offsets come from the catalog; the shards are not re-read. Existing
     files (e.g. MXNet .idx files beside .rec shards) are kept unless --force.
     """
-    with open_catalog(catalog, readonly=True, immutable=not readonly) as cat:
+    with open_to_read(catalog, readonly) as cat:
         paths = write_index_files(cat, dataset, output_dir, overwrite=force)
     for path in paths:
         typer.echo(path)

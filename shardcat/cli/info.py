@@ -17,6 +17,7 @@ from shardcat.cli.common import (
     cell,
     handle_errors,
     open_catalog,
+    open_to_read,
     print_json,
 )
 from shardcat.errors import CatalogError
@@ -27,7 +28,7 @@ def datasets(
     catalog: CatalogOpt = None, json: JsonOpt = False, readonly: ReadModeOpt = True
 ) -> None:
     """List the datasets with their format, key rule and counts."""
-    with open_catalog(catalog, readonly=True, immutable=not readonly) as cat:
+    with open_to_read(catalog, readonly) as cat:
         infos = cat.datasets()
     if json:
         print_json([dataclasses.asdict(d) for d in infos])
@@ -61,7 +62,7 @@ def stats(
 ) -> None:
     """Record counts per shard of one dataset."""
     with (
-        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
         result = reader.get_stats()
@@ -89,7 +90,7 @@ def list_features(
 ) -> None:
     """Features and types of the first record, and the dataset's SQL columns."""
     with (
-        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
         features = reader.describe()

@@ -13,7 +13,7 @@ from shardcat.cli.common import (
     DatasetArg,
     ReadModeOpt,
     handle_errors,
-    open_catalog,
+    open_to_read,
     printable,
 )
 from shardcat.errors import CatalogError, KeyNotFoundError
@@ -86,7 +86,7 @@ def get(
     Example: catalog get train rec_000000042 image > img.jpg
     """
     with (
-        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
         features = _features(reader, key)
@@ -136,7 +136,7 @@ def extract(
     characters shown as escapes.
     """
     with (
-        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
         features = _features(reader, key)

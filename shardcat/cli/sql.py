@@ -17,7 +17,7 @@ from shardcat.cli.common import (
     ReadModeOpt,
     cell,
     handle_errors,
-    open_catalog,
+    open_to_read,
     print_json,
 )
 from shardcat.errors import CatalogError
@@ -70,7 +70,7 @@ def query(
         attached[name] = path
     if timeout < 0:
         raise CatalogError(f"--timeout takes seconds (0: no limit), not {timeout:g}")
-    with open_catalog(catalog, readonly=True, immutable=not readonly) as cat:
+    with open_to_read(catalog, readonly) as cat:
         rows = cat.query(sql, param or [], attach=attached, timeout=timeout or None)
     if json:
         print_json([dict(zip(rows.columns, row, strict=True)) for row in rows])

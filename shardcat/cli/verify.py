@@ -10,7 +10,7 @@ from shardcat.cli.common import (
     JsonOpt,
     ReadModeOpt,
     handle_errors,
-    open_catalog,
+    open_to_read,
     print_json,
     progress_bar,
 )
@@ -28,7 +28,7 @@ def verify(
     Reports each bad record with its file and byte offset; exit code 1 if any.
     """
     with (
-        open_catalog(catalog, readonly=True, immutable=not readonly) as cat,
+        open_to_read(catalog, readonly) as cat,
         progress_bar("verify", elapsed=False, disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)

@@ -339,17 +339,7 @@ def _read_exact(cur: _Cursor, size: int, path: str, offset: int, name: str) -> b
     """``size`` bytes from ``cur``, read in bounded pieces: a size declared past
     the end of the archive is an error, never an allocation of that size."""
     _check_declared(cur, size, path, offset, name)
-    if size <= _CHUNK:
-        data = cur.read(size)
-    else:
-        parts, left = [], size
-        while left > 0:
-            part = cur.read(min(_CHUNK, left))
-            if not part:
-                break
-            parts.append(part)
-            left -= len(part)
-        data = b"".join(parts)
+    data = cur.read(size) if size <= _CHUNK else read_full(cur, size)
     if len(data) < size:
         raise CorruptRecordError(
             path, offset, f"truncated member {name!r}: archive ends inside its data"
