@@ -35,6 +35,35 @@ test: $(VENV)/.installed $(CORE_VENV)/.installed lint
 	$(PY) -m pytest -q
 	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py
 
+# tensorblob's own test suite, which tests/test_tensorblob_suite.py runs against
+# shardcat's TensorBlob and TensorDB: its sdist, downloaded once into .peer/ (git-ignored).
+TENSORBLOB_SDIST := .peer/tensorblob-0.3.0.tar.gz
+
+.PHONY: peer-tensorblob
+peer-tensorblob: $(TENSORBLOB_SDIST)
+
+$(TENSORBLOB_SDIST): | $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps --no-binary :all: tensorblob==0.3.0 -d .peer
+
+test: peer-tensorblob
+
+# tfd-utils' own test suite, which tests/test_tfd_suite.py runs against shardcat's
+# readers: its sdist, downloaded once into .peer/, and what its test helpers import
+# (Pillow, requests; the image they would download is generated locally instead).
+TFD_SDIST := .peer/tfd_utils-1.3.0.tar.gz
+
+.PHONY: peer-tfd
+peer-tfd: $(TFD_SDIST) $(VENV)/.peer-tfd
+
+$(TFD_SDIST): | $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps --no-binary :all: tfd-utils==1.3.0 -d .peer
+
+$(VENV)/.peer-tfd: $(VENV)/.installed
+	$(PY) -m pip install -q pillow==13.0.0 requests==2.34.2
+	touch $@
+
+test: peer-tfd
+
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks
 

@@ -21,6 +21,9 @@ from shardcat.errors import (
     StaleShardError,
     StaleWriterError,
     StorageBusyError,
+    StorageShapeError,
+    StorageTypeError,
+    StorageValueError,
 )
 from shardcat.readers.reader import (
     Reader,
@@ -72,6 +75,9 @@ __all__ = [
     "StaleShardError",
     "StaleWriterError",
     "StorageBusyError",
+    "StorageShapeError",
+    "StorageTypeError",
+    "StorageValueError",
     "TFRecordRandomAccess",
     "TFRecordReader",
     "TFRecordWriter",

@@ -23,6 +23,9 @@ __all__ = [
     "StaleShardError",
     "StaleWriterError",
     "StorageBusyError",
+    "StorageShapeError",
+    "StorageTypeError",
+    "StorageValueError",
 ]
 
 
@@ -115,3 +118,19 @@ class StorageBusyError(ShardcatError, BlockingIOError):
 
 class SchemaVersionError(ShardcatError, RuntimeError):
     """The catalog's schema version does not match this library."""
+
+
+class StorageTypeError(ShardcatError, TypeError):
+    """TensorBlob/TensorDB got a value of the wrong type: an index, a tensor of the
+    wrong dtype, not a tensor (a ``TypeError``, where tensorblob raises one)."""
+
+
+class StorageValueError(ShardcatError, ValueError):
+    """A value TensorBlob/TensorDB cannot take (e.g. extending with another block size)."""
+
+
+class StorageShapeError(StorageValueError, RuntimeError):
+    """A tensor that does not hold whole rows of the storage's shape.
+
+    A ``ValueError``, and a ``RuntimeError`` as torch's ``view`` raises in tensorblob.
+    """

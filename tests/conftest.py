@@ -15,3 +15,15 @@ def _no_leaked_catalogs(monkeypatch: pytest.MonkeyPatch):
     for catalog in leaked:
         catalog.close()
     assert not leaked, f"test left catalogs open: {leaked}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_catalog_in_the_working_directory():
+    """Fail the run if a test left a catalog in the directory pytest runs from
+    (commands without --catalog use ./shardcat.sqlite: tests must pass -c or chdir)."""
+    from pathlib import Path
+
+    stray = Path("shardcat.sqlite")
+    existed = stray.exists()
+    yield
+    assert existed or not stray.exists(), "a test wrote ./shardcat.sqlite: pass -c or chdir"

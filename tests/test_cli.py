@@ -66,10 +66,14 @@ def test_ingest_reports_counts_and_reingest_reads_nothing(tmp_path: Path, ingest
     assert "300 records in 3 shards (0 indexed now)" in result.output
 
 
-def test_ingest_default_catalog_beside_shards(tmp_path: Path):
+def test_ingest_default_catalog_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     make_sample(tmp_path / "d", shards=1, records=5, image_bytes=8)
+    monkeypatch.chdir(tmp_path)
     result = run("ingest", str(tmp_path / "d"), "-w", "1")
-    assert (tmp_path / "d" / "shardcat.sqlite").is_file()
+    assert (tmp_path / "shardcat.sqlite").is_file()
+    assert not (tmp_path / "d" / "shardcat.sqlite").exists()
     assert "dataset train: 5 records in 1 shards" in result.output
 
 
@@ -309,3 +313,19 @@ def test_reingest_keeps_the_options_the_dataset_was_ingested_with(tmp_path: Path
     assert run("get", "ids", "7", "label", "-c", catalog).output.strip() == "7"
     changed = run("ingest", shard, "-d", "ids", "-k", "label", "-c", catalog, ok=False)
     assert "keyed by feature:id, not tfrecord keyed by feature:label" in changed.output
+
+
+def test_ingest_says_how_many_records_on_duplicate_dropped(tmp_path: Path):
+    shard = tmp_path / "d.tfrecord"
+    with TFRecordWriter(shard) as w:
+        for key in ("a", "b", "a", "c", "a"):
+            w.write(make_example({"key": key}))
+    catalog = tmp_path / "c.sqlite"
+    result = run("ingest", shard, "-d", "d", "-c", catalog, "--on-duplicate", "last")
+    assert "dataset d: 3 records in 1 shards" in result.stdout
+    assert "2 records with duplicate keys dropped (--on-duplicate last)" in result.stderr
+    unique = tmp_path / "u.tfrecord"
+    with TFRecordWriter(unique) as w:
+        w.write(make_example({"key": "z"}))
+    result = run("ingest", unique, "-d", "u", "-c", catalog, "--on-duplicate", "last")
+    assert "dropped" not in result.stderr  # nothing dropped: nothing said

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
 from legacy_fixtures import indexed_at, tfd_tfrecord_index, write_tfrecords
 from typer.testing import CliRunner
 
@@ -15,6 +16,12 @@ from shardcat import Catalog, TFRecordRandomAccess
 from shardcat.cli import app
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands without --catalog use ./shardcat.sqlite: here the shards' directory."""
+    monkeypatch.chdir(tmp_path)
 
 
 def run(*args: object, code: int = 0):

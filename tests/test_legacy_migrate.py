@@ -134,17 +134,27 @@ def test_indexes_of_older_tfd_releases(
 
 def test_single_file_index_of_every_release(tmp_path: Path):
     """``<stem>.index`` beside each file (tfd-utils opened on one file at a time):
-    the files of one directory become one dataset."""
+    one dataset per index, named after it, that the same one-file call opens."""
     paths = write_tfrecords(tmp_path, shards=2)
     for p in paths:
         assert tfd_tfrecord_index(str(p)) == p.with_suffix(".index")
     report = migrate(tmp_path)
-    (ds,) = report.datasets
-    assert sorted(Path(p).name for p in ds.legacy) == [p.with_suffix(".index").name for p in paths]
-    assert ds.count("imported") == 2
-    assert dump(tmp_path / "shardcat.sqlite", ds.dataset) == scratch(
-        str(tmp_path / GLOB), tmp_path / "s.sqlite", ds.dataset, fields=False
-    )
+    assert [Path(d.legacy[0]).name for d in report.datasets] == [
+        p.with_suffix(".index").name for p in paths
+    ]
+    assert [d.dataset for d in report.datasets] == [p.stem.replace("-", "_") for p in paths]
+    assert all(d.count("imported") == 1 and len(d.legacy) == 1 for d in report.datasets)
+    for d, p in zip(report.datasets, paths, strict=True):
+        assert d.source == [str(p)]
+        migrated = dump(tmp_path / "shardcat.sqlite", d.dataset)
+        expected = scratch(str(p), tmp_path / f"{p.stem}.sqlite", d.dataset, fields=False)
+        del migrated["schema"], expected["schema"]  # the catalog holds both datasets
+        assert migrated == expected
+    before = indexed_at(tmp_path / "shardcat.sqlite")
+    for p in paths:
+        with TFRecordRandomAccess(str(p)) as reader:
+            assert len(reader) == 40
+    assert indexed_at(tmp_path / "shardcat.sqlite") == before
 
 
 def test_key_feature_is_read_off_the_records(tmp_path: Path):

@@ -652,9 +652,24 @@ def test_duplicate_idx_keys_across_shards(tmp_path: Path):
     write_rec(tmp_path / "a.rec", [b"1", b"2"], ["0", "1"])
     write_rec(tmp_path / "b.rec", [b"3"], ["0"])
     with Catalog(tmp_path / "c.sqlite") as cat:
+        # colliding .idx keys: keyed by position, the .idx key kept as a SQL column
+        with (
+            pytest.warns(UserWarning, match="collide"),
+            cat.ingest(str(tmp_path / "*.rec"), "pos", workers=1) as r,
+        ):
+            assert r.get_keys() == ["0", "1", "2"]
+            assert [r["0"], r["1"], r["2"]] == [b"1", b"2", b"3"]
+            assert cat.query("SELECT idx_key FROM pos ORDER BY position") == [
+                ("0",),
+                ("1",),
+                ("0",),
+            ]
+        # keyed by the .idx keys on request: a duplicate, or one kept by on_duplicate
         with pytest.raises(IngestError, match="duplicate key '0'"):
-            cat.ingest(str(tmp_path / "*.rec"), "ds", workers=1)
-        with cat.ingest(str(tmp_path / "*.rec"), "ds2", on_duplicate="last", workers=1) as r:
+            cat.ingest(str(tmp_path / "*.rec"), "ds", options={"idx": True}, workers=1)
+        with cat.ingest(
+            str(tmp_path / "*.rec"), "ds2", options={"idx": True}, on_duplicate="last", workers=1
+        ) as r:
             assert r.get_keys() == ["1", "0"]
             assert r["0"] == b"3"
     assert issubclass(DuplicateKeyError, ValueError)
@@ -730,7 +745,7 @@ def test_export_index_cli(tmp_path: Path):
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["export-index", "rec", "-c", catalog])
     assert result.exit_code == 1
-    assert "x.idx exists (overwrite=True / --force replaces it)" in result.output
+    assert "x.idx exists (--force replaces it)" in result.output
     out = tmp_path / "dali"
     result = runner.invoke(app, ["export-index", "rec", "-c", catalog, "-o", str(out)])
     assert result.exit_code == 0, result.output

@@ -28,7 +28,7 @@ pytest.importorskip("tensordict")
 import numpy as np  # noqa: E402
 
 from shardcat import TensorBlob, TensorDB  # noqa: E402
-from shardcat.errors import StaleWriterError  # noqa: E402
+from shardcat.errors import ShardcatError, StaleWriterError  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
 
@@ -248,14 +248,18 @@ def test_context_manager_len_and_iteration(tmp_path: Path) -> None:
 
 def test_write_validates_dtype_and_shape(tmp_path: Path) -> None:
     with TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3)) as b:
-        with pytest.raises(TypeError, match="dtype"):
-            b.write(torch.zeros(2, 3, dtype=torch.float64))
-        with pytest.raises(ValueError, match="shape"):
-            b.write(torch.zeros(3, 2))  # same numel: tensorblob would silently reshape
-        with pytest.raises(ValueError, match="shape"):
-            b.write(torch.zeros(6))
+        with pytest.raises(TypeError, match=r"does not match blob dtype torch\.float32") as bad:
+            b.write(torch.zeros(2, 3, dtype=torch.float64))  # tensorblob's words
+        assert isinstance(bad.value, ShardcatError)
+        with pytest.raises(
+            ValueError, match=r"7 elements, not whole rows of shape \(2, 3\)"
+        ) as odd:
+            b.write(torch.zeros(7, dtype=torch.float64))  # the shape is checked first
+        # also the RuntimeError tensorblob's ``view(-1, *shape)`` raises
+        assert isinstance(odd.value, RuntimeError) and isinstance(odd.value, ShardcatError)
         with pytest.raises(TypeError, match=r"torch\.Tensor"):
             b.write([[1.0, 2.0, 3.0]] * 2)
+        assert len(b) == 0
         assert b.write(torch.zeros(2, 3)) == 1  # one row
         assert b.write(torch.ones(2, 5, 2, 3)) == 10  # leading batch dims
         assert b.write(np.full((1, 2, 3), 7, dtype=np.float32)) == 1
@@ -265,6 +269,20 @@ def test_write_validates_dtype_and_shape(tmp_path: Path) -> None:
     with TensorBlob.open(tmp_path / "s", "w", dtype="int64", shape=1) as b:
         assert b.write(torch.arange(5)) == 5  # a 1-D tensor: five one-element rows
         assert torch.equal(b[:], torch.arange(5).view(5, 1))
+
+
+def test_write_reshapes_to_rows_as_tensorblob(tmp_path: Path) -> None:
+    """tensorblob writes ``ts.view(-1, *shape)``: any tensor of whole rows, in C order."""
+    with TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3)) as b:
+        assert b.write(torch.arange(12, dtype=torch.float32)) == 2  # flat
+        assert b.write(torch.arange(12, 18, dtype=torch.float32).view(3, 2)) == 1
+        assert b.write(torch.arange(18, 42, dtype=torch.float32).view(4, 6)) == 4
+        assert len(b) == b.tell() == 7
+        assert torch.equal(b[:], torch.arange(42, dtype=torch.float32).view(7, 2, 3))
+    with TensorBlob.open(tmp_path / "s", "w", dtype="int64", shape=1) as b:
+        assert b.write(torch.tensor(5)) == 1  # a 0-d tensor: one row
+        assert b.write(torch.arange(4).view(2, 2)) == 4
+        assert b[:].tolist() == [[5], [0], [1], [2], [3]]
 
 
 def test_write_takes_any_memory_layout(tmp_path: Path) -> None:
@@ -381,8 +399,9 @@ def test_fancy_indexing(blob: Any) -> None:
         blob[np.array([1.5])]
     with pytest.raises(ValueError, match="1-dimensional"):
         blob[[[1, 2], [3, 4]]]
-    with pytest.raises(TypeError, match="Index must be"):
+    with pytest.raises(TypeError, match="Index must be") as exc:
         blob["3"]
+    assert isinstance(exc.value, ShardcatError)
     with pytest.raises(TypeError, match="Index must be"):
         blob[1:, 0]
     with pytest.raises(TypeError, match="Index must be"):
@@ -428,12 +447,32 @@ def test_extend_across_block_boundaries(
         assert torch.equal(b[:], theirs)
 
 
-def test_extend_with_other_block_size_keeps_order(tmp_path: Path) -> None:
+def test_extend_without_order_needs_the_same_block_size(tmp_path: Path) -> None:
+    """As tensorblob: moving whole blocks (maintain_order=False) needs equal block sizes."""
     make(tmp_path / "a", 5, block_size=4)
     make(tmp_path / "b", 11, block_size=3)
-    with TensorBlob.open(tmp_path / "a", "a") as a, TensorBlob.open(tmp_path / "b") as b:
-        a.extend(b)  # maintain_order=False cannot move blocks of another size: rows, in order
+    make(tmp_path / "e", 0, block_size=3)
+    before = block_files(tmp_path / "a")
+    with TensorBlob.open(tmp_path / "a", "r+") as a:
+        for other in (tmp_path / "b", tmp_path / "e"):  # even with nothing to copy
+            a.seek(2)
+            with TensorBlob.open(other) as b, pytest.raises(ValueError) as exc:
+                a.extend(b)
+            assert str(exc.value) == (
+                "Block sizes must match to extend blobs in non-order-preserving mode!"
+            )
+            assert isinstance(exc.value, ShardcatError)
+            assert (len(a), a.tell()) == (5, 5)  # tensorblob seeks to the end first
+        assert block_files(tmp_path / "a") == before
+        with TensorBlob.open(tmp_path / "b") as b:
+            a.extend(b, maintain_order=True)  # rows, in order
         assert torch.equal(a[:], torch.cat([rows(5), rows(11)]))
+    with (
+        TensorBlob.open(tmp_path / "a") as a,
+        TensorBlob.open(tmp_path / "b") as b,
+        pytest.raises(OSError, match="not open for writing"),  # checked first, as tensorblob
+    ):
+        a.extend(b)
 
 
 def test_extend_with_itself_and_mismatches(tmp_path: Path) -> None:
@@ -968,7 +1007,9 @@ def test_tensorblob_blob_extends_a_shardcat_blob(tmp_path: Path) -> None:
         t.write(rows(9, 100))
         make(tmp_path / "b", 3)
         with TensorBlob.open(tmp_path / "b", "a") as b:
-            b.extend(t)
+            with pytest.raises(ValueError, match="Block sizes must match"):  # 4 and 8192
+                b.extend(t)
+            b.extend(t, maintain_order=True)
             assert torch.equal(b[:], torch.cat([rows(3), rows(9, 100)]))
 
 

@@ -26,6 +26,7 @@ from shardcat import (  # noqa: E402
     CatalogError,
     DuplicateKeyError,
     KeyNotFoundError,
+    ShardcatError,
     TensorDB,
     TFRecordWriter,
     make_example,
@@ -182,7 +183,7 @@ def test_write_is_dense_and_checked(tmp_path: Path) -> None:
             db.write({**batch(1), "extra": torch.zeros(1)})
         with pytest.raises(ValueError, match="same row count"):
             db.write({**batch(2), "label": torch.zeros(3, dtype=torch.int64)})
-        with pytest.raises(TypeError, match="field 'price'"):
+        with pytest.raises(TypeError, match=r"does not match blob dtype .* of field 'price'"):
             db.write({**batch(2), "price": torch.zeros(2, 1, dtype=torch.float64)})
         with pytest.raises(ValueError, match="keys for"):
             db.write(batch(2), keys=["a"])
@@ -223,12 +224,42 @@ def test_reading_forms(tmp_path: Path) -> None:
         assert empty["embed"].shape == (0, 2, 3) and empty["label"].shape == (0,)
 
 
+def test_write_reshapes_each_field_to_rows_as_tensorblob(tmp_path: Path) -> None:
+    """As tensorblob: each field's tensor is ``view(-1, *shape)``, then row counts compared."""
+    schema = {"a": ("float32", (2, 3)), "b": ("int64", 1)}
+    with TensorDB.open(tmp_path / "db", "w", schema=schema) as db:
+        assert (
+            db.write({"a": torch.arange(12, dtype=torch.float32), "b": torch.tensor([[7, 8]])}) == 2
+        )
+        assert len(db) == db.tell() == 2
+        with pytest.raises(ValueError, match=r"same row count; got: \{'a': 1, 'b': 2\}"):
+            db.write({"a": torch.arange(6, dtype=torch.float32), "b": torch.arange(2)})
+        with pytest.raises(ValueError, match="5 elements, not whole rows") as odd:
+            db.write({"a": torch.arange(5, dtype=torch.float32), "b": torch.arange(2)})
+        assert isinstance(odd.value, RuntimeError)  # as torch's view in tensorblob
+        assert len(db) == 2
+    with TensorDB.open(tmp_path / "db") as db:
+        got = db[:]
+        assert torch.equal(got["a"], torch.arange(12, dtype=torch.float32).view(2, 2, 3))
+        assert got["b"].tolist() == [[7], [8]]
+
+
+def test_a_field_name_is_not_an_index(tmp_path: Path) -> None:
+    """``db["price"]`` is a TypeError in tensorblob; one field is ``db.column("price")``."""
+    with TensorDB.open(make(tmp_path / "db", 5)) as db:
+        with pytest.raises(TypeError) as exc:
+            db["price"]
+        assert str(exc.value) == "Index must be int, slice, or a sequence of int, got 'str'!"
+        assert isinstance(exc.value, ShardcatError)
+        assert torch.equal(db.column("price")[:], batch(5)["price"])
+
+
 def test_column_projection_maps_only_that_field(tmp_path: Path) -> None:
     with TensorDB.open(make(tmp_path / "db", 40)) as db:
         price = db.column("price")
         assert (price.dtype, price.shape, len(price)) == ("float32", (1,), 40)
         assert torch.equal(price[:], batch(40)["price"])
-        assert torch.equal(db["label"][[3, 1]], torch.tensor([3, 1]))
+        assert torch.equal(db.column("label")[[3, 1]], torch.tensor([3, 1]))
         assert price.mapped_blocks == 10
         assert db.column("embed").mapped_blocks == 0  # never touched
         assert_rows(db.get("k00007", fields=["label"]), {"label": torch.tensor(0)})
@@ -322,6 +353,35 @@ def test_extend_checks_schemas_and_keys(tmp_path: Path) -> None:
         assert len([n for n in os.listdir(tmp_path / "a" / field) if UUID.match(n)]) == 2
 
 
+def test_extend_without_order_needs_the_same_block_size(tmp_path: Path) -> None:
+    """As tensorblob: maintain_order=False moves whole blocks, so the block sizes must match."""
+    make(tmp_path / "a", 5, block_size=4)
+    with TensorDB.open(tmp_path / "b", "w", schema=SCHEMA, block_size=3) as b:
+        b.write(batch(6, 100), keys=keys(6, 0, "o"))
+    before = {field: sorted(os.listdir(tmp_path / "a" / field)) for field in SCHEMA}
+    with TensorDB.open(tmp_path / "a", "r+") as a, TensorDB.open(tmp_path / "b") as b:
+        a.seek(1)
+        with pytest.raises(ValueError) as exc:
+            a.extend(b)
+        assert str(exc.value) == (
+            "Block sizes must match to extend databases in non-order-preserving mode!"
+        )
+        assert isinstance(exc.value, ShardcatError)
+        assert (len(a), a.tell()) == (5, 5)
+        assert {field: sorted(os.listdir(tmp_path / "a" / field)) for field in SCHEMA} == before
+        assert_mirror_matches(a)
+        a.extend(b, maintain_order=True)  # rows, in order
+        assert_rows(a[:], cat(batch(5), batch(6, 100)))
+        assert a.get("o00005") is not None and a.position("o00005") == 10
+        assert_mirror_matches(a)
+    with (
+        TensorDB.open(tmp_path / "a") as a,
+        TensorDB.open(tmp_path / "b") as b,
+        pytest.raises(OSError, match="not open for writing"),  # checked first, as tensorblob
+    ):
+        a.extend(b)
+
+
 def test_extend_with_a_tensorblob_database(tmp_path: Path) -> None:
     tensorblob = pytest.importorskip("tensorblob")
     plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
@@ -329,7 +389,9 @@ def test_extend_with_a_tensorblob_database(tmp_path: Path) -> None:
         t.write(batch(6, 40))
         make(tmp_path / "a", 3)
         with TensorDB.open(tmp_path / "a", "a") as a:
-            a.extend(t)
+            with pytest.raises(ValueError, match="Block sizes must match"):  # 4 and 8192
+                a.extend(t)
+            a.extend(t, maintain_order=True)
             assert_rows(a[:], cat(batch(3), batch(6, 40)))
             assert_mirror_matches(a)
 

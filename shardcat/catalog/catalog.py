@@ -10,16 +10,16 @@ import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import fields as field_store
-from shardcat.catalog import schema
+from shardcat.catalog import reuse, schema
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
@@ -33,10 +33,12 @@ from shardcat.catalog.engine import (
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
 from shardcat.catalog.ingest import (
     DEFAULT_LEASE,
+    DROPPED,
     DUPLICATE_POLICIES,
     IngestJob,
     ProvideEntries,
     ShardOutcome,
+    catalog_error,
     raise_for_failures,
     run_ingest,
     stored_path,
@@ -79,11 +81,19 @@ def as_patterns(paths: PathsLike) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
+# Files that are never shards: catalogs (and their -wal/-shm), legacy index files
+# (tfd-utils, MXNet/DALI, vahidk) and the lock and temporary files tfd-utils keeps
+# beside its indexes.
+_NOT_A_SHARD = re.compile(r"\.sqlite|\.(?:index|tar_index|idx|tfindex)(?:\.lock|\.tmp)?$")
+
+
 def resolve_paths(paths: PathsLike) -> list[str]:
     """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them.
 
-    A directory stands for its files except catalogs (``*.sqlite*``) and index
-    files (``*.idx``).
+    A directory or a glob stands for its files except catalogs (``*.sqlite*``),
+    legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
+    and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
+    explicitly is taken as it is.
     """
     found: set[str] = set()
     for pattern in as_patterns(paths):
@@ -92,14 +102,16 @@ def resolve_paths(paths: PathsLike) -> list[str]:
             matches = [
                 os.path.join(pattern, n)
                 for n in os.listdir(pattern)
-                if os.path.isfile(os.path.join(pattern, n))
-                and ".sqlite" not in n
-                and not n.endswith(".idx")  # MXNet/DALI index files beside the shards
+                if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
             ]
         elif os.path.exists(pattern):
             matches = [pattern]
         else:
-            matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
+            matches = [
+                m
+                for m in glob.glob(pattern, recursive=True)
+                if os.path.isfile(m) and not _NOT_A_SHARD.search(os.path.basename(m))
+            ]
         found.update(os.path.abspath(m) for m in matches)
     return sorted(found)
 
@@ -334,6 +346,16 @@ class Catalog:
             conn.execute("COMMIT")
         return conn
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """A write transaction; a database failure (read-only file, disk full, I/O
+        error) is a :class:`CatalogError` naming the catalog, nothing half-written."""
+        try:
+            with self._writer().begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise catalog_error(str(self.path), exc) from None
+
     def _writer(self) -> Any:
         self._check_open()
         if self._engine is None:
@@ -360,6 +382,7 @@ class Catalog:
         return row
 
     def _unused_name(self, base: str) -> str:
+        """``base``, else ``base_2``, ``base_3``, ...: the first name no dataset has."""
         taken = {
             str(r[0]).lower() for r in self.reader_connection().execute("SELECT name FROM datasets")
         }
@@ -372,24 +395,60 @@ class Catalog:
             for p in as_patterns(paths)
         ]
 
-    def find_dataset(self, paths: PathsLike) -> str | None:
-        """The dataset ingested from these patterns, or else the one whose shards are
-        exactly the files they match (another spelling of the same glob); None if none."""
-        conn = self.reader_connection()
-        source = json.dumps(self.normalized_source(paths))
-        row = conn.execute("SELECT name FROM datasets WHERE source = ?", (source,)).fetchone()
-        if row is not None:
-            return str(row[0])
-        wanted = {stored_path(f, self.directory) for f in resolve_paths(paths)}
-        if not wanted:
-            return None
-        shard_sets: dict[str, set[str]] = {}
-        for name, path in conn.execute(
-            "SELECT d.name, s.path FROM shards s JOIN datasets d ON d.id = s.dataset_id"
-        ):
-            shard_sets.setdefault(name, set()).add(path)
-        matches = [name for name, shards in shard_sets.items() if shards == wanted]
-        return matches[0] if len(matches) == 1 else None
+    def find_dataset(
+        self,
+        paths: PathsLike,
+        *,
+        format: str | None = None,
+        key: str | Keep | None = KEEP,
+        grouping: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The dataset these paths open, or None (see :mod:`shardcat.catalog.reuse`).
+
+        Without ``format`` (nor the other arguments): the dataset ingested from
+        these patterns, else the one whose shards are exactly the files they match
+        (another spelling of the same glob), whatever its rule. With ``format``
+        (``"auto"``: detected from the first file), only a dataset with the rule
+        that ``ingest`` would use with these arguments.
+        """
+        return self._choose(paths, resolve_paths(paths), format, key, grouping, options)[0]
+
+    def _rule(
+        self,
+        files: Sequence[str],
+        format: str | None,
+        key: str | Keep | None,
+        grouping: str | None,
+        options: Mapping[str, Any] | None,
+        fields: bool | None = None,
+    ) -> reuse.Rule:
+        """The rule ingest reads ``files`` with: the format (None or ``"auto"``:
+        detected from the first file's bytes), the options detected from the first
+        file and the options given."""
+        fmt_name = detect_format(files[0]) if format in (None, "auto") else str(format)
+        explicit: dict[str, Any] = {
+            **({} if isinstance(key, Keep) else {"key": key}),
+            **({} if fields is None else {"fields": fields}),
+            **({} if grouping is None else {"grouping": grouping}),
+            **(options or {}),
+        }
+        explicit.pop(DROPPED, None)  # bookkeeping, never an option given
+        return reuse.Rule(fmt_name, get_format(fmt_name).detect_options(files[0]), explicit)
+
+    def _choose(
+        self,
+        paths: PathsLike,
+        files: Sequence[str],
+        format: str | None,
+        key: str | Keep | None,
+        grouping: str | None,
+        options: Mapping[str, Any] | None,
+    ) -> tuple[str | None, Sequence[Any] | None]:
+        any_rule = format is None and isinstance(key, Keep) and grouping is None and not options
+        rule = None if any_rule or not files else self._rule(files, format, key, grouping, options)
+        wanted = {stored_path(f, self.directory) for f in files}
+        return reuse.choose(self.reader_connection(), self.normalized_source(paths), wanted, rule)
 
     # -- public API ------------------------------------------------------------
 
@@ -415,7 +474,13 @@ class Catalog:
         ``paths``: a file, directory, glob or list of them; the dataset's shard
         set becomes exactly these files (new ones are indexed, changed ones
         re-indexed, missing ones dropped, unchanged ones skipped).
-        ``format``: detected from the first file's bytes when None.
+        ``dataset``: its name; without one, the dataset these files were
+        ingested into with the same rule (format, key rule, grouping), else a
+        new one, named after the files or, when another rule already reads them,
+        after that dataset (``train_by_id``, ``train_tfd``: see
+        :mod:`shardcat.catalog.reuse`). A new dataset copies the rows of shards
+        another dataset holds with the same rule instead of reading them.
+        ``format``: detected from the first file's bytes when None or ``"auto"``.
         ``key``: the feature holding each record's key (TFRecord; ``"key"``
         unless the dataset was ingested with another); None keys records by
         position. ``fields``: extract scalar fields for SQL (default: as the
@@ -444,25 +509,43 @@ class Catalog:
         files = resolve_paths(paths)
         if not files:
             raise CatalogError(f"no files match {as_patterns(paths)}")
-        # Without a name, a new path set never takes over another path set's dataset.
-        name = dataset or self.find_dataset(paths) or self._unused_name(default_dataset_name(files))
-        _check_name(name)
-        fmt_name = format or detect_format(files[0])
-        fmt = get_format(fmt_name)
         # Precedence: detected from the first shard < stored with the dataset < given here.
-        detected = fmt.detect_options(files[0])
-        explicit: dict[str, Any] = {
-            **({} if isinstance(key, Keep) else {"key": key}),
-            **({} if fields is None else {"fields": fields}),
-            **({} if grouping is None else {"grouping": grouping}),
-            **(options or {}),
-        }
+        rule = self._rule(files, format, key, grouping, options, fields)
+        fmt_name = rule.format
+        fmt = get_format(fmt_name)
+        name = dataset
+        if name is None:
+            # Without a name: the dataset of these files with this rule, else a new one
+            # (never another path set's dataset, never one with another rule).
+            name, other = reuse.choose(
+                self.reader_connection(),
+                self.normalized_source(paths),
+                {stored_path(f, self.directory) for f in files},
+                rule,
+            )
+            if name is None:
+                base = (
+                    default_dataset_name(files)
+                    if other is None
+                    else reuse.variant_name(other, rule)
+                )
+                name = self._unused_name(base)
+        _check_name(name)
         source = self.normalized_source(paths)
-        with engine.begin() as conn:
+        # A new dataset may take options that only all its shards tell (RecordIO: .idx
+        # keys that collide across shards); read outside the write lock, once.
+        known = (
+            self.reader_connection()
+            .execute("SELECT 1 FROM datasets WHERE name = ?", (name,))
+            .fetchone()
+        )
+        per_dataset = getattr(fmt, "detect_dataset_options", None)
+        first = {} if known or per_dataset is None else per_dataset(files, rule.explicit)
+        with self._transaction() as conn:
             d = schema.datasets
             row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
-            stored = {} if row is None else json.loads(row.options)
-            opts: dict[str, Any] = {**detected, **stored, **explicit}
+            stored = first if row is None else json.loads(row.options)
+            opts: dict[str, Any] = rule.options(stored)
             key_rule = fmt.key_rule(opts)
             if row is None:
                 dataset_id = conn.execute(
@@ -471,13 +554,16 @@ class Catalog:
                         format=fmt_name,
                         key_rule=key_rule,
                         grouping=opts.get("grouping"),
-                        options=json.dumps(opts),
+                        # an empty DROPPED table: its counts are complete from the start
+                        options=json.dumps({**opts, DROPPED: {}}),
                         source=json.dumps(source),
                         created_at=time.time(),
                     )
                 ).inserted_primary_key[0]
                 field_store.create_field_table(conn, dataset_id)
                 field_store.create_view(conn, dataset_id, name)
+                if provided is None and not rescan:  # rows another dataset already holds
+                    reuse.seed(conn, dataset_id, name, opts, files, self.directory)
             else:
                 dataset_id = row.id
                 if (row.format, row.key_rule, row.grouping) != (
@@ -492,11 +578,12 @@ class Catalog:
                         + ": ingest into "
                         f"another dataset or drop it first (catalog drop {name})"
                     )
-                if (row.options, row.source) != (json.dumps(opts), json.dumps(source)):
+                kept = {**opts, DROPPED: stored[DROPPED]} if DROPPED in stored else opts
+                if (row.options, row.source) != (json.dumps(kept), json.dumps(source)):
                     conn.execute(
                         d.update()
                         .where(d.c.id == dataset_id)
-                        .values(options=json.dumps(opts), source=json.dumps(source))
+                        .values(options=json.dumps(kept), source=json.dumps(source))
                     )
                 if stored.get("fields", True) != opts.get("fields", True):
                     rescan = True  # every shard gains (or loses) its field rows
@@ -519,19 +606,26 @@ class Catalog:
             if provided is None
             else {stored_path(p, self.directory): f for p, f in provided.items()}
         )
-        outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+        try:
+            outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+        except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
+            raise catalog_error(str(self.path), exc) from None
         self.reader_connection()  # end any read snapshot: see what was just committed
         raise_for_failures(outcomes)
         self.checkpoint(wait=False)  # a finished writer leaves the main file complete
-        return Reader(self, name)
+        reader = Reader(self, name)
+        reader.indexed_duplicates = sum(o.duplicates for o in outcomes)
+        return reader
 
     def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
         """Import the legacy index files found for ``paths`` (tfd-utils pickles,
         MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
-        verifying each shard first; returns the report. ``options``: those of
-        :func:`shardcat.migrations.legacy.migrate` (``dataset``, ``dry_run``,
-        ``remap``, ``fields``, ``key``, ``sample``, ``workers``, ...)."""
-        from shardcat.migrations.legacy import migrate
+        verifying each shard first; returns the report. Directories are walked
+        (``max_depth``, ``pattern``); each legacy index becomes one dataset.
+        ``options``: those of :func:`shardcat.legacy.migrate` (``dataset``,
+        ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``, ``workers``,
+        ``max_depth``, ``pattern``, ...)."""
+        from shardcat.legacy import migrate
 
         return migrate(paths, catalog=self, **options)
 
@@ -623,7 +717,7 @@ class Catalog:
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         dataset_id = self.dataset_row(name)[0]
-        with self._writer().begin() as conn:
+        with self._transaction() as conn:
             field_store.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)

@@ -59,10 +59,14 @@ def user_cache_dir() -> Path:
 def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None) -> Path:
     """The catalog file to use.
 
-    An explicit path wins, then ``$SHARDCAT_CATALOG``; readers then use
-    ``shardcat.sqlite`` beside the shards (``shard_dir``), or, when that
-    directory is not writable and holds no catalog yet, a file named after
-    the directory in the per-user cache directory.
+    An explicit path wins, then ``$SHARDCAT_CATALOG``. Without ``shard_dir``
+    (``Catalog()`` and every ``catalog`` command: one rule, so ``catalog
+    ingest`` and then ``catalog query`` from the same directory meet) it is
+    ``./shardcat.sqlite`` in the current directory. With ``shard_dir`` (the
+    readers opened on shard paths, keeping tfd-utils' habit of an index beside
+    the data) it is ``shardcat.sqlite`` in that directory, or, when that
+    directory is not writable and holds no catalog yet, a file named after the
+    directory in the per-user cache directory.
     """
     if explicit is not None:
         return Path(explicit).expanduser()
@@ -70,14 +74,78 @@ def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None
     if env:
         return Path(env).expanduser()
     if shard_dir is None:
-        beside = Path(DEFAULT_NAME)
-        return beside
+        return Path(DEFAULT_NAME)
     directory = Path(shard_dir).resolve()
     beside = directory / DEFAULT_NAME
     if beside.exists() or _writable_dir(directory):
         return beside
     digest = hashlib.sha1(str(directory).encode()).hexdigest()[:16]
     return user_cache_dir() / f"{directory.name}-{digest}.sqlite"
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def cannot_create_in(directory: Path) -> str | None:
+    """Why this process cannot create files in ``directory`` (None: it can)."""
+    if os.access(directory, os.W_OK | os.X_OK):
+        return None
+    if _read_only_fs(directory):
+        return f"{directory} is on a read-only file system"
+    return f"no permission to create files in {directory}"
+
+
+def existing_ancestor(path: Path) -> Path:
+    """The nearest of ``path``'s parents that exists (it may be a file)."""
+    parent = path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def write_problem(path: Path) -> str | None:
+    """Why a catalog cannot be created or written at ``path``: a message naming it,
+    or None when nothing on disk says so.
+
+    Checked the way this process would be checked (root passes mode bits but
+    not a read-only mount), so a command can say so before it starts, instead
+    of SQLite failing halfway with "attempt to write a readonly database".
+    A WAL catalog needs its ``-wal`` and ``-shm`` files beside it too.
+    """
+    path = path.absolute()
+    if path.is_dir():
+        return f"cannot open catalog {path}: it is a directory"
+    if not path.exists():
+        ancestor = existing_ancestor(path)
+        if not ancestor.is_dir():
+            return f"cannot create catalog {path}: {ancestor} is not a directory"
+        why = cannot_create_in(ancestor)
+        return None if why is None else f"cannot create catalog {path}: {why}"
+    if not os.access(path, os.W_OK):
+        why = (
+            "it is on a read-only file system"
+            if _read_only_fs(path)
+            else "no permission to write it"
+        )
+        return f"cannot write catalog {path}: {why}"
+    missing = [f"{path.name}-{suffix}" for suffix in ("wal", "shm")]
+    missing = [name for name in missing if not (path.parent / name).exists()]
+    if missing:
+        why = cannot_create_in(path.parent)
+        if why is not None:
+            return (
+                f"cannot write catalog {path}: SQLite needs to create {' and '.join(missing)} "
+                f"beside it, but {why}"
+            )
+    for suffix in ("wal", "shm"):
+        companion = Path(f"{path}-{suffix}")
+        if companion.exists() and not os.access(companion, os.W_OK):
+            return f"cannot write catalog {path}: no permission to write {companion}"
+    return None
 
 
 def configure_writer(conn: sqlite3.Connection) -> None:
@@ -157,9 +225,8 @@ def cannot_create_shm(path: Path, exc: sqlite3.Error) -> bool:
     (a WAL catalog in a read-only directory or on a read-only mount)."""
     return (
         "unable to open database file" in str(exc)
-        and not os.path.exists(f"{path}-shm")
-        and not os.access(path.parent, os.W_OK)
-    )
+        or getattr(exc, "sqlite_errorname", None) == "SQLITE_READONLY_DIRECTORY"
+    ) and (not os.path.exists(f"{path}-shm") and not os.access(path.parent, os.W_OK))
 
 
 def checkpoint(conn: sqlite3.Connection, wait_ms: int = 0) -> bool:

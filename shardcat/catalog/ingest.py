@@ -23,6 +23,16 @@ A reader therefore never sees half a shard nor a shard without records while it
 is re-indexed, and a killed ingest leaves only whole shards plus a claim that
 the next ingest takes over. A shard whose re-index fails loses its old records
 (they describe bytes that are gone) and is ``failed``.
+
+**Duplicate keys** (``on_duplicate``): ``error`` fails the shard; ``first`` /
+``last`` keep one record per key in position order (shard path, then record
+order). Records dropped that way are counted per shard, in the commit that
+drops them, under :data:`DROPPED` in the dataset's options
+(``{shard path: records of that shard the dataset does not serve}``): the
+count is what readers report, and a shard without an entry holds exactly what
+a scan of its file gives, so another dataset may copy its rows instead of
+reading it (:mod:`shardcat.catalog.reuse`). Datasets created before this
+bookkeeping have no :data:`DROPPED` entry at all and are never copied from.
 """
 
 from __future__ import annotations
@@ -52,15 +62,21 @@ from shardcat.readers.formats import Entry, get_format
 from shardcat.readers.source import fingerprint_file
 
 __all__ = [
+    "DROPPED",
     "IngestJob",
     "ProvideEntries",
     "ShardOutcome",
+    "note_dropped",
     "run_ingest",
+    "same_file",
     "stored_path",
     "sync_shards",
 ]
 
 DUPLICATE_POLICIES = ("error", "first", "last")
+# The dataset option that counts the records dropped as duplicates, per shard path
+# (see the module docstring); its presence says the counts are complete.
+DROPPED = "dropped_duplicates"
 DEFAULT_LEASE = 600.0
 POLL_SECONDS = 0.2
 CLAIM_LOST = "claim lost to another process"
@@ -87,9 +103,13 @@ class IngestJob:
 
 @dataclass(frozen=True)
 class ShardOutcome:
+    """One shard indexed: its records, the records the commit dropped as duplicate
+    keys (of this shard or of others it won against), or why it failed."""
+
     path: str
     records: int
     error: str | None = None
+    duplicates: int = 0
 
 
 # -- paths, owners, fingerprints ---------------------------------------------
@@ -169,7 +189,7 @@ def _clear_shard(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) ->
     )
 
 
-def _same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
+def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
     """Whether the file at ``path`` is still the version ``row`` indexed: False when
     size or mtime differ, or inode/ctime differ and so does the fingerprint; None when
     it is the same content under another inode/ctime (copied, chmod, ``touch -r``
@@ -238,7 +258,7 @@ def sync_shards(
             conn.execute(update(s).where(s.c.id == row.id).values(state="pending", error=None))
             counts["retry"] += 1
             continue
-        same = _same_file(row, st, path)
+        same = same_file(row, st, path)
         if rescan or same is False:
             conn.execute(
                 update(s)
@@ -256,6 +276,7 @@ def sync_shards(
     if gone:
         _clear_shard(conn, dataset_id, gone)
         conn.execute(delete(s).where(s.c.id.in_(gone)))
+        note_dropped(conn, dataset_id, {p: None for p in existing if p not in wanted})
         counts["removed"] = len(gone)
         bump_version(conn, dataset_id)
         recompute_positions(conn, dataset_id)
@@ -400,11 +421,12 @@ def _conflicts(
 
 def _resolve_across(
     conn: Connection, job: IngestJob, stored: str, entries: list[Entry]
-) -> list[Entry]:
-    """Settle keys this shard shares with shards already committed."""
+) -> tuple[list[Entry], dict[str, int]]:
+    """Settle keys this shard shares with shards already committed: the entries to
+    insert, and how many records each other shard (by path) lost to this one."""
     clash = _conflicts(conn, job.dataset_id, [e.key for e in entries if e.key is not None])
     if not clash:
-        return entries
+        return entries, {}
     if job.on_duplicate == "error":
         key, (_, other, _, other_offset) = next(iter(clash.items()))
         mine = next(e.offset for e in entries if e.key == key)
@@ -419,25 +441,29 @@ def _resolve_across(
         for key, (_, other, _, _) in clash.items()
     }
     losers: dict[int, list[int]] = defaultdict(list)
+    lost: dict[str, int] = defaultdict(int)
     for key, wins in new_wins.items():
         if wins:
-            shard_id, _, ordinal, _ = clash[key]
+            shard_id, other, ordinal, _ = clash[key]
             losers[shard_id].append(ordinal)
+            lost[other] += 1
     s = schema.shards
     for shard_id, ordinals in losers.items():
         _remove_ordinals(conn, job.dataset_id, shard_id, ordinals)
         conn.execute(
             update(s).where(s.c.id == shard_id).values(num_records=s.c.num_records - len(ordinals))
         )
-    return [e for e in entries if e.key is None or new_wins.get(e.key, True)]
+    return [e for e in entries if e.key is None or new_wins.get(e.key, True)], dict(lost)
 
 
 def _insert_fields(conn: Connection, job: IngestJob, shard_id: int, entries: list[Entry]) -> None:
-    """One row per record in the dataset's field table, adding columns for new fields."""
-    types: dict[str, str] = {}
+    """One row per record in the dataset's field table, adding columns for new fields
+    (and for the fields the format declares every dataset has, NULL where absent)."""
+    declared = getattr(get_format(job.format), "field_types", None)
+    types: dict[str, str] = {} if declared is None else dict(declared(job.options))
     for e in entries:
         for name, value in e.fields.items():
-            if name not in types:
+            if name not in types and value is not None:
                 types[name] = field_store.sql_type_of(value)
     cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
     values = {f"v{cols[name][2]}": [e.fields.get(name) for e in entries] for name in cols}
@@ -479,14 +505,22 @@ def _commit(
     fp: str,
     compression: str | None = None,
     seek_index: tuple[str, bytes] | None = None,
-) -> int:
+    dropped: int = 0,
+) -> tuple[int, int]:
+    """Replace the shard's indexed version with ``entries``; returns the records
+    committed and the records dropped as duplicates (``dropped`` of them within the
+    shard already, before this call)."""
     _clear_shard(conn, job.dataset_id, [shard_id])  # the version this one replaces
+    lost: dict[str, int] = {}
     try:
         with conn.begin_nested():
             _insert_records(conn, job, shard_id, entries)
     except IntegrityError:  # keys already in other shards: settle them, then insert
-        entries = _resolve_across(conn, job, stored, entries)
+        before = len(entries)
+        entries, lost = _resolve_across(conn, job, stored, entries)
+        dropped += before - len(entries)
         _insert_records(conn, job, shard_id, entries)
+    note_dropped(conn, job.dataset_id, {stored: dropped}, lost)
     members = [(i, *member) for i, e in enumerate(entries) for member in e.members]
     if members:  # tar samples: one row per member
         ordinal = [m[0] for m in members]
@@ -535,7 +569,34 @@ def _commit(
         )
     bump_version(conn, job.dataset_id)
     recompute_positions(conn, job.dataset_id)
-    return len(entries)
+    return len(entries), dropped + sum(lost.values())
+
+
+def note_dropped(
+    conn: Connection,
+    dataset_id: int,
+    counts: Mapping[str, int | None],
+    more: Mapping[str, int] | None = None,
+) -> None:
+    """Update the dataset's :data:`DROPPED` counts: ``counts`` sets a shard's count
+    (0 or None: it drops nothing), ``more`` adds to the counts of others. A dataset
+    without the option (created before it existed) is left alone."""
+    d = schema.datasets
+    text = conn.execute(select(d.c.options).where(d.c.id == dataset_id)).scalar_one()
+    options = json.loads(text)
+    if not isinstance(options.get(DROPPED), dict):
+        return
+    table: dict[str, int] = dict(options[DROPPED])
+    for path, n in counts.items():
+        if n:
+            table[path] = n
+        else:
+            table.pop(path, None)
+    for path, n in (more or {}).items():
+        table[path] = table.get(path, 0) + n
+    if table != options[DROPPED]:
+        options[DROPPED] = table
+        conn.execute(update(d).where(d.c.id == dataset_id).values(options=json.dumps(options)))
 
 
 def index_claimed(
@@ -567,6 +628,7 @@ def index_claimed(
         ) or fingerprint_file(path, after.st_size) != fp:
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
         entries = _dedupe_within(scanned.entries, stored, job.on_duplicate)
+        within = len(scanned.entries) - len(entries)
         seek = (
             None
             if scanned.seek_kind is None or scanned.seek_index is None
@@ -575,8 +637,10 @@ def index_claimed(
         with engine.begin() as conn:
             if not _still_mine(conn, shard_id, owner):
                 return ShardOutcome(stored, 0, CLAIM_LOST)
-            n = _commit(conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek)
-        return ShardOutcome(stored, n)
+            n, dropped = _commit(
+                conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek, within
+            )
+        return ShardOutcome(stored, n, duplicates=dropped)
     except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)
         try:
             _release(engine, job, shard_id, owner, failed=None)
@@ -610,6 +674,10 @@ def _release(
         else:
             values.update(state="failed", error=failed, generation=None, num_records=0)
             _clear_shard(conn, job.dataset_id, [shard_id])
+            stored = conn.execute(
+                select(schema.shards.c.path).where(schema.shards.c.id == shard_id)
+            ).scalar_one()
+            note_dropped(conn, job.dataset_id, {stored: None})
         conn.execute(update(s).where(s.c.id == shard_id).values(**values))
         if failed is not None:
             bump_version(conn, job.dataset_id)

@@ -32,8 +32,10 @@ def _root(
 ) -> None:
     """One SQLite catalog for every record of your TFRecord, tar and RecordIO shards.
 
-    The catalog file comes from --catalog, else $SHARDCAT_CATALOG, else
-    ./shardcat.sqlite (ingest: shardcat.sqlite beside the shards).
+    Every command uses the catalog file given with --catalog, else
+    $SHARDCAT_CATALOG, else ./shardcat.sqlite in the current directory, and
+    names the file it used when --catalog did not. (Readers opened on shard
+    paths in Python, like TFRecordRandomAccess, look beside the shards.)
     """
     set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
 

@@ -1,16 +1,22 @@
-"""Options shared by every command, opening the catalog, error handling, and making
-text safe to print."""
+"""Options shared by every command, where the catalog is and opening it, error
+handling (one line per failure, in the CLI's spelling), and making text safe to print."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+import re
+import signal
+import sqlite3
 import sys
+import threading
 import traceback
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, overload
 
 import typer
 from rich.console import Console
@@ -18,19 +24,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from shardcat.catalog import Catalog
-from shardcat.catalog.engine import ENV_VAR, locate
+from shardcat.catalog.engine import (
+    DEFAULT_NAME,
+    ENV_VAR,
+    cannot_create_in,
+    existing_ancestor,
+    locate,
+    write_problem,
+)
 from shardcat.errors import CatalogError, ShardcatError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# No envvar= here: catalog_path() reads $SHARDCAT_CATALOG, so it can tell a path
+# given on the command line from a default and say which catalog it used.
 CatalogOpt = Annotated[
     Path | None,
     typer.Option(
         "--catalog",
         "-c",
-        envvar=ENV_VAR,
-        show_envvar=True,
-        help="Catalog file (default: ./shardcat.sqlite).",
+        help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current directory).",
+        show_default=False,
     ),
 ]
 DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
@@ -56,20 +70,219 @@ def set_debug(on: bool) -> None:
     _debug = on
 
 
-def open_catalog(path: Path | None, *, readonly: bool = False, immutable: bool = False) -> Catalog:
-    """An existing catalog (commands other than ingest never create one).
+class _Invocation:
+    """What the running command used: the catalog file, and the line saying which
+    one it was when --catalog did not name it (printed when the command succeeds)."""
+
+    catalog: Path | None = None
+    note: str | None = None
+
+
+_now = _Invocation()
+
+
+def catalog_path(option: Path | None, *, announce: bool = True) -> Path:
+    """The catalog file of every command: ``--catalog``, else ``$SHARDCAT_CATALOG``,
+    else ``./shardcat.sqlite`` in the current directory (:func:`locate`'s rule
+    without a shard directory, the one ``Catalog()`` follows too).
+
+    When ``--catalog`` was not given, the command ends with a line on stderr
+    naming the file it used (``announce=False``: its own output names it).
+    """
+    where = locate(option).absolute()
+    _now.catalog = where
+    if option is None and announce:
+        source = f"from ${ENV_VAR}" if os.environ.get(ENV_VAR) else f"default: ./{DEFAULT_NAME}"
+        _now.note = f"catalog: {where} ({source})"
+    return where
+
+
+def open_catalog(
+    path: Path | None, *, readonly: bool = False, immutable: bool = False, create: bool = False
+) -> Catalog:
+    """The catalog of :func:`catalog_path`; it must exist unless ``create`` (ingest).
 
     Commands that only read pass ``readonly=True`` (or ``immutable=True``): the
     file is then never created, upgraded or changed. Without either, it is
-    opened for writing (and upgraded when older).
+    opened for writing (and upgraded when older), after checking that it can
+    be written at all.
     """
-    where = locate(path)
-    if not where.is_file():
-        raise CatalogError(
-            f"no catalog at {where}: pass --catalog FILE, set ${ENV_VAR}, "
-            "or create one with `catalog ingest`"
+    where = catalog_path(path)
+    if not create and not where.is_file():
+        ancestor = existing_ancestor(where)
+        why = (
+            f"{ancestor} is not a directory"
+            if not ancestor.is_dir()
+            else f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
         )
-    return Catalog(where, readonly=readonly or immutable, immutable=immutable)
+        raise CatalogError(f"no catalog at {where}: {why}")
+    if not (readonly or immutable):
+        problem = write_problem(where)
+        if problem is not None:
+            read_only = problem.startswith("cannot write")
+            raise CatalogError(
+                problem + (" (commands that only read it work)" if read_only else "")
+            )
+    try:
+        return Catalog(where, readonly=readonly or immutable, immutable=immutable)
+    except CatalogError as exc:
+        # SQLite refuses a read-only open it cannot create the -shm file for when the
+        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
+        blocked = cannot_create_in(where.parent)
+        if (
+            not readonly
+            or immutable
+            or blocked is None
+            or not str(exc).endswith("attempt to write a readonly database")
+        ):
+            raise
+        raise CatalogError(
+            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
+            f"beside it, but {blocked}; --immutable reads it without one"
+        ) from None
+
+
+# The library's messages name Python arguments; the CLI's name its options.
+_CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\bon_duplicate='first' or 'last'"), "--on-duplicate first or last"),
+    (re.compile(r"\bon_duplicate must be\b"), "--on-duplicate must be"),
+    (re.compile(r"\bpass format= "), "pass --format "),
+    (re.compile(r"--timeout/timeout="), "--timeout"),
+    (re.compile(r"\(overwrite=True / --force "), "(--force "),
+    (re.compile(r"\bwith key=None\b"), "with --by-position"),
+    (re.compile(r"\(rescan=True\)"), "(catalog ingest --rescan)"),
+    (re.compile(r"\bso immutable=True\b"), "so --immutable"),
+    (re.compile(r"\bopen it with readonly=True instead\b"), "open it with --readonly instead"),
+    (re.compile(r", Catalog\.checkpoint\(\)\)"), ")"),
+    (
+        re.compile(
+            r"^(?P<path>.+?) (?P<has>has catalog schema version .*?): open it once without "
+            r"readonly=True \(or run `catalog migrate --upgrade`\) to upgrade it"
+        ),
+        r"\g<path> \g<has>: run `catalog migrate --upgrade -c \g<path>` to upgrade it",
+    ),
+]
+
+
+def cli_message(text: str) -> str:
+    """A library message in the CLI's spelling (``--format``, ``--on-duplicate``,
+    ``--by-position`` instead of ``format=``, ``on_duplicate='first'``,
+    ``key=None``), on one line."""
+    for pattern, replacement in _CLI_SPELLING:
+        text = pattern.sub(replacement, text)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _describe(exc: Exception) -> str:
+    """One line for an error a command did not handle itself."""
+    if isinstance(exc, ShardcatError):
+        return cli_message(str(exc))
+    if isinstance(exc, OSError):
+        why = exc.strerror or str(exc)
+        return cli_message(why if exc.filename is None else f"{exc.filename}: {why}")
+    db_error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the sqlite3 error
+    if isinstance(db_error, sqlite3.Error):
+        return f"catalog {_now.catalog}: {db_error}" if _now.catalog else f"SQLite: {db_error}"
+    return (
+        f"unexpected {type(exc).__name__}: {exc} (a bug in shardcat; "
+        "`catalog --debug ...` shows where)"
+    )
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_workers_quietly() -> Iterator[None]:
+    """Ctrl-C reaches every process of the terminal's foreground group. This
+    process gets ``KeyboardInterrupt`` (and stops its worker processes); a worker
+    forked from it (ingest, convert) just exits with code 130, running its
+    cleanups, instead of printing a traceback of its own."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield  # SIGINT ignored (a background job) or handled by someone else
+        return
+    parent = os.getpid()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    if _debug:
+        traceback.print_exc()
+    typer.echo(f"error: {message}" if code != 130 else message, err=True)
+    return typer.Exit(code)
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away: send what Python still flushes at exit
+    to /dev/null instead of failing again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (tests): nothing to flush
+        pass
+
+
+def _announce() -> None:
+    if _now.note is not None:
+        typer.echo(_now.note, err=True)
+
+
+INTERRUPTED = "interrupted"
+# What commands whose finished work survives an interruption say on Ctrl-C.
+RERUN_TO_FINISH = "interrupted: run the same command again to finish"
+
+
+@overload
+def handle_errors(fn: F) -> F: ...
+@overload
+def handle_errors(*, interrupted: str = INTERRUPTED) -> Callable[[F], F]: ...
+def handle_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> Any:
+    """Run a command: every failure is one line ``error: ...`` on stderr and exit
+    code 1 (a traceback only with ``--debug`` / ``$SHARDCAT_DEBUG``); Ctrl-C prints
+    ``interrupted`` (commands whose work survives an interruption say how to
+    finish it) and exits with 130. A command that did not get ``--catalog``
+    ends with a line naming the catalog it used.
+
+    Use as ``@handle_errors`` or ``@handle_errors(interrupted="...")``.
+    """
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _now.catalog = _now.note = None
+            try:
+                with _ctrl_c_stops_workers_quietly():
+                    result = command(*args, **kwargs)
+            except typer.Exit:  # a report with its own exit code (verify, migrate)
+                _announce()
+                raise
+            except (typer.Abort, typer.TyperException):
+                raise
+            except KeyboardInterrupt:
+                raise _fail(interrupted, 130) from None
+            except BrokenPipeError as exc:  # `catalog query ... | head`: stop, quietly
+                if exc.filename is not None:
+                    raise _fail(_describe(exc), 1) from None
+                _silence_stdout()
+                raise typer.Exit(141) from None
+            except Exception as exc:
+                raise _fail(_describe(exc), 1) from None
+            _announce()
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate if fn is None else decorate(fn)
 
 
 _NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -114,33 +327,21 @@ def open_to_read(path: Path | None, readonly: bool) -> Catalog:
     return open_catalog(path, readonly=True, immutable=not readonly)
 
 
-def handle_errors(fn: F) -> F:
-    """Turn shardcat errors into one line on stderr and exit code 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ShardcatError, OSError) as exc:
-            if _debug:
-                traceback.print_exc()
-            message = (
-                str(exc)
-                if isinstance(exc, ShardcatError)
-                else (f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
-            )
-            typer.echo(f"error: {message}", err=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+class _Progress(Progress):
+    """A progress bar that vanishes when the command fails or is interrupted, so
+    what stays on the terminal (or in a log) is the one error line."""
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            super().__exit__(exc_type, exc, tb)
+        elif not self.disable:  # Progress.stop would also end a log with an empty line
+            self.live.transient = True
+            self.live.stop()
 
 
 def progress_bar(
@@ -158,4 +359,4 @@ def progress_bar(
         columns.append(TextColumn(unit + " {task.fields[records]:,} records"))
     if elapsed:
         columns.append(TimeElapsedColumn())
-    return Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)
+    return _Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)

@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import JsonOpt, handle_errors, print_json, progress_bar
+from shardcat.cli.common import RERUN_TO_FINISH, JsonOpt, handle_errors, print_json, progress_bar
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError
 
 
-@handle_errors
+@handle_errors(interrupted=RERUN_TO_FINISH)
 def convert(
     inputs: Annotated[list[str], typer.Argument(help="Tar archives: files, directories or globs.")],
     output_dir: Annotated[

@@ -14,6 +14,7 @@ from shardcat.cli.common import (
     DatasetArg,
     JsonOpt,
     ReadModeOpt,
+    catalog_path,
     cell,
     handle_errors,
     open_catalog,
@@ -116,9 +117,9 @@ def checkpoint(catalog: CatalogOpt = None) -> None:
     --immutable / immutable=True open, has to see every commit (ingest and drop
     do it when they finish). Exit code 1 while readers still hold on to the WAL.
     """
-    with open_catalog(catalog) as cat:
+    where = catalog_path(catalog, announce=False)  # the output names it
+    with open_catalog(where) as cat:
         complete = cat.checkpoint()
-        where = cat.path
     if not complete:
         raise CatalogError(
             f"{where}: readers still use the WAL, not every commit is in the main file "

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shardcat.catalog import Catalog, resolve_paths
+from shardcat.catalog import resolve_paths
 from shardcat.catalog.catalog import KEEP
-from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import DUPLICATE_POLICIES, ShardOutcome
-from shardcat.cli.common import CatalogOpt, DatasetArg, handle_errors, open_catalog, progress_bar
+from shardcat.cli.common import (
+    RERUN_TO_FINISH,
+    CatalogOpt,
+    DatasetArg,
+    catalog_path,
+    cli_message,
+    handle_errors,
+    open_catalog,
+    progress_bar,
+)
 from shardcat.errors import CatalogError, IngestError
 from shardcat.readers.formats import known_formats
-from shardcat.sample import make_sample
+from shardcat.sample import SAMPLE_FORMATS, make_sample
+
+RERUN_INGEST = RERUN_TO_FINISH + " (shards already indexed are not read again)"
 
 
-@handle_errors
+@handle_errors(interrupted=RERUN_INGEST)
 def ingest(
     paths: Annotated[list[str], typer.Argument(help="Shard files, directories or globs.")],
     dataset: Annotated[
@@ -65,21 +74,23 @@ def ingest(
     The dataset's shard set becomes exactly the matched files: new ones are
     indexed, changed ones re-indexed, missing ones dropped. CRCs are verified.
     Several processes may ingest the same files at once; each shard is
-    indexed once.
+    indexed once. The catalog (as for every command: --catalog, else
+    $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
+    Interrupted (Ctrl-C), the same command run again finishes the work.
     """
     files = resolve_paths(paths)
     if not files:
         raise CatalogError(f"no files match {paths}")
-    where = locate(catalog, os.path.commonpath([str(Path(f).parent) for f in files]))
-    with Catalog(where) as cat, progress_bar("ingest", unit="shards") as bar:
-        task = bar.add_task("ingest", total=len(files), records=0)
-        counted = {"records": 0}
+    where = catalog_path(catalog, announce=False)  # the summary line names it
+    counted = {"records": 0}
+    try:
+        with open_catalog(where, create=True) as cat, progress_bar("ingest", unit="shards") as bar:
+            task = bar.add_task("ingest", total=len(files), records=0)
 
-        def progress(outcome: ShardOutcome, total: int) -> None:
-            counted["records"] += outcome.records
-            bar.update(task, advance=1, records=counted["records"], total=total)
+            def progress(outcome: ShardOutcome, total: int) -> None:
+                counted["records"] += outcome.records
+                bar.update(task, advance=1, records=counted["records"], total=total)
 
-        try:
             reader = cat.ingest(
                 paths,
                 dataset,
@@ -92,20 +103,33 @@ def ingest(
                 grouping=grouping,
                 progress=progress,
             )
-        except IngestError as exc:
-            bar.stop()
-            for failure in exc.failures:
-                typer.echo(f"failed: {failure.error}", err=True)
-            raise CatalogError(
-                f"{len(exc.failures)} shard(s) failed; the other shards are in the catalog"
-            ) from None
-        with reader:
-            bar.update(task, completed=len(files))
-            stats = reader.get_stats()
+            with reader:
+                bar.update(task, completed=len(files))
+                stats = reader.get_stats()
+                dropped = reader.indexed_duplicates
+    except IngestError as exc:
+        raise CatalogError(_failed_shards(exc, len(files))) from None
     typer.echo(
         f"dataset {stats['dataset']}: {stats['total_records']:,} records in "
         f"{stats['total_files']} shards ({counted['records']:,} indexed now) -> {where}"
     )
+    if dropped:
+        typer.echo(
+            f"{dropped:,} records with duplicate keys dropped (--on-duplicate {on_duplicate})",
+            err=True,
+        )
+
+
+def _failed_shards(exc: IngestError, total: int) -> str:
+    """The error line of an ingest some shards failed in. One failed shard alone
+    is its own error; otherwise each is listed first (``failed: ...``)."""
+    failures = [cli_message(str(failure.error)) for failure in exc.failures]
+    if len(failures) == 1 and total == 1:
+        return failures[0]
+    for failure in failures:
+        typer.echo(f"failed: {failure}", err=True)
+    others = "; the other shards are in the catalog" if total > len(failures) else ""
+    return f"{len(failures)} shard(s) failed{others}"
 
 
 @handle_errors
@@ -122,14 +146,24 @@ def sample(
     shards: Annotated[int, typer.Option(help="Number of shard files.")] = 4,
     records: Annotated[int, typer.Option(help="Records in all.")] = 1000,
     image_bytes: Annotated[int, typer.Option(help="Size of each image payload.")] = 1024,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help=f"One of {', '.join(SAMPLE_FORMATS)}.")
+    ] = "tfrecord",
 ) -> None:
-    """Write small generated TFRecord shards to try the catalog on.
+    """Write small generated shards (TFRecord, tar or RecordIO) to try the catalog on.
 
-    Records have key (rec_000000042), label (0..9), score, caption and image.
+    TFRecord: records with key (rec_000000042), label (0..9), score, caption and
+    image. tar: WebDataset samples rec_000000042.{jpg,cls,json} (the label in
+    .cls, score and caption in .json). RecordIO: .rec files with an MXNet .idx
+    each (keys 0..n-1), IRHeader label and id, the image as payload.
     """
     if shards < 1 or records < 0:
         raise CatalogError("--shards must be at least 1 and --records not negative")
-    for path in make_sample(directory, shards=shards, records=records, image_bytes=image_bytes):
+    if format not in SAMPLE_FORMATS:
+        raise CatalogError(f"--format must be one of {', '.join(SAMPLE_FORMATS)}, not {format!r}")
+    for path in make_sample(
+        directory, shards=shards, records=records, image_bytes=image_bytes, format=format
+    ):
         typer.echo(path)
 
 

@@ -15,21 +15,48 @@ from rich.table import Table
 
 from shardcat.catalog.engine import locate
 from shardcat.catalog.ingest import DUPLICATE_POLICIES
-from shardcat.cli.common import CatalogOpt, JsonOpt, handle_errors, print_json, progress_bar
+from shardcat.cli.common import (
+    RERUN_TO_FINISH,
+    CatalogOpt,
+    JsonOpt,
+    catalog_path,
+    handle_errors,
+    print_json,
+    progress_bar,
+)
 from shardcat.errors import CatalogError
+from shardcat.legacy import DEFAULT_SAMPLE, MigrationReport
+from shardcat.legacy import migrate as migrate_legacy
 from shardcat.migrations import upgrade
-from shardcat.migrations.legacy import DEFAULT_SAMPLE, MigrationReport
-from shardcat.migrations.legacy import migrate as migrate_legacy
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
 
-@handle_errors
+@handle_errors(interrupted=RERUN_TO_FINISH)
 def migrate(
     paths: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Directories, legacy index files, shard files or globs "
+            help="Directories (walked, see --depth), legacy index files, shard files or globs "
             "(index files are found beside the shards by their names)."
+        ),
+    ] = None,
+    depth: Annotated[
+        int | None,
+        typer.Option(
+            "--depth",
+            min=0,
+            help="How many directory levels below each directory to look into "
+            "(0: the directory alone; default: the whole tree, hidden directories left out).",
+            show_default=False,
+        ),
+    ] = None,
+    pattern: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pattern",
+            metavar="GLOB",
+            help="Index file names to look for in directories, e.g. '*.tar_index' or "
+            "'*.pkl' (repeatable; default: *.index, *.tar_index, *.idx, *.tfindex).",
         ),
     ] = None,
     dataset: Annotated[
@@ -95,10 +122,14 @@ def migrate(
     DALI/vahidk tfrecord2idx offset files. Every shard is checked against its
     file (size, and a sample of records re-read) before it is imported; a
     shard that does not match is re-indexed from its data. SQL fields are not
-    in legacy indexes: --fields fills them by re-reading the data. The
-    catalog defaults to shardcat.sqlite beside the shards, where readers
-    look. A directory written by the tensorblob package is converted to a
-    shardcat TensorBlob/TensorDB in place (no block copied). Exit code 1 if
+    in legacy indexes: --fields fills them by re-reading the data. Each
+    legacy index becomes one dataset, named after it and found by the reader
+    call that made it (per-shard MXNet/DALI indexes of one shard set make
+    one); directories are walked (--depth, --pattern). The catalog is the one
+    every command uses (see --catalog); readers opened on the shard paths look
+    beside the shards, so -c DIR/shardcat.sqlite builds the catalog they find. A
+    directory written by the tensorblob package is converted to a shardcat
+    TensorBlob/TensorDB in place (no block copied). Exit code 1 if
     any shard failed.
     """
     if upgrade_only:
@@ -133,7 +164,7 @@ def migrate(
 
         report = migrate_legacy(
             paths,
-            catalog=catalog,
+            catalog=catalog_path(catalog),
             dataset=dataset,
             dry_run=dry_run,
             remap=remap or [],
@@ -143,6 +174,8 @@ def migrate(
             workers=workers,
             on_duplicate=on_duplicate,
             progress=progress,
+            max_depth=depth,
+            pattern=pattern or None,
         )
     if json:
         print_json(report.to_dict())
@@ -176,6 +209,14 @@ def print_report(report: MigrationReport) -> None:
         typer.echo(f"dataset {d.dataset} ({d.format}, {d.key_rule}) -> {d.catalog}", err=True)
         for legacy in d.legacy:
             typer.echo(f"  from {legacy}", err=True)
+        for note in d.notes:
+            typer.echo(f"  note: {note}", err=True)
+        if d.dropped:
+            typer.echo(
+                f"  {d.dropped:,} record{'s' if d.dropped != 1 else ''} with duplicate keys "
+                f"dropped (--on-duplicate {report.on_duplicate})",
+                err=True,
+            )
         for s in d.shards:
             if s.reason is not None and s.action != "unchanged":
                 typer.echo(f"  {s.action}: {s.path}: {s.reason}", err=True)

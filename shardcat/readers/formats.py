@@ -31,6 +31,14 @@ nothing about SQL. It provides:
   :class:`Entry` rows in file order (``members`` filled for ``PARTS``
   formats); ``catalog export-index`` uses it.
 
+- optional ``detect_dataset_options(files, given) -> dict``: options of a new
+  dataset that only all its shards tell (RecordIO: ``.idx`` keys colliding
+  across shards key the dataset by position); called once, when the dataset
+  is created;
+- optional ``field_types(options) -> dict[str, str]``: SQL columns (name ->
+  ``integer``/``real``/``text``) every dataset with these options has, NULL
+  where a record has no value (RecordIO's IRHeader columns).
+
 Adding a format means adding its module and one line in ``_MODULES``.
 """
 

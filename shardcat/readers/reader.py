@@ -22,6 +22,15 @@ raise :class:`StaleShardError` until ``refresh()``: position keys are not
 stable across re-ingest, and a reader never silently lets a position name
 another record. Keys of keyed datasets stay valid.
 
+**As tfd-utils.** ``reader.index`` is tfd-utils' ``{key: location}`` dict as
+a read-only view of the catalog (:mod:`shardcat.readers.index`). A reader
+opened on paths uses the dataset of those files with its own rule (key
+feature, tar grouping), creating one when another rule reads them already
+(:mod:`shardcat.catalog.reuse`). The drop-ins keep the last record of a
+duplicate key (in shard path order, as tfd-utils' dict does when it indexes
+the files in sorted order) and say so once: one warning when the open that
+indexed them dropped some, and ``get_stats()["duplicates_dropped"]``.
+
 **Processes.** After ``fork`` (DataLoader workers) the catalog connection and
 every open file, decompressor and seek index are reopened in the child: the
 pool of sources is keyed by fork generation, checked on every call.
@@ -35,6 +44,7 @@ import json
 import operator
 import os
 import sqlite3
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +53,7 @@ from typing import Any, TypeVar
 from shardcat.catalog import engine as _engine
 from shardcat.catalog.catalog import Catalog, PathsLike, resolve_paths
 from shardcat.catalog.engine import locate
-from shardcat.catalog.ingest import absolute_path
+from shardcat.catalog.ingest import DROPPED, absolute_path
 from shardcat.errors import (
     CatalogError,
     CorruptRecordError,
@@ -53,6 +63,7 @@ from shardcat.errors import (
     StaleShardError,
 )
 from shardcat.readers.formats import get_format
+from shardcat.readers.index import DatasetIndex
 from shardcat.readers.source import CheckedSource, Identity, open_source, read_extents
 
 __all__ = [
@@ -96,6 +107,7 @@ _SHARDS = (
     "WHERE dataset_id = ? AND generation IS NOT NULL ORDER BY path"
 )
 _VERSION = "SELECT version FROM datasets WHERE id = ?"
+_OPTIONS = "SELECT options FROM datasets WHERE id = ?"
 _SEEK_INDEX = (
     "SELECT i.data FROM seek_indexes i JOIN shards s ON s.id = i.shard_id "
     "WHERE i.shard_id = ? AND s.generation = ?"
@@ -177,11 +189,15 @@ class Reader:
         self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
         self._positions_moved = False
         self.closed = False
+        #: Records dropped as duplicate keys by the ingest that returned this reader
+        #: (:meth:`Catalog.ingest` sets it; 0 otherwise).
+        self.indexed_duplicates = 0
         row = catalog.dataset_row(dataset)
         self._id: int = row[0]
         self.format = row[2]
         self.key_rule: str = row[3]
         self.options: dict[str, Any] = json.loads(row[5])
+        self.options.pop(DROPPED, None)  # bookkeeping (see get_stats), not a format option
         self._patterns: list[str] = json.loads(row[6])
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
@@ -524,7 +540,12 @@ class Reader:
         return self._locate(self._conn(), key) is not None
 
     def get_stats(self) -> dict[str, Any]:
-        """Counts as tfd-utils reports them, plus the catalog and dataset names."""
+        """Counts as tfd-utils reports them, plus the catalog and dataset names and
+        ``duplicates_dropped``: the records of the shards that the dataset does not
+        serve because another record has the same key (``on_duplicate``)."""
+        conn = self._conn()
+        options = json.loads(conn.execute(_OPTIONS, (self._id,)).fetchone()[0])
+        dropped = options.get(DROPPED)
         return {
             "total_records": self._len,
             "total_files": len(self._order),
@@ -533,7 +554,15 @@ class Reader:
             "dataset": self.dataset,
             "format": self.format,
             "key_rule": self.key_rule,
+            "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
         }
+
+    @property
+    def index(self) -> DatasetIndex:
+        """tfd-utils' ``{key: location}`` index as a read-only view of the catalog:
+        point lookups are one query, iteration is streamed (see
+        :mod:`shardcat.readers.index`)."""
+        return DatasetIndex(self)
 
     def features(self, record: Any) -> dict[str, list[Any]]:
         """A decoded record as ``{feature: [values]}``."""
@@ -668,10 +697,23 @@ class Reader:
         if not files:
             raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
         shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
+        if index_file is not None:  # a tfd-utils pickle: imported once into a catalog beside it
+            from shardcat.legacy import catalog_for_legacy_index
+
+            index_file = catalog_for_legacy_index(
+                index_file,
+                paths,
+                format,
+                options=options,
+                readonly=readonly,
+                workers=workers,
+                on_duplicate=on_duplicate,
+            )
         catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
+        dropped = 0
         try:
             if readonly:
-                name = dataset or catalog.find_dataset(paths)
+                name = dataset or catalog.find_dataset(paths, format=format, options=options)
             else:
                 with catalog.ingest(
                     paths,
@@ -681,7 +723,7 @@ class Reader:
                     workers=workers,
                     on_duplicate=on_duplicate,
                 ) as indexed:
-                    name = indexed.dataset
+                    name, dropped = indexed.dataset, indexed.indexed_duplicates
             if name is None:
                 raise CatalogError(
                     f"{catalog.path} has no dataset for {paths!r}; index it first "
@@ -699,6 +741,14 @@ class Reader:
             catalog.close()
             raise
         self.files = files
+        if dropped:
+            warnings.warn(
+                f"{dropped} duplicate record{'s' if dropped > 1 else ''} in dataset "
+                f"{self.dataset!r}: as tfd-utils, the reader keeps the last one of each key "
+                "(in shard path order); get_stats()['duplicates_dropped'] counts them",
+                UserWarning,
+                stacklevel=3,
+            )
 
     # Pickling (DataLoader with the spawn start method): reopen by name.
     def __getstate__(self) -> dict[str, Any]:
@@ -737,9 +787,15 @@ class TFRecordReader(Reader):
     changed shards are re-indexed later. ``max_workers`` bounds the indexing
     processes. ``progress_interval``, ``use_pread`` and
     ``eager_open_workers`` are accepted for compatibility: reads always use
-    ``os.pread``. New: ``dataset`` names the dataset, ``key_by_position``
-    keys records ``"0".."n-1"``, ``verify_crc`` checks CRCs on every read,
-    ``readonly`` never writes the catalog (it must be indexed already).
+    ``os.pread``. ``index`` is tfd-utils' ``{key: {file, offset, length}}``
+    as a read-only view of the catalog. Files indexed already under another
+    key feature get a dataset of their own (``<name>_by_<feature>``). A key
+    that several records share keeps the last one, as tfd-utils does (a
+    warning says how many were dropped; ``get_stats()["duplicates_dropped"]``).
+    New: ``dataset`` names the dataset, ``key_by_position`` keys records
+    ``"0".."n-1"``, ``on_duplicate`` (``"last"``, ``"first"`` or ``"error"``),
+    ``verify_crc`` checks CRCs on every read, ``readonly`` never writes the
+    catalog (it must be indexed already).
     """
 
     def __init__(
@@ -756,7 +812,7 @@ class TFRecordReader(Reader):
         *,
         dataset: str | None = None,
         key_by_position: bool = False,
-        on_duplicate: str = "error",
+        on_duplicate: str = "last",
         verify_crc: bool = False,
         readonly: bool = False,
     ) -> None:
@@ -840,13 +896,17 @@ class TarReader(Reader):
     Records are samples ``{feature: bytes}``; ``get_feature`` reads only that
     member. ``grouping`` is ``"tfd"`` by default, so keys are tfd-utils' (the
     member path without its last suffix); ``"webdataset"`` splits at the
-    first dot of the basename, as WebDataset and ``catalog ingest`` do. A
-    dataset already in the catalog keeps the grouping it was ingested with:
-    open it with the same one. ``progress_interval`` and
-    ``use_multiprocessing=False`` (one indexing process) are accepted for
+    first dot of the basename, as WebDataset and ``catalog ingest`` do.
+    Archives indexed already with the other grouping get a dataset of their
+    own (``<name>_tfd``, ``<name>_webdataset``). ``index`` is tfd-utils'
+    ``{key: {feature: {file, member_name, data_offset, size}}}`` as a
+    read-only view of the catalog. A stem found in several archives keeps the
+    last archive's sample, as tfd-utils does (a warning says how many were
+    dropped; ``get_stats()["duplicates_dropped"]``). ``progress_interval``
+    and ``use_multiprocessing=False`` (one indexing process) are accepted for
     compatibility. New: ``dataset``, ``key_by_position``, ``on_duplicate``
-    (a stem that comes back later in an archive is a duplicate key),
-    ``verify`` (check each member's tar header on read) and ``readonly``.
+    (``"last"``, ``"first"`` or ``"error"``), ``verify`` (check each
+    member's tar header on read) and ``readonly``.
     """
 
     def __init__(
@@ -861,7 +921,7 @@ class TarReader(Reader):
         dataset: str | None = None,
         grouping: str = "tfd",
         key_by_position: bool = False,
-        on_duplicate: str = "error",
+        on_duplicate: str = "last",
         verify: bool = False,
         readonly: bool = False,
     ) -> None:

@@ -43,12 +43,25 @@ continue the count (a shard's first key is the number of records before it).
 ``.rec`` is watched for changes: after editing an ``.idx`` alone, re-ingest
 with ``rescan=True`` (``reader.rebuild_index()``).
 
+**Colliding ``.idx`` keys** (``idx="column"``): ``RecordIOWriter``, ``im2rec``
+and ``rec2idx`` number each file's records from 0, so the ``.idx`` keys of
+several shards collide, and keying by them would lose records.
+:func:`detect_dataset_options` (the options of a new dataset: it reads every
+shard's ``.idx``, once) then keys records by position instead, keeps each
+record's ``.idx`` key in the SQL column ``idx_key`` (``SELECT key FROM ds
+WHERE idx_key = '7'``), and says so with a warning; the same when a key
+appears twice in one ``.idx``. Nothing is dropped. ``options={"idx": True}``
+keys by the ``.idx`` anyway (duplicates then follow ``on_duplicate``).
+
 **SQL fields** (header datasets, ``fields=True``): ``flag``, ``id``, ``id2``
-(integers; an id above 2**63 - 1 does not fit SQL's integer and is left
-out), ``label`` when flag = 0 and ``labels`` (a JSON array) when flag > 0.
+(integers; an id above 2**63 - 1 does not fit SQL's integer and is NULL),
+``label`` (NULL when flag > 0) and ``labels`` (a JSON array; NULL when flag =
+0); ``idx_key`` (text) with ``idx="column"``, in raw datasets too.
+:func:`field_types` declares them, so that every RecordIO dataset has the
+same columns whatever its records hold (the ingest creates the declared
+columns; a record that cannot hold the header has NULL in all of them).
 Float32 values are stored as the shortest decimal that rounds back to the
 same float32 (``0.1``, not ``0.10000000149011612``), so ``label = 0.1`` works.
-A column exists once at least one record has a value for it.
 
 **Records and features**: ``decode`` gives the payload exactly as
 ``MXIndexedRecordIO.read_idx`` returns it; in header datasets it is an
@@ -66,13 +79,23 @@ import mmap
 import numbers
 import os
 import struct
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, Literal, NamedTuple
 
 import numpy as np
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.formats import Entry, Scalar, float32_shortest, index_lines, pread_exact
+from shardcat.readers.formats import Entry, Scalar, float32_shortest, pread_exact
+from shardcat.readers.mxnet_idx import (
+    IDX_AS_COLUMN,
+    IDX_KEY,
+    find_collision,
+    idx_keys,
+    idx_path_for,
+    position_keys_note,
+    read_idx,
+)
 
 __all__ = [
     "MAGIC",
@@ -82,11 +105,15 @@ __all__ = [
     "dali_index_lines",
     "decode",
     "describe",
+    "detect_dataset_options",
     "encode",
     "feature_list",
     "features",
+    "field_types",
+    "find_collision",
     "idx_path_for",
     "pack",
+    "position_keys_note",
     "read",
     "scan",
     "sniff",
@@ -106,6 +133,13 @@ _FRAME = struct.Struct("<II")
 _IR = struct.Struct("<IfQQ")
 _INT64_MAX = (1 << 63) - 1
 _LENGTH_MASK = (1 << 29) - 1
+_HEADER_TYPES = {
+    "flag": "integer",
+    "label": "real",
+    "labels": "text",
+    "id": "integer",
+    "id2": "integer",
+}
 
 Parts = list[tuple[int, int]]  # (offset of the data, length) of each frame
 
@@ -120,11 +154,6 @@ def sniff(head: bytes) -> bool:
         return False
     magic, lrecord = _FRAME.unpack_from(head, 0)
     return magic == MAGIC and lrecord >> 29 in (0, 1)
-
-
-def idx_path_for(path: str | os.PathLike[str]) -> str:
-    """The MXNet index beside a ``.rec``: same stem, ``.idx`` (``train.rec`` -> ``train.idx``)."""
-    return os.path.splitext(os.fspath(path))[0] + ".idx"
 
 
 # -- framing -------------------------------------------------------------------
@@ -316,43 +345,51 @@ def _fields(buf: Any, offset: int, length: int) -> dict[str, Scalar]:
     return out
 
 
-# -- keys from an MXNet .idx -----------------------------------------------------
-
-
-def _read_idx(idx_path: str) -> dict[int, tuple[str, int]]:
-    """record offset -> (key, byte offset of its line) of an MXNet ``.idx``."""
-    out: dict[int, tuple[str, int]] = {}
-    for line_at, text in index_lines(idx_path):
-        key, _, offset_text = text.partition("\t")
-        try:
-            offset = int(offset_text)
-        except ValueError:
-            raise CorruptRecordError(
-                idx_path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
-            ) from None
-        if offset in out:
-            raise CorruptRecordError(
-                idx_path,
-                line_at,
-                f"keys {out[offset][0]!r} and {key!r} both point at byte {offset}",
-            )
-        out[offset] = (key, line_at)
-    return out
+# -- keys from an MXNet .idx (see shardcat.readers.mxnet_idx) ------------------------
 
 
 def _keys_source(path: str, options: Mapping[str, Any]) -> dict[int, tuple[str, int]] | None:
-    """The shard's index (offset -> key) when records are keyed by ``.idx``, else None."""
-    if options.get("key", "key") is None or options.get("idx") is False:
+    """The shard's index (offset -> key) when records are keyed by ``.idx`` (or keep
+    its key in a column), else None."""
+    idx = options.get("idx")
+    if idx is False or (options.get("key", "key") is None and idx != IDX_AS_COLUMN):
         return None
     idx_path = idx_path_for(path)
     if os.path.isfile(idx_path):
-        return _read_idx(idx_path)
-    if options.get("idx") is True:
+        return read_idx(idx_path)
+    if idx is True:
         raise CatalogError(
             f"{path}: no MXNet index {os.path.basename(idx_path)} beside it, but this dataset "
             "is keyed by .idx files (ingest with key=None to key records by position)"
         )
-    return None
+    return None  # keyed by position: a shard without .idx has no idx_key
+
+
+def detect_dataset_options(
+    files: Sequence[str], given: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The options of a new dataset of these shards: :func:`detect_options` of the
+    first, and what only all of them tell. When the first shard has an ``.idx``
+    and the ``.idx`` keys collide (across shards or within one), records are keyed
+    by position and each ``.idx`` key goes to SQL column ``idx_key``
+    (``idx="column"``), with a warning saying so. ``given``: the options the
+    caller sets (``idx`` given, or ``key=None``: nothing to decide, no ``.idx``
+    read). Reads every ``.idx`` once, as the ingest does anyway; for creating a
+    dataset, not for opening one."""
+    options = detect_options(files[0])
+    given = given or {}
+    if options["idx"] is not True or "idx" in given or given.get("key", "key") is None:
+        return options
+    indexes = [idx_path_for(f) for f in files if os.path.isfile(idx_path_for(f))]
+    where = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in indexes])
+    try:
+        clash = find_collision((os.path.relpath(p, where), idx_keys(p)) for p in indexes)
+    except CorruptRecordError:  # not UTF-8: the scan of that shard reports it
+        return options
+    if clash is not None:
+        options["idx"] = IDX_AS_COLUMN
+        warnings.warn(f"{where}: {position_keys_note(clash)}", stacklevel=2)
+    return options
 
 
 # -- the format interface ----------------------------------------------------------
@@ -365,11 +402,14 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
     lengths); a problem raises :class:`CorruptRecordError` with the byte
     offset of the record's first frame. ``options``: ``key`` (None: position
     keys), ``idx`` (keys from the ``.idx`` beside the file: True, False, or
-    absent = when there is one), ``header`` and ``fields`` (extract IRHeader
-    fields, both default True).
+    absent = when there is one; ``"column"``: position keys, the ``.idx`` key in
+    field ``idx_key``), ``header`` and ``fields`` (extract IRHeader fields, both
+    default True).
     """
     keys = _keys_source(path, options)
-    want_fields = options.get("fields", True) and options.get("header", True)
+    in_column = options.get("idx") == IDX_AS_COLUMN  # keyed by position, .idx key a field
+    want_fields = options.get("fields", True)
+    want_header = want_fields and options.get("header", True)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         mm: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
@@ -388,12 +428,16 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
                         )
                     key = found[0]
                 fields: dict[str, Scalar] = {}
-                if want_fields:
+                if want_header:
                     if len(parts) == 1:
                         fields = _fields(mm, *parts[0])
                     else:
                         payload = _join(mm, parts)
                         fields = _fields(payload, 0, len(payload))
+                if in_column:
+                    if key is not None and want_fields:
+                        fields[IDX_KEY] = key
+                    key = None
                 yield Entry(key, pos, end - pos, fields)
                 pos = end
         finally:
@@ -409,10 +453,24 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
 
 
 def key_rule(options: Mapping[str, Any]) -> str:
-    """``mxnet-idx`` when records are keyed by ``.idx`` files, else ``position``."""
-    if options.get("key", "key") is None or not options.get("idx", False):
+    """``mxnet-idx`` when records are keyed by ``.idx`` files, else ``position``
+    (also with ``idx="column"``: the ``.idx`` key is then a SQL field)."""
+    idx = options.get("idx", False)
+    if options.get("key", "key") is None or not idx or idx == IDX_AS_COLUMN:
         return "position"
     return "mxnet-idx"
+
+
+def field_types(options: Mapping[str, Any]) -> dict[str, str]:
+    """The SQL columns (name -> ``integer``/``real``/``text``) that every dataset with
+    these options has, NULL where a record has no value: the IRHeader's in header
+    datasets, ``idx_key`` with ``idx="column"``; none without fields."""
+    if not options.get("fields", True):
+        return {}
+    out = dict(_HEADER_TYPES) if options.get("header", True) else {}
+    if options.get("idx") == IDX_AS_COLUMN:
+        out[IDX_KEY] = "text"
+    return out
 
 
 def read(source: Any, path: str, offset: int, length: int, verify: bool = False) -> bytes:

@@ -57,16 +57,28 @@ skip them.
   ``a``); names without a suffix (``README``, ``.hidden``) are skipped.
 
 In both, directories stay in the key (``train/a/x.jpg`` -> ``train/a/x``).
-A sample is a run of *consecutive* members with the same key, as WebDataset
-writes them. When a key comes back later in the archive, or a member repeats
-a feature the current sample already has, a new sample with the same key
-starts: that is a duplicate key, and the catalog's ``on_duplicate`` policy
-decides (an error by default; ``first``/``last`` keep one). tfd-utils would
-silently merge such members into one record.
+What makes a sample differs, as it does between the two tools:
 
-**Entries.** One per sample: ``offset`` is the first header of its first
-member (including GNU/pax extended headers), ``length`` runs to the end of
-its last member's data (for a sparse member, its stored data); ``members``
+- ``webdataset``: a run of *consecutive* members with the same key, as
+  WebDataset writes and reads them. When a key comes back later in the
+  archive, or a member repeats a feature the current sample already has, a
+  new sample with the same key starts: that is a duplicate key, and the
+  catalog's ``on_duplicate`` policy decides (an error by default;
+  ``first``/``last`` keep one).
+- ``tfd``: tfd-utils' ``{stem: {ext: member}}`` over the *whole* archive:
+  every member of a key belongs to its one sample wherever it lies, so
+  ``s6.cls s6.jpg s6.seg.png s6.txt`` is ``s6`` {cls, jpg, txt} and
+  ``s6.seg`` {png}; a member name that comes back (``tar -r`` appends) replaces
+  the earlier member: the last one wins, as in tfd-utils and ``tar -x``. An
+  archive therefore never repeats a key under ``tfd``; samples come in the
+  order their keys first appear, once the archive has been read to its end
+  (:func:`iter_samples` still gives runs, in archive order).
+
+**Entries.** One per sample: ``offset`` is the first header (including
+GNU/pax extended headers) of its members, ``length`` runs to the end of the
+data of its last member in the archive (for a sparse member, its stored
+data): under ``tfd`` the span may hold other samples' members too, the
+members themselves are exact; ``members``
 holds ``(feature, data offset, size)`` per member, and for a sparse member
 ``(feature, first stored byte, real size, extents)`` (:data:`MemberRow`).
 For compressed archives the offsets, those of extents too, are
@@ -768,12 +780,56 @@ MemberRow = tuple[str, int, int] | tuple[str, int, int, Extents]
 
 @dataclass(slots=True)
 class _Sample:
+    """A run of consecutive members with one key (each feature once)."""
+
     key: str
     offset: int
     end: int = 0
     members: list[MemberRow] = field(default_factory=list)
-    fields: dict[str, Scalar] = field(default_factory=dict)
+    #: (first header, end of data) of each member, as ``members``
+    spans: list[tuple[int, int]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+
+
+# (key, members, first header, end of the last member's data, fields) of one sample
+_Found = tuple[str, list[MemberRow], int, int, dict[str, Scalar]]
+_Run = tuple[_Sample, dict[str, dict[str, Scalar]]]  # a run and its members' fields
+
+
+def _merged_fields(per_member: Iterable[dict[str, Scalar]]) -> dict[str, Scalar]:
+    fields: dict[str, Scalar] = {}
+    for member in per_member:
+        for name, value in member.items():
+            fields.setdefault(name, value)
+    return fields
+
+
+def _as_runs(runs: Iterable[_Run]) -> Iterator[_Found]:
+    """``webdataset``: every run of consecutive members is a sample."""
+    for run, fields in runs:
+        yield run.key, run.members, run.offset, run.end, _merged_fields(fields.values())
+
+
+def _whole_archive(runs: Iterable[_Run]) -> Iterator[_Found]:
+    """``tfd``: tfd-utils' ``{stem: {ext: member}}`` over the whole archive. Every
+    member of a key is in its one sample wherever it lies; a member name that
+    comes back (``tar -r``) replaces the earlier member, keeping its place (the
+    last one wins, as in tfd-utils and ``tar -x``). Samples come in the order
+    their keys first appear, once the archive has been read to its end."""
+    whole: dict[str, dict[str, tuple[MemberRow, int, int, dict[str, Scalar]]]] = {}
+    for run, fields in runs:
+        sample = whole.setdefault(run.key, {})
+        for row, (head, end) in zip(run.members, run.spans, strict=True):
+            sample[row[0]] = (row, head, end, fields.get(row[0], {}))
+    for key, sample in whole.items():
+        kept = list(sample.values())
+        yield (
+            key,
+            [k[0] for k in kept],
+            min(k[1] for k in kept),
+            max(k[2] for k in kept),
+            _merged_fields(k[3] for k in kept),
+        )
 
 
 def _samples(
@@ -801,6 +857,7 @@ def _samples(
             sample.members.append((feature, m.data_offset, m.size, m.extents))
         sample.seen.add(feature)
         sample.end = m.data_offset + m.stored_size
+        sample.spans.append((m.header_offset, sample.end))
         if want is not None and want(feature, m.size):
             raw = _read_exact(cur, m.stored_size, path, m.header_offset, m.name)
             data[feature] = raw if m.extents is None else _expand(raw, m.data_offset, m.extents)
@@ -817,16 +874,17 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[
     grouping = _grouping(options)
     by_position = options.get("key", "key") is None
     want = _wants_data if options.get("fields", True) else None
-    for sample, data in _samples(cur, path, grouping, want):
-        fields: dict[str, Scalar] = {}
-        for feature, raw in data.items():
-            for name, value in member_fields(feature, raw).items():
-                fields.setdefault(name, value)
-        members: list[Any] = sample.members  # 4-tuples for sparse members
+    runs = (
+        (sample, {feature: member_fields(feature, raw) for feature, raw in data.items()})
+        for sample, data in _samples(cur, path, grouping, want)
+    )
+    found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
+    for key, rows, start, end, fields in found:
+        members: list[Any] = rows  # 4-tuples for sparse members
         yield Entry(
-            None if by_position else sample.key,
-            sample.offset,
-            sample.end - sample.offset,
+            None if by_position else key,
+            start,
+            end - start,
             fields,
             members,
         )
@@ -853,9 +911,11 @@ def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
 
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(key, {feature: bytes})`` per sample of the archive, in archive order
-    (compressed archives are decompressed on the fly; sparse members come as
-    their real content, holes as zeros)."""
+    """``(key, {feature: bytes})`` per run of consecutive members with one key,
+    streamed in archive order (compressed archives are decompressed on the fly;
+    sparse members come as their real content, holes as zeros). Unlike
+    :func:`scan` under ``tfd``, a key may come back (its members are not
+    merged: that would hold the archive's bytes until its end)."""
     check_grouping(grouping)
     with open_stream(path) as stream:
         for sample, data in _samples(_StreamCursor(stream), path, grouping, lambda f, n: True):

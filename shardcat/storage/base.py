@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
+from shardcat.errors import StorageTypeError, StorageValueError
 from shardcat.storage.column import (
     BlockColumn,
     default_max_cached_blocks,
@@ -283,7 +284,7 @@ class Storage:
         columns = [self._columns[name] for name in names]
         if isinstance(idx, (torch.Tensor, np.ndarray)) and idx.ndim == 0:
             if not _is_integer(idx):
-                raise TypeError(f"Index must have an integer dtype, got {idx.dtype}")
+                raise StorageTypeError(f"Index must have an integer dtype, got {idx.dtype}")
             idx = int(idx)
         if isinstance(idx, int):
             i = idx + n if idx < 0 else idx
@@ -304,7 +305,7 @@ class Storage:
         try:
             i = operator.index(idx)
         except TypeError:
-            raise TypeError(
+            raise StorageTypeError(
                 f"Index must be int, slice, or a sequence of int, got {type(idx).__name__!r}!"
             ) from None
         return self._select(i, names)
@@ -448,6 +449,17 @@ class Storage:
         self._length = length
         self._commit()
 
+    def _check_block_size(self, other: Any, maintain_order: bool) -> None:
+        """tensorblob's rule: without ``maintain_order`` whole blocks move, so sizes must match.
+
+        Checked (as tensorblob does) after the writable check and the seek to
+        the end, before anything else, even when ``other`` is empty.
+        """
+        if not maintain_order and getattr(other, "block_size", None) != self.block_size:
+            raise StorageValueError(
+                f"Block sizes must match to extend {self.noun}s in non-order-preserving mode!"
+            )
+
     def _extend(
         self,
         other: Any,
@@ -541,13 +553,15 @@ def _positions(idx: Any, n: int) -> torch.Tensor:
     """A batch index (list, tuple, 1-D tensor or array of ints) as in-range int64 positions."""
     if isinstance(idx, np.ndarray):
         if idx.size and not np.issubdtype(idx.dtype, np.integer):
-            raise TypeError(f"Batch index must have an integer dtype, got dtype {idx.dtype}!")
+            raise StorageTypeError(
+                f"Batch index must have an integer dtype, got dtype {idx.dtype}!"
+            )
         positions = torch.from_numpy(np.asarray(idx, dtype=np.int64))
     else:
         try:
             positions = torch.as_tensor(idx)
         except (RuntimeError, TypeError):
-            raise TypeError(
+            raise StorageTypeError(
                 f"Index must be int, slice, or a sequence of int, got {idx!r}"
             ) from None
         if positions.numel() and not _is_integer(positions):
@@ -556,9 +570,9 @@ def _positions(idx: Any, n: int) -> torch.Tensor:
                 if isinstance(idx, torch.Tensor)
                 else f"elements of type {type(idx[0]).__name__!r}"
             )
-            raise TypeError(f"Batch index must have an integer dtype, got {got}!")
+            raise StorageTypeError(f"Batch index must have an integer dtype, got {got}!")
     if positions.ndim != 1:
-        raise ValueError(f"Batch index must be 1-dimensional, got {positions.ndim}!")
+        raise StorageValueError(f"Batch index must be 1-dimensional, got {positions.ndim}!")
     positions = positions.to(torch.int64)
     if not positions.numel():
         return positions

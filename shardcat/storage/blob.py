@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from shardcat.errors import StorageTypeError, StorageValueError
 from shardcat.storage.base import Storage
 from shardcat.storage.column import parse_dtype, parse_shape
 from shardcat.storage.meta import BLOB_FIELD, FieldSpec, Layout, Metadata
@@ -129,10 +130,13 @@ class TensorBlob(Storage):
     def write(self, ts: torch.Tensor) -> int:
         """Write rows at the current position (the end in append modes); returns how many.
 
-        ``ts`` is one row (the blob's shape) or a batch of rows (leading
-        dims). A dtype mismatch raises ``TypeError``, a shape mismatch
-        ``ValueError``: nothing is cast. The rows are committed at the next
-        :meth:`flush`, :meth:`close`, :meth:`truncate` or :meth:`extend`.
+        ``ts`` is rows in C order, reshaped as tensorblob's
+        ``ts.view(-1, *shape)``: one row, a batch (leading dims), or any
+        tensor of whole rows (12 elements are 2 rows of shape ``(2, 3)``).
+        Other element counts raise ``ValueError`` (also a ``RuntimeError``, as
+        torch's in tensorblob), a dtype mismatch ``TypeError``: nothing is
+        cast. The rows are committed at the next :meth:`flush`,
+        :meth:`close`, :meth:`truncate` or :meth:`extend`.
         """
         self._check_writable()
         rows = self._data.as_rows(ts)
@@ -148,21 +152,24 @@ class TensorBlob(Storage):
     def extend(self, other: Any, maintain_order: bool = False) -> None:
         """Append all rows of ``other`` (a blob of the same dtype and shape) and commit.
 
-        Block files of ``other`` are copied whole when the block sizes match
-        and either ``maintain_order`` is False or this blob ends on a block
-        boundary; otherwise rows are copied a few MB at a time, in order.
-        Without ``maintain_order``, this blob's last partial block moves after
-        ``other``'s full blocks. ``other`` may also be a ``tensorblob.TensorBlob``.
-        Unflushed writes are committed first; the extension is a second
-        commit, all or nothing.
+        As in tensorblob, ``maintain_order=False`` (the default) moves whole
+        blocks and needs the same block size (else ``ValueError``, after the
+        position moved to the end): ``other``'s full block files are copied
+        and this blob's last partial block moves after them. With
+        ``maintain_order`` the rows keep their order, any block sizes; block
+        files are still copied whole where the blob ends on a block boundary,
+        rows otherwise, a few MB at a time. ``other`` may also be a
+        ``tensorblob.TensorBlob``. Unflushed writes are committed first; the
+        extension is a second commit, all or nothing.
         """
         other_dtype, other_shape = getattr(other, "dtype", None), getattr(other, "shape", None)
         if other_dtype is None or other_shape is None:
-            raise TypeError(f"cannot extend a blob with {type(other).__name__!r}")
+            raise StorageTypeError(f"cannot extend a blob with {type(other).__name__!r}")
         if self.dtype != parse_dtype(other_dtype) or self.shape != tuple(other_shape):
-            raise ValueError("Blob data types and shapes must match to extend blobs!")
+            raise StorageValueError("Blob data types and shapes must match to extend blobs!")
         self.flush()
         self.seek(0, io.SEEK_END)
+        self._check_block_size(other, maintain_order)
         if len(other) == 0:
             return
 

@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised without torch install
         "pip install 'shardcat[torch]'"
     ) from exc
 
+from shardcat.errors import StorageShapeError, StorageTypeError
 from shardcat.storage.meta import FieldSpec, Metadata
 
 __all__ = [
@@ -305,31 +306,31 @@ class BlockColumn:
             k += take
 
     def as_rows(self, value: Any) -> np.ndarray:
-        """``value`` (the row shape, with any leading batch dims) as ``(rows, row_bytes)`` bytes.
+        """``value`` as ``(rows, row_bytes)`` bytes: tensorblob's ``value.view(-1, *shape)``.
 
-        A dtype mismatch is a ``TypeError`` and a shape mismatch a
-        ``ValueError``; nothing is cast or reinterpreted. A 1-D tensor also
-        counts as a batch of one-element rows (``(n,)`` for shape ``(1,)``).
-        The result is a view of ``value`` where its layout allows (numpy's
-        reshape and view cost a fraction of torch's on the row-by-row path).
+        Any tensor whose element count is a multiple of a row's is a batch of
+        rows in C order: one row, rows with leading batch dims, a flat tensor
+        (12 elements are 2 rows of shape ``(2, 3)``). Any other count raises
+        :class:`StorageShapeError` (a ``ValueError``, and the ``RuntimeError``
+        torch raises in tensorblob), checked first; then a dtype mismatch
+        raises :class:`StorageTypeError`: nothing is cast. The result is a
+        view of ``value`` where its layout allows (numpy's reshape and view
+        cost a fraction of torch's on the row-by-row path).
         """
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value)
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"expected a torch.Tensor, got {type(value).__name__!r}")
-        if value.dtype != self.dtype:
-            raise TypeError(
-                f"Tensor dtype {value.dtype} does not match the dtype {self.dtype} "
-                f"of {self.label} (no implicit casts: use .to({self.dtype}))"
+            raise StorageTypeError(f"expected a torch.Tensor, got {type(value).__name__!r}")
+        numel = value.numel()
+        if numel % self.row_items:
+            raise StorageShapeError(
+                f"tensor of shape {tuple(value.shape)} holds {numel} elements, not whole rows "
+                f"of shape {self.shape} for {self.label}"
             )
-        dims, k = value.shape, len(self.shape)
-        if not (
-            (len(dims) >= k and dims[len(dims) - k :] == self.shape)
-            or (len(dims) == 1 and self.row_items == 1)
-        ):
-            raise ValueError(
-                f"tensor of shape {tuple(dims)} does not hold rows of shape {self.shape} "
-                f"for {self.label}"
+        if value.dtype != self.dtype:
+            raise StorageTypeError(
+                f"Tensor dtype {value.dtype} does not match blob dtype {self.dtype} "
+                f"of {self.label} (no implicit casts: use .to({self.dtype}))"
             )
         if not value.is_cpu:
             value = value.cpu()

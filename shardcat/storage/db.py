@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from shardcat.catalog.query import QueryResult, run_readonly
-from shardcat.errors import DuplicateKeyError, KeyNotFoundError
+from shardcat.errors import DuplicateKeyError, KeyNotFoundError, StorageValueError
 from shardcat.storage.base import Chunk, Storage
 from shardcat.storage.column import parse_dtype, parse_shape
 from shardcat.storage.meta import FieldSpec, Layout, Metadata, create_index, index_name, quote
@@ -111,7 +111,7 @@ class TensorDB(Storage):
     - ``write(rows, keys=[...])`` gives rows string keys: :meth:`get` is one
       indexed lookup, and ``catalog query --attach emb=DIR`` joins them with a
       catalog dataset (``JOIN emb.rows e ON e.key = t.key``);
-    - :meth:`column` (or ``db["field"]``) and ``fields=`` read some fields only.
+    - :meth:`column` and ``fields=`` read some fields only.
 
     Indexing and ``read`` see this object's unflushed writes. SQL reads
     (:meth:`where`, :meth:`query`, :meth:`get`, :meth:`position` and their
@@ -183,10 +183,12 @@ class TensorDB(Storage):
             raise KeyError(f"no field {unknown[0]!r} (fields: {', '.join(self._fields)})")
         return tuple(fields)
 
-    def __getitem__(self, idx: Any) -> Any:
-        """``{field: rows}`` at an int, a slice or a batch of positions; ``db["f"]``: a column."""
-        if isinstance(idx, str):
-            return self.column(idx)
+    def __getitem__(self, idx: Any) -> dict[str, torch.Tensor]:
+        """``{field: rows}`` at an int, a slice or a batch of positions.
+
+        As in tensorblob, anything else (a field name too) is a ``TypeError``;
+        one field on its own is :meth:`column`.
+        """
         return self._select(idx, self._fields)
 
     def column(self, name: str) -> TensorColumn:
@@ -211,7 +213,8 @@ class TensorDB(Storage):
         """Write one row or a batch of rows of every field at the current position.
 
         Dense: ``rows`` has exactly the schema's fields, each with the same
-        number of rows. ``keys`` gives each row a unique string key (kept on
+        number of rows once reshaped to rows as :meth:`TensorBlob.write` does
+        (tensorblob's ``view(-1, *shape)``). ``keys`` gives each row a unique string key (kept on
         rows overwritten without keys); a key already used by another row, or
         twice in ``keys``, raises :class:`DuplicateKeyError` and nothing is
         written. Rows, keys and filterable values commit together at the next
@@ -249,20 +252,25 @@ class TensorDB(Storage):
     def extend(self, other: Any, maintain_order: bool = False) -> None:
         """Append every row of ``other`` (same fields, dtypes and shapes) and commit.
 
-        As :meth:`TensorBlob.extend`, for all fields at once; keys and
-        filterable values come along (a key this database already has raises
+        As :meth:`TensorBlob.extend`, for all fields at once (without
+        ``maintain_order``, the block sizes must match); keys and filterable
+        values come along (a key this database already has raises
         :class:`DuplicateKeyError`, nothing appended). ``other`` may be a
         ``tensorblob.TensorDB``.
         """
         other_schema = getattr(other, "schema", None)
         if not isinstance(other_schema, Mapping) or set(other_schema) != set(self.schema):
-            raise ValueError("Schema fields must match to extend databases!")
+            raise StorageValueError("Schema fields must match to extend databases!")
+        self._check_writable()  # before the fields, as tensorblob
         for name, (dtype, shape) in self.schema.items():
             spec = other_schema[name]
             if (parse_dtype(spec[0]), parse_shape(spec[1])) != (dtype, shape):
-                raise ValueError(f"field {name!r}: data types and shapes must match to extend")
+                raise StorageValueError(
+                    f"field {name!r}: data types and shapes must match to extend"
+                )
         self.flush()
         self.seek(0, io.SEEK_END)
+        self._check_block_size(other, maintain_order)
         total = len(other)
         if total == 0:
             return

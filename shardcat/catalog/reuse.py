@@ -1,0 +1,295 @@
+"""Which dataset a path set opens, and new datasets that reuse another's rows.
+
+A dataset is a set of shards read with one rule: a format, a key rule and,
+for tar, a grouping (``datasets.format``, ``key_rule``, ``grouping``). The same
+files may serve several datasets, one per rule. Without a dataset name,
+:meth:`~shardcat.Catalog.ingest` (and so every reader opened on paths) takes:
+
+1. the dataset ingested from the same patterns whose rule is the one asked for;
+2. else the one dataset whose shards are exactly the matched files with that rule;
+3. else a new dataset. When another dataset over the same files has another
+   rule, the new one is named after it with what differs: ``<name>_<format>``,
+   ``<name>_<grouping>`` (``train_tfd``), ``<name>_by_<key feature>``
+   (``train_by_id``) or ``<name>_by_position``; otherwise after the files
+   (``train``, then ``train_2``, ...).
+
+The rule asked for is computed as ingest computes it (options detected from
+the first shard < stored with the candidate dataset < given), so options left
+out keep the candidate's: ``catalog ingest`` without ``--key`` re-syncs a
+dataset keyed by ``id``, a reader asking for ``key`` gets its own.
+
+**Seeding.** A new dataset whose shards another dataset has already indexed
+with the same rule and the same scan options (fields, TFRecord message type,
+RecordIO header/idx) copies those shards' rows instead of reading the files:
+records, members, seek points and field values, with one ``INSERT ... SELECT``
+each, keeping each shard's file identity and ``indexed_at``; positions are
+its own. Only shards that hold exactly what a scan of their file gives are
+copied: ready, unchanged on disk, and with no records dropped as duplicates
+(see :data:`~shardcat.catalog.ingest.DROPPED`); the others are scanned. A
+reader over ``train-0000[0-4].tfrecord`` after ``train-*.tfrecord`` was
+indexed so opens without reading a shard, and the copy is a dataset like any
+other (a changed shard is re-indexed for it alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from shardcat.catalog import fields as field_store
+from shardcat.catalog import schema
+from shardcat.catalog.ingest import (
+    DROPPED,
+    absolute_path,
+    bump_version,
+    recompute_positions,
+    same_file,
+    stored_path,
+)
+from shardcat.errors import CatalogError
+from shardcat.readers.formats import get_format
+
+__all__ = ["Rule", "choose", "seed", "variant_name"]
+
+# Options that say how records are keyed (compared through the rule), not how a
+# shard is scanned, and bookkeeping.
+_RULE_OPTIONS = ("key", "grouping", DROPPED, "legacy_index")
+_COLUMNS = "id, name, format, key_rule, grouping, options"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a caller asks for: the format, the options detected from the first
+    shard and the options given (``key``, ``grouping``, ``fields``, ...)."""
+
+    format: str
+    detected: Mapping[str, Any]
+    explicit: Mapping[str, Any]
+
+    def options(self, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """The options ingest would use on a dataset that stores ``stored``."""
+        merged = {**self.detected, **stored, **self.explicit}
+        merged.pop(DROPPED, None)
+        return merged
+
+    def of(self, stored: Mapping[str, Any]) -> tuple[str, str, str | None]:
+        """(format, key rule, grouping) on a dataset that stores ``stored``."""
+        opts = self.options(stored)
+        return self.format, get_format(self.format).key_rule(opts), opts.get("grouping")
+
+
+def _rule_of(row: Sequence[Any]) -> tuple[str, str, str | None]:
+    return row[2], row[3], row[4]
+
+
+def _fits(row: Sequence[Any], rule: Rule) -> bool:
+    return _rule_of(row) == rule.of(json.loads(row[5]))
+
+
+def choose(
+    conn: Any, source: Sequence[str], shard_paths: set[str], rule: Rule | None
+) -> tuple[str | None, Sequence[Any] | None]:
+    """``(dataset, other)``: the dataset these files open with ``rule`` (None: any
+    rule), or None and the first dataset over the same files with another rule
+    (None when there is none), to name a new one after.
+
+    ``conn`` is a DBAPI connection; ``source`` the patterns as stored, and
+    ``shard_paths`` the matched files as stored.
+    """
+    by_source = conn.execute(
+        f"SELECT {_COLUMNS} FROM datasets WHERE source = ? ORDER BY id", (json.dumps(source),)
+    ).fetchall()
+    if rule is None and by_source:
+        return str(by_source[0][1]), None
+    fitting = [r for r in by_source if rule is not None and _fits(r, rule)]
+    if fitting:
+        return str(fitting[0][1]), None
+    by_set = _same_shard_set(conn, shard_paths)  # only now: it reads every shard row
+    fitting = [r for r in by_set if rule is None or _fits(r, rule)]
+    if len(fitting) == 1:
+        return str(fitting[0][1]), None
+    others = [*by_source, *by_set]
+    return None, (others[0] if others and rule is not None else None)
+
+
+def _same_shard_set(conn: Any, shard_paths: set[str]) -> list[Any]:
+    """Rows of the datasets whose shards are exactly ``shard_paths``, by id."""
+    if not shard_paths:
+        return []
+    sets: dict[int, set[str]] = {}
+    for dataset_id, path in conn.execute("SELECT dataset_id, path FROM shards"):
+        sets.setdefault(dataset_id, set()).add(path)
+    return [
+        conn.execute(f"SELECT {_COLUMNS} FROM datasets WHERE id = ?", (i,)).fetchone()
+        for i in sorted(i for i, paths in sets.items() if paths == shard_paths)
+    ]
+
+
+def variant_name(other: Sequence[Any], rule: Rule) -> str:
+    """A name for a dataset over the same files as ``other`` read with ``rule``:
+    ``other``'s name and what differs (see the module docstring)."""
+    fmt, key_rule, grouping = rule.of({})
+    if other[2] != fmt:
+        suffix = fmt
+    elif other[4] != grouping:
+        suffix = grouping or "ungrouped"
+    elif key_rule == "position":
+        suffix = "by_position"
+    else:
+        suffix = "by_" + (key_rule.partition(":")[2] or key_rule)
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", suffix).strip("_")[:48] or "other"
+    return f"{str(other[1])[:72]}_{slug}"
+
+
+def _scan_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a shard's rows besides the rule (fields default to on)."""
+    return {"fields": True, **{k: v for k, v in options.items() if k not in _RULE_OPTIONS}}
+
+
+def seed(
+    conn: Connection,
+    dataset_id: int,
+    name: str,
+    options: Mapping[str, Any],
+    files: Sequence[str],
+    catalog_dir: str,
+) -> int:
+    """Copy into the new dataset ``dataset_id`` the rows of the shards among
+    ``files`` that one other dataset with the same rule and scan options holds
+    complete (see the module docstring); returns how many shards were copied."""
+    d, s = schema.datasets, schema.shards
+    me = conn.execute(
+        select(d.c.format, d.c.key_rule, d.c.grouping).where(d.c.id == dataset_id)
+    ).one()
+    wanted = {path: stored for path in files if (stored := _stored(path, catalog_dir)) is not None}
+    if not wanted:
+        return 0
+    rows = conn.exec_driver_sql(
+        "SELECT s.dataset_id, s.id, s.path FROM shards s JOIN datasets d ON d.id = s.dataset_id "
+        "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
+        "AND d.format = ? AND d.key_rule = ? AND d.grouping IS ? "
+        "AND s.path IN (SELECT value FROM json_each(?))",
+        (dataset_id, me.format, me.key_rule, me.grouping, json.dumps(sorted(wanted.values()))),
+    ).all()
+    mine = _scan_options(options)
+    donors: dict[int, list[tuple[int, str]]] = {}
+    for donor_id, shard_id, path in rows:
+        donors.setdefault(donor_id, []).append((shard_id, path))
+    best: tuple[int, list[int]] | None = None
+    for donor_id in sorted(donors):
+        stored = json.loads(
+            conn.execute(select(d.c.options).where(d.c.id == donor_id)).scalar_one()
+        )
+        dropped = stored.get(DROPPED)
+        if not isinstance(dropped, dict) or _scan_options(stored) != mine:
+            continue  # counts unknown (an older catalog), or scanned otherwise
+        whole = [shard_id for shard_id, path in donors[donor_id] if not dropped.get(path)]
+        if whole and (best is None or len(whole) > len(best[1])):
+            best = (donor_id, whole)
+    if best is None:
+        return 0
+    donor_id, shard_ids = best
+    by_position = me.key_rule == "position"
+    with_fields = bool(mine["fields"])
+    columns = _copy_field_columns(conn, donor_id, dataset_id, name) if with_fields else None
+    copied = 0
+    for shard_id in shard_ids:
+        row = conn.execute(select(s).where(s.c.id == shard_id)).one()
+        path = absolute_path(row.path, catalog_dir)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # gone: sync drops it from the set
+        if same_file(row, st, path) is False:
+            continue  # changed since: it is read again anyway
+        _copy_shard(conn, row, dataset_id, donor_id, by_position, columns)
+        copied += 1
+    if copied:
+        bump_version(conn, dataset_id)
+        recompute_positions(conn, dataset_id)
+    return copied
+
+
+def _stored(path: str, catalog_dir: str) -> str | None:
+    return stored_path(path, catalog_dir) if os.path.isfile(path) else None
+
+
+def _copy_field_columns(
+    conn: Connection, donor_id: int, dataset_id: int, name: str
+) -> list[tuple[int, int]]:
+    """Give the new dataset the donor's field columns; (donor idx, new idx) pairs."""
+    donor = field_store.field_columns(conn, donor_id)
+    if not donor:
+        return []
+    mine = field_store.ensure_field_columns(
+        conn, dataset_id, name, {feature: sql_type for feature, (_, sql_type, _) in donor.items()}
+    )
+    return [(idx, mine[feature][2]) for feature, (_, _, idx) in donor.items()]
+
+
+def _copy_shard(
+    conn: Connection,
+    row: Any,
+    dataset_id: int,
+    donor_id: int,
+    by_position: bool,
+    columns: list[tuple[int, int]] | None,
+) -> None:
+    """One shard's rows from the donor's into ``dataset_id``: its shard row (file
+    identity and ``indexed_at`` kept), records, members, seek points and, when
+    ``columns`` is not None (a dataset with fields), its field rows."""
+    s = schema.shards
+    inserted = conn.execute(
+        s.insert().values(
+            dataset_id=dataset_id,
+            path=row.path,
+            size=row.size,
+            mtime_ns=row.mtime_ns,
+            fingerprint=row.fingerprint,
+            compression=row.compression,
+            num_records=row.num_records,
+            state="ready",
+            indexed_at=row.indexed_at,
+            generation=1,
+            ino=row.ino,
+            ctime_ns=row.ctime_ns,
+        )
+    ).inserted_primary_key
+    if inserted is None:  # SQLite always reports the rowid
+        raise CatalogError(f"cannot copy shard {row.path}: no id for its new row")
+    new_id = inserted[0]
+    # position keys name their shard (see ingest's _insert_records)
+    key = "'#' || shard_id_new || ':' || ordinal" if by_position else "key"
+    conn.exec_driver_sql(
+        'INSERT INTO records (dataset_id, key, shard_id, ordinal, "offset", length) '
+        f'SELECT ?, {key}, shard_id_new, ordinal, "offset", length '
+        "FROM (SELECT ? AS shard_id_new, * FROM records WHERE shard_id = ?)",
+        (dataset_id, new_id, row.id),
+    )
+    conn.exec_driver_sql(
+        'INSERT INTO members (shard_id, ordinal, name, "offset", length, extents) '
+        'SELECT ?, ordinal, name, "offset", length, extents FROM members WHERE shard_id = ?',
+        (new_id, row.id),
+    )
+    conn.exec_driver_sql(
+        "INSERT INTO seek_indexes (shard_id, kind, data) "
+        "SELECT ?, kind, data FROM seek_indexes WHERE shard_id = ?",
+        (new_id, row.id),
+    )
+    if columns is None:
+        return
+    quote = conn.dialect.identifier_preparer.quote_identifier
+    target = "".join(f", v{new}" for _, new in columns)
+    source = "".join(f", v{old}" for old, _ in columns)
+    conn.exec_driver_sql(
+        f"INSERT INTO {quote(schema.field_table_name(dataset_id))} (shard_id, ordinal{target}) "
+        f"SELECT ?, ordinal{source} FROM {quote(schema.field_table_name(donor_id))} "
+        "WHERE shard_id = ?",
+        (new_id, row.id),
+    )

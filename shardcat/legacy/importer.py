@@ -1,0 +1,527 @@
+"""``migrate``: legacy indexes into the catalog, each shard verified before it is
+committed (see :mod:`shardcat.legacy` for what, :mod:`.plans` for which dataset,
+:mod:`.verify` for the checks).
+
+Verified entries go through the ingest's own claim and commit
+(:meth:`Catalog.ingest` with ``provided=``): same transaction, duplicate
+rules and positions, so the dataset equals one ingested from scratch with
+``fields=False`` (keys, offsets, lengths, members, positions, view).
+
+**SQL fields.** Legacy indexes never held them, and filling them means parsing
+every record, which is what a fresh ingest costs. So a new dataset is imported
+without them (recorded with ``fields=False``; later runs and readers keep
+that) and the report gives the command that fills them: the same migration
+with ``fields=True`` (``--fields``), which re-indexes every shard from its
+data (CRC-checked, in parallel, shards imported without fields included) and
+records ``fields=True``. A dataset that already has fields keeps getting
+them.
+
+**RecordIO keys.** MXNet ``.idx`` files of one shard set whose keys collide
+(every file numbered from 0, as ``im2rec``, ``rec2idx`` and
+``RecordIOWriter`` do) make a dataset keyed by position, each record's
+``.idx`` key kept in SQL column ``idx_key`` (filled with the SQL fields); the
+report's ``notes`` say so. Nothing is dropped.
+
+**Where it goes.** The catalog is ``catalog`` if given, else the one a reader
+would use (``$SHARDCAT_CATALOG``, else ``shardcat.sqlite`` beside the shards:
+each dataset's own directory when a tree is walked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shlex
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from shardcat.catalog import schema
+from shardcat.catalog.catalog import Catalog, PathsLike, as_patterns, resolve_paths
+from shardcat.catalog.engine import locate
+from shardcat.catalog.ingest import (
+    CLAIM_LOST,
+    ProvideEntries,
+    ShardOutcome,
+    absolute_path,
+    stored_path,
+)
+from shardcat.errors import CatalogError, IngestError
+from shardcat.legacy.index import discover
+from shardcat.legacy.plans import Plan, make_plans, source_of
+from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
+from shardcat.legacy.verify import DEFAULT_SAMPLE, Mismatch, infer_key, verify_shard
+from shardcat.readers import mxnet_idx
+from shardcat.readers.compressed import ShardScan
+from shardcat.readers.formats import Entry, get_format
+
+__all__ = ["Progress", "migrate", "migrate_for_reader"]
+
+Progress = Callable[[str, int, int], None]
+
+
+def _parse_remap(
+    remap: Mapping[str, str] | Iterable[tuple[str, str] | str] | None,
+) -> list[tuple[str, str]]:
+    if remap is None:
+        return []
+    items = remap.items() if isinstance(remap, Mapping) else remap
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            old, eq, new = item.partition("=")
+            if not eq or not old:
+                raise CatalogError(f"--remap takes OLD_PREFIX=NEW_PREFIX, not {item!r}")
+            item = (old, new)
+        out.append((str(item[0]), str(item[1])))
+    return out
+
+
+def _options(
+    plan: Plan, fields: bool, key: str | None, stored: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The dataset options a fresh ingest of these shards would record, and what the
+    report should say about them."""
+    first = min(plan.shards)
+    opts: dict[str, Any] = {**get_format(plan.format).detect_options(first), "fields": fields}
+    notes: list[str] = []
+    if plan.format == "tfrecord":
+        opts["key"] = (key or infer_key(plan.shards, opts)) if plan.keyed else None
+    elif plan.format == "tar":
+        opts.update(key="key", grouping="tfd")
+    else:
+        # keyed by .idx unless the keys collide (a dataset made before keeps its rule)
+        where = os.path.commonpath([os.path.dirname(p) for p in plan.shards])
+        clash = mxnet_idx.find_collision(
+            (os.path.relpath(index.path, where), (row[0] for row in shard.rows))
+            for _, (index, shard) in sorted(plan.shards.items())
+        )
+        column = mxnet_idx.IDX_AS_COLUMN
+        opts.update(key="key", idx=stored.get("idx", True if clash is None else column))
+        if opts["idx"] == column:
+            notes.append(
+                (
+                    mxnet_idx.position_keys_note(clash)
+                    if clash is not None
+                    else "keyed by position as when the dataset was made, each record's "
+                    f".idx key in SQL column {mxnet_idx.IDX_KEY}"
+                )
+                + ("" if fields else "; idx_key is filled with the SQL fields (--fields)")
+            )
+    return opts, notes
+
+
+@contextlib.contextmanager
+def _opened(
+    catalog: Catalog | str | os.PathLike[str] | None, where: Path, dry_run: bool
+) -> Iterator[Catalog | None]:
+    """The catalog to migrate into (None: a dry run where no catalog exists yet)."""
+    if isinstance(catalog, Catalog):
+        yield catalog
+        return
+    if dry_run and not where.is_file():
+        yield None
+        return
+    cat = Catalog(where, readonly=dry_run)
+    try:
+        yield cat
+    finally:
+        cat.close()
+
+
+def _known_shards(cat: Catalog | None, name: str | None) -> dict[str, tuple[int, int, str, int]]:
+    """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
+    if cat is None or name is None:
+        return {}
+    rows = cat.reader_connection().execute(
+        "SELECT s.path, s.size, s.mtime_ns, s.state, s.num_records FROM shards s "
+        "JOIN datasets d ON d.id = s.dataset_id WHERE d.name = ?",
+        (name,),
+    )
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
+
+def _stored_options(cat: Catalog | None, name: str | None) -> dict[str, Any] | None:
+    """The options dataset ``name`` was ingested with; None when there is no such dataset."""
+    if cat is None or name is None:
+        return None
+    row = (
+        cat.reader_connection()
+        .execute("SELECT options FROM datasets WHERE name = ?", (name,))
+        .fetchone()
+    )
+    return None if row is None else dict(json.loads(row[0]))
+
+
+def _provider(st: os.stat_result, entries: list[Entry], report: ShardReport) -> ProvideEntries:
+    """The verified entries, handed to the ingest once it claimed the shard, unless
+    the file changed since it was verified (then the ingest scans it)."""
+
+    def provide(path: str, now: os.stat_result) -> ShardScan | None:
+        if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+            report.reason = "the shard changed while it was being migrated"
+            return None
+        report.action = "imported"
+        return ShardScan(entries)
+
+    return provide
+
+
+class _Ticker:
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.progress, self.done = total, progress, {"verify": 0, "commit": 0}
+
+    def __call__(self, step: str) -> None:
+        self.done[step] += 1
+        if self.progress is not None:
+            self.progress(step, self.done[step], self.total)
+
+
+def _fill_command(report: DatasetReport) -> str:
+    parts = ["catalog", "migrate", *report.legacy, "--dataset", report.dataset]
+    return " ".join(shlex.quote(p) for p in [*parts, "--catalog", report.catalog, "--fields"])
+
+
+def _free_name(cat: Catalog | None, base: str) -> str:
+    """``base``, or ``base_2``... when the catalog gives it to another dataset."""
+    if cat is None:
+        return base
+    taken = {
+        str(r[0]).lower() for r in cat.reader_connection().execute("SELECT name FROM datasets")
+    }
+    return schema.first_free(base, taken)
+
+
+def _migrate_plan(
+    plan: Plan,
+    *,
+    catalog: Catalog | str | os.PathLike[str] | None,
+    dataset: str | None,
+    dry_run: bool,
+    fields: bool | None,
+    key: str | None,
+    sample: int,
+    workers: int | None,
+    on_duplicate: str,
+    tick: _Ticker,
+    overrides: Mapping[str, Any] | None = None,
+) -> DatasetReport:
+    missing = [
+        ShardReport(m, i.path, "failed", reason="shard not found (is it moved? see --remap)")
+        for i in plan.indexes
+        for m in i.missing
+    ]
+    if not plan.shards:
+        return DatasetReport(
+            dataset or plan.name,
+            "-",
+            plan.format,
+            "-",
+            [i.path for i in plan.indexes],
+            [],
+            bool(fields),
+            missing,
+        )
+    if isinstance(catalog, Catalog):
+        where = catalog.path
+    else:
+        where = locate(catalog, os.path.commonpath([os.path.dirname(f) for f in plan.files]))
+        where = where.absolute()
+    with _opened(catalog, where, dry_run) as cat:
+        found = dataset or (None if cat is None else cat.find_dataset(plan.source))
+        name = found or _free_name(cat, plan.name)
+        known = _known_shards(cat, found)
+        stored = _stored_options(cat, found) or {}
+        if fields is None:  # as the dataset was migrated or ingested before, else without
+            fields = bool(stored.get("fields", False))
+        # shards migrated without fields are re-read when fields are asked for now
+        rescan = fields and stored.get("fields") is False
+        options, notes = _options(plan, fields, key or stored.get("key"), stored)
+        options.update(overrides or {})  # what a reader asks for (see migrate_for_reader)
+        reports: dict[str, ShardReport] = {}
+        provided: dict[str, ProvideEntries] = {}
+        for path in plan.files:
+            index, shard = plan.shards.get(path, (None, None))
+            report = reports[path] = ShardReport(
+                path,
+                None if index is None else index.path,
+                "re-index",
+                resolved_by="" if shard is None else shard.resolved_by,
+            )
+            st = os.stat(path)
+            before = known.get(stored_path(path, str(where.parent)))
+            if (
+                not rescan
+                and before is not None
+                and before[:3] == (st.st_size, st.st_mtime_ns, "ready")
+            ):
+                report.action, report.records = "unchanged", before[3]
+            elif index is None or shard is None:
+                report.reason = "not in any legacy index"
+            elif fields:
+                report.reason = "--fields: SQL fields are read from the data"
+            else:
+                try:
+                    entries, report.checked = verify_shard(
+                        plan.format, index, shard, st, options, sample
+                    )
+                except Mismatch as exc:
+                    report.reason = f"legacy index does not match the file: {exc}"
+                else:
+                    report.action, report.verified, report.records = "import", True, len(entries)
+                    provided[path] = _provider(st, entries, report)
+                shard.rows = []  # the entries (or the re-index) replace them
+            tick("verify")
+        result = DatasetReport(
+            dataset=name,
+            catalog=str(where),
+            format=plan.format,
+            key_rule=get_format(plan.format).key_rule(options),
+            legacy=[i.path for i in plan.indexes],
+            source=plan.source,
+            fields=fields,
+            shards=[*reports.values(), *missing],
+            notes=notes,
+        )
+        if cat is not None and not dry_run:
+            result.dataset, result.dropped = _commit(
+                cat, plan, name, options, provided, reports, rescan, workers, on_duplicate, tick
+            )
+    if not fields:
+        result.fill_fields = _fill_command(result)
+    return result
+
+
+def _commit(
+    cat: Catalog,
+    plan: Plan,
+    name: str,
+    options: dict[str, Any],
+    provided: dict[str, ProvideEntries],
+    reports: dict[str, ShardReport],
+    rescan: bool,
+    workers: int | None,
+    on_duplicate: str,
+    tick: _Ticker,
+) -> tuple[str, int]:
+    """Run the ingest with the verified entries; returns the dataset's name and how
+    many records ``on_duplicate`` dropped."""
+    dropped = 0
+
+    def on_outcome(outcome: ShardOutcome, total: int) -> None:
+        nonlocal dropped
+        dropped += outcome.duplicates  # what on_duplicate removed (here and in other shards)
+        report = reports.get(absolute_path(outcome.path, cat.directory))
+        if report is not None and outcome.error != CLAIM_LOST:
+            report.records = outcome.records
+            if outcome.error is not None:
+                why = f"{report.reason}; re-indexing failed too: " if report.reason else ""
+                report.action, report.reason = "failed", why + outcome.error
+            elif report.action != "imported":
+                report.action = "re-indexed"
+        tick("commit")
+
+    try:
+        with cat.ingest(
+            plan.source,
+            name,
+            format=plan.format,
+            options=options,
+            workers=workers,
+            on_duplicate=on_duplicate,
+            rescan=rescan,
+            progress=on_outcome,
+            provided=provided,
+        ) as reader:
+            name = reader.dataset
+    except IngestError:
+        pass  # the dataset exists (the ingest made it first); failures are in the reports
+    # shards indexed by another process at the same time, and the final counts
+    for path, (_, _, state, records) in _known_shards(cat, name).items():
+        report = reports.get(absolute_path(path, cat.directory))
+        if report is not None and report.action in ("import", "re-index"):
+            report.action = "re-indexed" if state == "ready" else "failed"
+        if report is not None and state == "ready":
+            report.records = records
+    return name, dropped
+
+
+def migrate(
+    paths: PathsLike,
+    *,
+    catalog: Catalog | str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
+    dry_run: bool = False,
+    remap: Mapping[str, str] | Iterable[tuple[str, str] | str] | None = None,
+    fields: bool | None = None,
+    key: str | None = None,
+    sample: int = DEFAULT_SAMPLE,
+    workers: int | None = None,
+    on_duplicate: str = "error",
+    progress: Progress | None = None,
+    max_depth: int | None = None,
+    pattern: str | Sequence[str] | None = None,
+) -> MigrationReport:
+    """Import the legacy index files found for ``paths`` into the catalog.
+
+    ``paths``: directories (walked ``max_depth`` levels down, None: the whole
+    tree), legacy index files, shard files or globs (see
+    :mod:`shardcat.legacy` for discovery, re-rooting and verification).
+    ``pattern``: shell patterns of the index file names looked for in
+    directories (default: ``*.index``, ``*.tar_index``, ``*.idx``,
+    ``*.tfindex``). Each legacy index becomes one dataset (see
+    :mod:`shardcat.legacy.plans`). ``catalog``: a
+    :class:`Catalog` or a catalog path (default: the one readers of the shards
+    use, ``shardcat.sqlite`` beside them). ``dataset``: the dataset name (only
+    when the indexes make one dataset; default: the dataset already holding
+    these shards, else named after the files). ``dry_run``: verify and report,
+    write nothing. ``remap``: ``{OLD_PREFIX: NEW_PREFIX}`` (or ``"OLD=NEW"``
+    strings) for shard paths recorded in tfd-utils indexes. ``fields``: True
+    fills the SQL fields, re-indexing every shard from its data (as slow as a
+    fresh ingest); False imports without them; None (default): as the dataset
+    was ingested before, else False. ``key``: the key feature of tfd-utils
+    TFRecord indexes (default: as the dataset was ingested before, else read
+    off the records). ``sample``:
+    entries re-read per shard (0: all). ``workers``: processes re-indexing
+    shards. ``on_duplicate``: as for :meth:`Catalog.ingest`.
+    ``progress(step, done, total)``: ``step`` is ``verify`` (per shard) or
+    ``commit`` (per shard committed or re-indexed).
+
+    Raises :class:`LegacyIndexError` for a refused or corrupt pickle, before
+    anything is written. Shards that fail are in the report, not raised.
+    """
+    with _gc_paused():
+        return _migrate(
+            paths,
+            catalog=catalog,
+            dataset=dataset,
+            dry_run=dry_run,
+            remap=_parse_remap(remap),
+            fields=fields,
+            key=key,
+            sample=sample,
+            workers=workers,
+            on_duplicate=on_duplicate,
+            progress=progress,
+            max_depth=max_depth,
+            pattern=pattern,
+        )
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection meanwhile: a migration holds millions of
+    entries, and every full collection would walk them all (it doubled the time
+    of building them). Nothing here makes reference cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _migrate(
+    paths: PathsLike,
+    *,
+    catalog: Catalog | str | os.PathLike[str] | None,
+    dataset: str | None,
+    dry_run: bool,
+    remap: list[tuple[str, str]],
+    fields: bool | None,
+    key: str | None,
+    sample: int,
+    workers: int | None,
+    on_duplicate: str,
+    progress: Progress | None,
+    max_depth: int | None = None,
+    pattern: str | Sequence[str] | None = None,
+    reader_source: list[str] | None = None,
+    reader_format: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> MigrationReport:
+    """``migrate``; ``reader_source``: the patterns a reader was opened with, which
+    the dataset is then made of (the index's entries for the shards it covers,
+    the other files indexed from their data), ``reader_format`` its format,
+    ``overrides`` its dataset options (see :func:`migrate_for_reader`)."""
+    indexes, skipped = discover(paths, remap, max_depth=max_depth, pattern=pattern)
+    for index in indexes:
+        if reader_format is not None and index.format != reader_format:
+            raise CatalogError(
+                f"{index.path} is a {index.kind}: its shards are "
+                f"{get_format(index.format).TITLE}, not {reader_format} (the reader's format)"
+            )
+    files = None if reader_source is None else set(resolve_paths(reader_source))
+    if files is not None:
+        for index in indexes:
+            index.shards = [s for s in index.shards if s.path in files]
+            index.missing = []  # the reader's files are the dataset, not the index's
+    plans = make_plans(indexes, skipped)
+    if dataset is not None and len(plans) > 1:
+        raise CatalogError(
+            f"--dataset names one dataset, but the legacy indexes make {len(plans)}: "
+            + "; ".join(", ".join(i.path for i in p.indexes) for p in plans)
+            + " (migrate them one at a time)"
+        )
+    for plan in plans:  # the source set (and its files no index covers) before counting
+        if plan.shards and files is not None and reader_source is not None:
+            plan.source = [os.path.abspath(os.path.expanduser(p)) for p in reader_source]
+            plan.extra = sorted(files - set(plan.shards))
+        elif plan.shards:
+            plan.source, plan.extra = source_of(sorted(plan.shards), as_patterns(paths))
+    tick = _Ticker(sum(len(p.files) for p in plans), progress)
+    reports = [
+        _migrate_plan(
+            plan,
+            catalog=catalog,
+            dataset=dataset,
+            dry_run=dry_run,
+            fields=fields,
+            key=key,
+            sample=sample,
+            workers=workers,
+            on_duplicate=on_duplicate,
+            tick=tick,
+            overrides=overrides,
+        )
+        for plan in plans
+    ]
+    return MigrationReport(dry_run, reports, skipped, on_duplicate)
+
+
+def migrate_for_reader(
+    index_file: str | os.PathLike[str],
+    shard_paths: PathsLike,
+    format: str,
+    *,
+    catalog: str | os.PathLike[str],
+    options: Mapping[str, Any],
+    fields: bool | None = None,
+    workers: int | None = None,
+    on_duplicate: str = "error",
+) -> MigrationReport:
+    """:func:`migrate` of one legacy index for a reader opened on ``shard_paths``
+    (of ``format``, with dataset ``options``): the dataset is made of the reader's
+    files under the reader's patterns, so the reader finds it; the index's entries
+    for the shards it covers are imported (verified), the other files indexed from
+    their data. :class:`CatalogError` when the index is of another format."""
+    with _gc_paused():
+        return _migrate(
+            [os.fspath(index_file)],
+            catalog=catalog,
+            dataset=None,
+            dry_run=False,
+            remap=[],
+            fields=fields,
+            key=None,
+            sample=DEFAULT_SAMPLE,
+            workers=workers,
+            on_duplicate=on_duplicate,
+            progress=None,
+            reader_source=as_patterns(shard_paths),
+            reader_format=format,
+            overrides=options,
+        )

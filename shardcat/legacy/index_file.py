@@ -1,0 +1,164 @@
+"""``index_file=`` naming a tfd-utils index instead of a catalog.
+
+Every tfd-utils script passes ``index_file=`` (the pickle tfd-utils keeps its
+index in); a shardcat reader takes ``index_file`` for its catalog file. When
+that file is a tfd-utils pickle, :func:`catalog_for_legacy_index` imports it
+(verified, exactly as ``catalog migrate`` does) into a catalog beside it and
+returns the catalog's path, which the reader then opens:
+
+- detected by content: a file that starts like a pickled dict (protocol 2-5)
+  and holds one of tfd-utils' layouts (loaded with the restricted unpickler; a
+  pickle that asks for any class or function is refused with
+  :class:`~shardcat.errors.LegacyIndexError` before anything is written). A
+  SQLite file, a missing or empty file, or anything else is returned as it
+  is (the reader creates or opens a catalog there, as before);
+- the catalog is ``<index file>.shardcat.sqlite`` beside it (in the per-user
+  cache directory when that directory is not writable and holds none yet);
+- the dataset is made of the reader's shards (its glob is the source, so the
+  reader finds it): the index's entries for the shards it covers, checked
+  against their files, the other files indexed from their data. It records
+  the index's size and mtime, so later opens with the same index re-use the
+  catalog without reading the index; a rebuilt index is imported again (only
+  shards that changed are re-read);
+- one warning says what was done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardcat.catalog.catalog import Catalog, PathsLike
+from shardcat.catalog.engine import user_cache_dir
+from shardcat.errors import CatalogError, ShardcatError
+from shardcat.legacy.importer import migrate_for_reader
+from shardcat.legacy.index import FORMAT_OF, TFD_TAR, TFD_TFRECORD
+from shardcat.legacy.pickles import pickled_dict
+from shardcat.legacy.report import MigrationReport
+
+__all__ = ["CATALOG_SUFFIX", "catalog_for_legacy_index", "catalog_path_for"]
+
+CATALOG_SUFFIX = ".shardcat.sqlite"
+IDENTITY_OPTION = "legacy_index"  # dataset option: the index file it was imported from
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_KIND_OF = {FORMAT_OF[TFD_TFRECORD]: TFD_TFRECORD, FORMAT_OF[TFD_TAR]: TFD_TAR}
+
+
+def catalog_path_for(index_file: str | os.PathLike[str]) -> Path:
+    """The catalog a legacy index is imported into: ``<index file>.shardcat.sqlite``
+    beside it; in the per-user cache directory (named after the index's path) when
+    its directory is not writable and holds none yet."""
+    index = Path(index_file).expanduser().absolute()
+    beside = index.with_name(index.name + CATALOG_SUFFIX)
+    if beside.exists() or os.access(index.parent, os.W_OK | os.X_OK):
+        return beside
+    digest = hashlib.sha1(str(index).encode()).hexdigest()[:16]
+    return user_cache_dir() / f"{index.name}-{digest}{CATALOG_SUFFIX}"
+
+
+def _is_tfd_pickle(path: Path) -> bool:
+    """Whether the file looks like a tfd-utils pickle (the layout is checked on loading)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError:  # missing, a directory, unreadable: the catalog open says why
+        return False
+    return head != _SQLITE_MAGIC and pickled_dict(str(path))
+
+
+def _dataset_options(catalog: Path, shard_paths: PathsLike) -> dict[str, Any] | None:
+    """The options of the catalog's dataset for these shards; None when there is none."""
+    if not catalog.is_file():
+        return None
+    try:
+        with Catalog(catalog, readonly=True) as cat:
+            name = cat.find_dataset(shard_paths)
+            return None if name is None else dict(json.loads(cat.dataset_row(name)[5]))
+    except ShardcatError:  # too old to open read-only, or not a catalog: import again
+        return None
+
+
+def _summary(report: MigrationReport) -> str:
+    """``"3 shards imported"``, ``"1 shard imported, 3 unchanged"``..."""
+    counts = [(k, n) for k, n in report.totals().items() if n and k != "verified"]
+    if not counts:
+        return "it holds none of the reader's shards"
+    (action, n), rest = counts[0], counts[1:]
+    return ", ".join([f"{n} shard{'' if n == 1 else 's'} {action}", *(f"{m} {a}" for a, m in rest)])
+
+
+def catalog_for_legacy_index(
+    index_file: str | os.PathLike[str],
+    shard_paths: PathsLike,
+    format: str,
+    *,
+    options: Mapping[str, Any] | None = None,
+    readonly: bool = False,
+    workers: int | None = None,
+    on_duplicate: str = "error",
+) -> Path:
+    """The catalog file a reader given ``index_file`` should open.
+
+    When ``index_file`` is a tfd-utils pickle, its entries for the reader's
+    shards (``shard_paths``: the reader's paths or globs, of ``format``) are
+    imported, verified, into ``<index file>.shardcat.sqlite`` (once: while
+    the index does not change, later calls only look the dataset up) and that
+    path is returned, with one warning saying so. ``options``: the reader's
+    dataset options (``key``: the key feature, None for position keys;
+    ``grouping`` for tar); ``workers`` and ``on_duplicate`` as for the ingest.
+    Anything else (a catalog, a missing file...) comes back unchanged.
+
+    Raises :class:`LegacyIndexError` for a refused or corrupt pickle and
+    :class:`CatalogError` when the index holds another format than ``format``
+    or, with ``readonly=True``, is not imported yet (nothing is written then).
+    """
+    given = Path(index_file).expanduser()
+    if not _is_tfd_pickle(given):
+        return given
+    index = given.absolute()
+    st = os.stat(index)
+    identity = {"path": str(index), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    catalog = catalog_path_for(index)
+    stored = _dataset_options(catalog, shard_paths)
+    if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
+        return catalog
+    if readonly:
+        raise CatalogError(
+            f"index_file {index} is a tfd-utils index, not a shardcat catalog, and a "
+            f"read-only reader cannot import it: run `catalog migrate {index} --catalog "
+            f"{catalog}` once (or open without readonly=True)"
+        )
+    wanted = dict(options or {})
+    # tfd-utils' tar keys are its grouping's: other groupings are read from the data
+    reindex = format == "tar" and wanted.get("grouping", "tfd") != "tfd"
+    report = migrate_for_reader(
+        index,
+        shard_paths,
+        format,
+        catalog=catalog,
+        options={**wanted, IDENTITY_OPTION: identity},
+        fields=True if reindex else None,
+        workers=workers,
+        on_duplicate=on_duplicate,
+    )
+    how = (
+        "indexed from the data: tfd-utils' tar keys are not those of grouping "
+        f"{wanted.get('grouping')!r}"
+        if reindex
+        else "each shard checked against its file"
+    )
+    failed = (
+        "; the reader indexes the failed ones from their data" if report.totals()["failed"] else ""
+    )
+    warnings.warn(
+        f"index_file {index} is a {_KIND_OF[format]}, not a shardcat catalog: imported it "
+        f"into {catalog} ({_summary(report)}; {how}{failed}); readers given this index_file "
+        "use that catalog from now on",
+        stacklevel=2,
+    )
+    return catalog

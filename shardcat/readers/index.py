@@ -1,0 +1,210 @@
+"""``reader.index``: tfd-utils' ``{key: location}`` index, read from the catalog.
+
+tfd-utils loads its whole index into a dict; code and tests written for it
+read ``reader.index`` (``len``, ``in``, ``index[key]``, iteration, ``items()``).
+:class:`DatasetIndex` gives the same answers without ever holding the rows:
+
+- ``index[key]``, ``key in index``, ``index.get(key)``: one indexed point query;
+- ``len(index)``: the reader's count (its shard list already knows);
+- iterating keys, ``items()`` and ``values()``: streamed in position order,
+  shard by shard, one query per :data:`PAGE` records (tar: their members).
+
+Values are what tfd-utils stores: for TFRecord (and RecordIO)
+``{"file": path, "offset": frame offset, "length": payload length}``; for tar
+``{feature: {"file": path, "member_name": name, "data_offset": offset,
+"size": size}}`` (``member_name`` as the ``tfd`` grouping rebuilds it,
+``<key>.<feature>``; offsets of compressed shards are decompressed offsets,
+as tfd-utils' are). Files are absolute paths.
+
+It is read-only: every method that would change it raises ``TypeError``. It
+subclasses ``dict`` only because tfd-utils' own tests check
+``isinstance(reader.index, dict)``; the dict itself stays empty, every answer
+comes from the catalog, and copying it (``dict(index)``) is what loads every
+row, on request. It follows the reader: the same snapshot and shard versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from shardcat.readers.reader import Reader
+
+__all__ = ["PAGE", "DatasetIndex"]
+
+#: The most rows one query of an iteration reads.
+PAGE = 10_000
+
+_RECORD = 'SELECT shard_id, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+_MEMBERS = (
+    'SELECT r.shard_id, m.name, m."offset", m.length FROM records r JOIN members m '
+    "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+    'WHERE r.dataset_id = ? AND r.key = ? ORDER BY m."offset"'
+)
+_KEY_AT = "SELECT key FROM records WHERE shard_id = ? AND ordinal = ?"
+_PAGE_OF_RECORDS = (
+    'SELECT ordinal, key, "offset", length FROM records '
+    "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
+)
+_PAGE_OF_MEMBERS = (
+    'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM members m '
+    "JOIN records r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+    "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
+    'ORDER BY m.ordinal, m."offset"'
+)
+
+
+def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
+    raise TypeError("reader.index is read-only: it is the catalog's index of the dataset")
+
+
+class DatasetIndex(dict):  # type: ignore[type-arg]
+    """A read-only mapping key -> location over one reader's dataset (see the
+    module docstring). A ``collections.abc.Mapping`` (as every ``dict`` is),
+    whose every method answers from the catalog."""
+
+    __slots__ = ("_reader",)
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__()
+        self._reader = reader
+
+    # -- Mapping -----------------------------------------------------------------
+
+    def __getitem__(self, key: Any) -> Any:
+        found = self._lookup(key) if isinstance(key, str) else None  # keys are str
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._reader.contains_key(key)
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items())
+
+    def get(self, key: Any, default: Any = None) -> Any:  # type: ignore[override]
+        found = self._lookup(key) if isinstance(key, str) else None
+        return default if found is None else found
+
+    def keys(self) -> KeysView[str]:  # type: ignore[override]
+        return KeysView(self)
+
+    def items(self) -> ItemsView[str, Any]:  # type: ignore[override]
+        return _Items(self)
+
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
+        return _Values(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return len(self) == len(other) and dict(self._items()) == dict(other.items())
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]  # as every dict
+
+    def __repr__(self) -> str:
+        return f"<index of dataset {self._reader.dataset!r}: {len(self)} keys>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("reader.index cannot be pickled: pickle the reader (or dict(index))")
+
+    def __reversed__(self) -> NoReturn:
+        raise TypeError("reader.index is not reversible")
+
+    # dict's own methods that would change it or copy its (empty) storage
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    update = pop = popitem = clear = setdefault = _read_only
+
+    def copy(self) -> dict[str, Any]:
+        """A plain dict of every key and location (this loads them all)."""
+        return dict(self._items())
+
+    def __or__(self, other: Any) -> dict[str, Any]:  # type: ignore[override]
+        return {**self.copy(), **other}
+
+    def __ror__(self, other: Any) -> dict[str, Any]:  # type: ignore[override]
+        return {**other, **self.copy()}
+
+    # -- the catalog -------------------------------------------------------------
+
+    def _lookup(self, key: str) -> Any:
+        reader = self._reader
+        conn = reader._conn()
+        real: str | None = key  # the key as the catalog's records hold it
+        if reader._by_position:
+            position = reader._position_of_key(key)
+            if position is None:
+                return None
+            shard, ordinal = reader._shard_at(position)
+            real = None
+            key = str(conn.execute(_KEY_AT, (shard.id, ordinal)).fetchone()[0])
+        if reader._parts:
+            rows = conn.execute(_MEMBERS, (reader._id, key)).fetchall()
+            if not rows:
+                return None
+            return {name: self._member(sid, real, name, o, n) for sid, name, o, n in rows}
+        row = conn.execute(_RECORD, (reader._id, key)).fetchone()
+        return None if row is None else self._record(*row)
+
+    def _file(self, shard_id: int) -> str:
+        return self._reader._shards[shard_id].path
+
+    def _record(self, shard_id: int, offset: int, length: int) -> dict[str, Any]:
+        return {"file": self._file(shard_id), "offset": offset, "length": length}
+
+    def _member(
+        self, shard_id: int, key: str | None, name: str, offset: int, size: int
+    ) -> dict[str, Any]:
+        """A member's location; its name is ``<key>.<feature>`` (just the feature in
+        datasets keyed by position, which do not know their member names)."""
+        return {
+            "file": self._file(shard_id),
+            "member_name": name if key is None else f"{key}.{name}",
+            "data_offset": offset,
+            "size": size,
+        }
+
+    def _items(self) -> Iterator[tuple[str, Any]]:
+        """(key, location) in position order: one query per :data:`PAGE` records."""
+        reader = self._reader
+        by_position = reader._by_position
+        for shard in list(reader._order):
+            for start in range(0, shard.count, PAGE):
+                conn = reader._conn()  # one page per snapshot: as every public call
+                if not reader._parts:
+                    rows = conn.execute(_PAGE_OF_RECORDS, (shard.id, start, PAGE)).fetchall()
+                    for ordinal, key, offset, length in rows:
+                        name = str(shard.first + ordinal) if by_position else key
+                        yield name, self._record(shard.id, offset, length)
+                    continue
+                samples: dict[int, tuple[str, dict[str, Any]]] = {}
+                members = conn.execute(_PAGE_OF_MEMBERS, (shard.id, start, start + PAGE))
+                for ordinal, key, feature, offset, size in members.fetchall():
+                    real = None if by_position else key
+                    name = str(shard.first + ordinal) if by_position else key
+                    location = samples.setdefault(ordinal, (name, {}))[1]
+                    location[feature] = self._member(shard.id, real, feature, offset, size)
+                yield from samples.values()
+
+
+class _Items(ItemsView[str, Any]):
+    _mapping: DatasetIndex
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._mapping._items()
+
+
+class _Values(ValuesView[Any]):
+    _mapping: DatasetIndex
+
+    def __iter__(self) -> Iterator[Any]:
+        return (location for _, location in self._mapping._items())

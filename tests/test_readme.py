@@ -1,0 +1,97 @@
+"""Every code block of README.md runs, in order, in one fresh directory, as a
+reader following the README would run it; so the docs cannot drift from the code.
+
+A block preceded by ``<!-- not run: REASON -->`` is left out (the set-up: ``make
+demo``/``make test`` would run this test again; ``make lint``/``make bench``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
+RUN, NOT_RUN_COUNT = 3, 2  # blocks: the command line, Python, TensorDB; make ...
+RUNNERS = {
+    "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
+    "python": lambda path: [sys.executable, str(path)],
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    body: str
+    not_run: str | None  # the reason, for a block marked <!-- not run: ... -->
+
+
+def readme_blocks(text: str) -> list[Block]:
+    blocks = []
+    end = 0
+    for match in FENCE.finditer(text):
+        marker = NOT_RUN.search(text[end : match.start()].rstrip())
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(line, match["lang"], match["body"], marker["why"] if marker else None))
+        end = match.end()
+    return blocks
+
+
+def test_markers_are_read() -> None:
+    text = "a\n<!-- not run: set-up -->\n```bash\nmake x\n```\n\n```python\nprint(1)\n```\n"
+    assert readme_blocks(text) == [
+        Block(3, "bash", "make x\n", "set-up"),
+        Block(7, "python", "print(1)\n", None),
+    ]
+
+
+def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
+    pytest.importorskip("tensordict", reason="the TensorDB block needs the torch extra")
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    skipped = [b for b in blocks if b.not_run is not None]
+    to_run = [b for b in blocks if b.not_run is None]
+    assert [b.body.split()[:2] for b in skipped] == [["make", "demo"], ["make", "lint"]]
+    assert (len(to_run), len(skipped)) == (RUN, NOT_RUN_COUNT)
+    work, scripts, home = tmp_path / "work", tmp_path / "scripts", tmp_path / "home"
+    for directory in (work, scripts, home):
+        directory.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCAT_")}
+    env.update(
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        HOME=str(home),  # catalog install-skill writes below it
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        COLUMNS="100",
+    )
+    for block in to_run:
+        assert block.lang in RUNNERS, f"README.md:{block.line}: no runner for {block.lang!r}"
+        script = scripts / f"readme_{block.line}.{block.lang}"
+        script.write_text(block.body, encoding="utf-8")
+        done = subprocess.run(
+            RUNNERS[block.lang](script),
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stderr[-3000:]}"
+        assert "Traceback" not in done.stderr, f"README.md:{block.line}:\n{done.stderr}"
+    # What the blocks promise: one catalog for the commands and the Python block, the
+    # feature written by `catalog get`, the converted shards, the skill file.
+    assert (work / "shardcat.sqlite").is_file()
+    assert not (work / "data" / "train" / "shardcat.sqlite").exists()
+    assert (work / "img.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
+    assert sorted(p.name for p in (work / "tfrecords").iterdir()) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
+    assert (home / ".claude" / "skills" / "shardcat" / "SKILL.md").is_file()
