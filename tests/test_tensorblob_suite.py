@@ -16,23 +16,16 @@ deselected, never skipped; the run checks that each of them still exists.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import subprocess
-import sys
-import tarfile
-import xml.etree.ElementTree as ET
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
+from peer_suite import imported, peer_env, run_suite, sdist, unpack_tests
 
 pytest.importorskip("torch")
 pytest.importorskip("tensordict")
 
-ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.3.0"
-SDIST = ROOT / ".peer" / f"tensorblob-{VERSION}.tar.gz"
 SDIST_SHA256 = "b1d5ef41eff291fd7e63a65a9b37aaabb6e70f1246c22ac19a9c9408e9e84a2f"
 SHIM = "from shardcat.storage import TensorBlob, TensorDB  # noqa: F401\n"
 TOTAL = 227  # tests that tensorblob 0.3.0's suite collects
@@ -100,113 +93,18 @@ def excluded() -> dict[str, str]:
     return {**INTERNALS, **(AS_ROOT if running_as_root else {})}
 
 
-@pytest.fixture(scope="module")
-def sdist() -> Path:
-    if not SDIST.is_file():
-        message = (
-            f"tensorblob's sdist is not in .peer/: run `make peer-tensorblob` "
-            f"(pip download --no-deps --no-binary :all: tensorblob=={VERSION} -d .peer)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    digest = hashlib.sha256(SDIST.read_bytes()).hexdigest()
-    assert digest == SDIST_SHA256, f"{SDIST.name}: unexpected sha256 {digest}"
-    return SDIST
-
-
-def unpack_tests(sdist: Path, dest: Path) -> Path:
-    """Write the sdist's ``tests/`` files under ``dest``; returns the unpacked root."""
-    prefix = PurePosixPath(f"tensorblob-{VERSION}", "tests")
-    with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            name = PurePosixPath(member.name)
-            if not member.isfile() or prefix not in name.parents:
-                continue
-            parts = name.relative_to(prefix.parent).parts
-            assert ".." not in parts and not name.is_absolute(), member.name
-            target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            assert source is not None
-            target.write_bytes(source.read())
-    assert (dest / "tests" / "conftest.py").is_file()
-    return dest
-
-
-def peer_env(shim_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(shim_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def test_tensorblob_suite_passes_against_shardcat(sdist: Path, tmp_path: Path) -> None:
-    peer = unpack_tests(sdist, tmp_path / "peer")
+def test_tensorblob_suite_passes_against_shardcat(tmp_path: Path) -> None:
+    archive = sdist(f"tensorblob-{VERSION}.tar.gz", SDIST_SHA256, "peer-tensorblob")
+    peer = unpack_tests(archive, f"tensorblob-{VERSION}", tmp_path / "peer")
     shim_dir = tmp_path / "shim"
     shim_dir.mkdir()
     (shim_dir / "tensorblob.py").write_text(SHIM)
     env = peer_env(shim_dir)
-
-    which = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import tensorblob as t; print(t.TensorBlob.__module__, t.TensorDB.__module__)",
-        ],
-        cwd=peer,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert which.stdout.split() == ["shardcat.storage.blob", "shardcat.storage.db"]
+    assert imported(
+        "import tensorblob as t; print(t.TensorBlob.__module__, t.TensorDB.__module__)", peer, env
+    ) == ["shardcat.storage.blob", "shardcat.storage.db"]
 
     skipped = excluded()
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    report = tmp_path / "report.xml"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            str(tmp_path / "pytest.ini"),
-            "--rootdir",
-            str(peer),
-            "--basetemp",
-            str(tmp_path / "basetemp"),
-            "--junitxml",
-            str(report),
-            *[f"--deselect={node}" for node in skipped],
-            "tests",
-        ],
-        cwd=peer,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    print(f"tensorblob {VERSION}'s suite against shardcat: {summary}")
-    cases = ET.parse(report).getroot().iter("testcase")
-    outcomes: dict[str, str] = {}
-    for case in cases:
-        node = f"{case.get('classname')}::{case.get('name')}"
-        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes[node] = kinds[0] if kinds else "passed"
-    bad = {node: kind for node, kind in outcomes.items() if kind != "passed"}
-    assert not bad, f"{summary}\n{bad}\n{result.stdout[-20_000:]}"
-    assert result.returncode == 0, f"{summary}\n{result.stdout[-5_000:]}{result.stderr[-5_000:]}"
-    deselected = re.search(r"(\d+) deselected", summary)
-    # a --deselect that matches no test is ignored by pytest: the count proves each one exists
-    assert deselected is not None and int(deselected.group(1)) == len(skipped), summary
-    assert len(outcomes) == TOTAL - len(skipped), summary
-    assert len(outcomes) + len(skipped) == TOTAL
+    run = run_suite(peer, env, tmp_path, ["tests"], list(skipped))
+    print(f"tensorblob {VERSION}'s suite against shardcat: {run.summary}")
+    assert len(run.outcomes) == TOTAL - len(skipped), run.summary

@@ -29,20 +29,13 @@ each of them still exists.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
 import subprocess
 import sys
-import tarfile
-import xml.etree.ElementTree as ET
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-import pytest
+from peer_suite import imported, missing, peer_env, run_suite, sdist, unpack_tests
 
-ROOT = Path(__file__).resolve().parents[1]
 VERSION = "1.3.0"
-SDIST = ROOT / ".peer" / f"tfd_utils-{VERSION}.tar.gz"
 SDIST_SHA256 = "7f321ca9cac0cd06e7e8680dee6698d4ba9c6575dfba70bc8041b24c09c37f90"
 
 PLUGIN = '''"""pytest plugin: tfd-utils' reader modules are shardcat's."""
@@ -147,131 +140,28 @@ OUT_OF_SCOPE_FILES: dict[str, str] = {
 IN_SCOPE = TOTAL - len(OUT_OF_SCOPE)  # 57
 
 
-@pytest.fixture(scope="module")
-def sdist() -> Path:
-    if not SDIST.is_file():
-        message = (
-            f"tfd-utils' sdist is not in .peer/: run `make peer-tfd` "
-            f"(pip download --no-deps --no-binary :all: tfd-utils=={VERSION} -d .peer)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    digest = hashlib.sha256(SDIST.read_bytes()).hexdigest()
-    assert digest == SDIST_SHA256, f"{SDIST.name}: unexpected sha256 {digest}"
+def test_tfd_utils_suite_passes_against_shardcat(tmp_path: Path) -> None:
+    archive = sdist(f"tfd_utils-{VERSION}.tar.gz", SDIST_SHA256, "peer-tfd")
     for module in ("PIL", "requests"):
-        found = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
-        if found.returncode != 0:
-            message = f"{module} (imported by tfd-utils' test helpers) is missing: `make peer-tfd`"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    return SDIST
-
-
-def unpack_tests(sdist: Path, dest: Path) -> Path:
-    """Write the sdist's ``tests/`` files under ``dest``; returns the unpacked root."""
-    prefix = PurePosixPath(f"tfd_utils-{VERSION}", "tests")
-    with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            name = PurePosixPath(member.name)
-            if not member.isfile() or prefix not in name.parents:
-                continue
-            parts = name.relative_to(prefix.parent).parts
-            assert ".." not in parts and not name.is_absolute(), member.name
-            target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            assert source is not None
-            target.write_bytes(source.read())
-    assert (dest / "tests" / "conftest.py").is_file()
-    return dest
-
-
-def peer_env(plugin_dir: Path, tmp: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("PYTEST_") and k != "SHARDCAT_CATALOG"
-    }
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(plugin_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["TMPDIR"] = str(tmp)  # the peer's tests write under tempfile.mkdtemp()
-    return env
-
-
-def test_tfd_utils_suite_passes_against_shardcat(sdist: Path, tmp_path: Path) -> None:
-    peer = unpack_tests(sdist, tmp_path / "peer")
+        if subprocess.run([sys.executable, "-c", f"import {module}"]).returncode != 0:
+            missing(f"{module} (imported by tfd-utils' test helpers) is missing: `make peer-tfd`")
+    peer = unpack_tests(archive, f"tfd_utils-{VERSION}", tmp_path / "peer")
     for path in [*RUN, *OUT_OF_SCOPE_FILES]:
         assert (peer / path).is_file(), path
     plugin_dir = tmp_path / "plugin"
     plugin_dir.mkdir()
     (plugin_dir / "tfd_shim.py").write_text(PLUGIN)
     (tmp_path / "tmp").mkdir()
-    env = peer_env(plugin_dir, tmp_path / "tmp")
+    env = peer_env(plugin_dir, tmp_path / "tmp")  # the peer's tests write under mkdtemp()
+    assert imported(
+        "import tfd_shim, tfd_utils\n"
+        "from tfd_utils.random_access import TFRecordRandomAccess\n"
+        "print(TFRecordRandomAccess.__module__, TFRecordRandomAccess.__name__,"
+        " tfd_utils.TarRandomAccess.__name__)",
+        peer,
+        env,
+    ) == ["shardcat.readers.reader", "TFRecordReader", "TarReader"]
 
-    which = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import tfd_shim, tfd_utils\n"
-            "from tfd_utils.random_access import TFRecordRandomAccess\n"
-            "print(TFRecordRandomAccess.__module__, TFRecordRandomAccess.__name__,"
-            " tfd_utils.TarRandomAccess.__name__)",
-        ],
-        cwd=peer,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert which.stdout.split() == ["shardcat.readers.reader", "TFRecordReader", "TarReader"]
-
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    report = tmp_path / "report.xml"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "tfd_shim",
-            "-c",
-            str(tmp_path / "pytest.ini"),
-            "--rootdir",
-            str(peer),
-            "--basetemp",
-            str(tmp_path / "basetemp"),
-            "--junitxml",
-            str(report),
-            *[f"--deselect={node}" for node in OUT_OF_SCOPE],
-            *RUN,
-        ],
-        cwd=peer,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert report.is_file(), f"{summary}\n{result.stdout[-5_000:]}{result.stderr[-5_000:]}"
-    outcomes: dict[str, str] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        node = f"{case.get('classname')}::{case.get('name')}"
-        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes[node] = kinds[0] if kinds else "passed"
-    bad = {node: kind for node, kind in outcomes.items() if kind != "passed"}
-    passed = len(outcomes) - len(bad)
-    assert not bad, f"{summary}\n{passed} passed\n{bad}\n{result.stdout[-20_000:]}"
-    assert result.returncode == 0, f"{summary}\n{result.stdout[-5_000:]}{result.stderr[-5_000:]}"
-    deselected = re.search(r"(\d+) deselected", summary)
-    # a --deselect that matches no test is ignored by pytest: the count proves each one exists
-    assert deselected is not None and int(deselected.group(1)) == len(OUT_OF_SCOPE), summary
-    assert passed == IN_SCOPE == 57, summary
+    run = run_suite(peer, env, tmp_path, RUN, list(OUT_OF_SCOPE), plugins=["tfd_shim"])
+    print(f"tfd-utils {VERSION}'s suite against shardcat: {run.summary}")
+    assert len(run.outcomes) == IN_SCOPE == 57, run.summary
