@@ -90,8 +90,8 @@ def _contenders(ds: Dataset, tmp: Path, workers: int) -> dict[str, Callable[[], 
 def _same_dataset(tmp: Path) -> None:
     """The migrated catalog holds what ingesting without fields made (untimed check)."""
     query = (
-        'SELECT s.path, r.key, r.ordinal, r."offset", r.length FROM records r '
-        "JOIN shards s ON s.id = r.shard_id ORDER BY s.path, r.ordinal"
+        'SELECT s.path, r.key, r.ordinal, r."offset", r.length FROM shardcat_records r '
+        "JOIN shardcat_shards s ON s.id = r.shard_id ORDER BY s.path, r.ordinal"
     )
     rows = []
     for name in ("migrate", "ingest-False"):

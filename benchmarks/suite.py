@@ -40,7 +40,7 @@ from benchmarks.util import Row, percentile, quiet, round_robin, tfd_reader, tim
 from shardcat import Catalog
 from shardcat.pb2 import Example
 
-BY_KEY = 'SELECT shard_id, "offset", length FROM records WHERE dataset_id=? AND key=?'
+BY_KEY = 'SELECT shard_id, "offset", length FROM shardcat_records WHERE dataset_id=? AND key=?'
 COUNT_SQL = f"SELECT count(*) FROM {DATASET} WHERE label < 10"
 TFRECORD_HEADER = 12  # uint64 length + uint32 length CRC
 U64 = struct.Struct("<Q")
@@ -297,12 +297,12 @@ class RawLookup:
     def __init__(self, catalog: Path) -> None:
         self.conn = sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True)
         (self.dataset_id,) = self.conn.execute(
-            "SELECT id FROM datasets WHERE name = ?", (DATASET,)
+            "SELECT id FROM shardcat_datasets WHERE name = ?", (DATASET,)
         ).fetchone()
         self.fds = {
             sid: os.open(path if os.path.isabs(path) else catalog.parent / path, os.O_RDONLY)
             for sid, path in self.conn.execute(
-                "SELECT id, path FROM shards WHERE dataset_id = ?", (self.dataset_id,)
+                "SELECT id, path FROM shardcat_shards WHERE dataset_id = ?", (self.dataset_id,)
             )
         }
 

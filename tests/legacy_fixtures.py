@@ -182,28 +182,30 @@ def dump(catalog: Path, dataset: str) -> dict[str, Any]:
     conn = sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True)
     try:
         (dataset_id, fmt, key_rule, grouping, options) = conn.execute(
-            "SELECT id, format, key_rule, grouping, options FROM datasets WHERE name = ?",
+            "SELECT id, format, key_rule, grouping, options FROM shardcat_datasets WHERE name = ?",
             (dataset,),
         ).fetchone()
         shards = conn.execute(
             "SELECT id, path, size, mtime_ns, fingerprint, compression, num_records, "
-            "first_position, state, error FROM shards WHERE dataset_id = ? ORDER BY path",
+            "first_position, state, error FROM shardcat_shards WHERE dataset_id = ? ORDER BY path",
             (dataset_id,),
         ).fetchall()
         records = conn.execute(
-            'SELECT s.path, r.key, r.ordinal, r."offset", r.length FROM records r '
-            "JOIN shards s ON s.id = r.shard_id WHERE r.dataset_id = ? ORDER BY s.path, r.ordinal",
+            'SELECT s.path, r.key, r.ordinal, r."offset", r.length FROM shardcat_records r '
+            "JOIN shardcat_shards s ON s.id = r.shard_id WHERE r.dataset_id = ? ORDER BY "
+            "s.path, r.ordinal",
             (dataset_id,),
         ).fetchall()
         members = conn.execute(
-            'SELECT s.path, m.ordinal, m.name, m."offset", m.length FROM members m '
-            "JOIN shards s ON s.id = m.shard_id WHERE s.dataset_id = ? "
+            'SELECT s.path, m.ordinal, m.name, m."offset", m.length FROM shardcat_members m '
+            "JOIN shardcat_shards s ON s.id = m.shard_id WHERE s.dataset_id = ? "
             "ORDER BY s.path, m.ordinal, m.name",
             (dataset_id,),
         ).fetchall()
         view = conn.execute(f'SELECT * FROM "{dataset}" ORDER BY position').fetchall()
         fields = conn.execute(
-            "SELECT name, column_name, sql_type, idx FROM fields WHERE dataset_id = ? ORDER BY idx",
+            "SELECT name, column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id "
+            "= ? ORDER BY idx",
             (dataset_id,),
         ).fetchall()
         schema = conn.execute(
@@ -238,6 +240,6 @@ def scratch(paths: Any, catalog: Path, dataset: str, **ingest: Any) -> dict[str,
 def indexed_at(catalog: Path) -> list[tuple[str, float]]:
     conn = sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        return conn.execute("SELECT path, indexed_at FROM shards ORDER BY path").fetchall()
+        return conn.execute("SELECT path, indexed_at FROM shardcat_shards ORDER BY path").fetchall()
     finally:
         conn.close()

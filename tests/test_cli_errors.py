@@ -180,7 +180,7 @@ def _killed_writer(db: Path) -> None:
         "import os, sqlite3, sys\n"
         "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
         "conn.execute('PRAGMA wal_autocheckpoint = 0')\n"
-        "conn.execute('UPDATE datasets SET created_at = 86400')\n"
+        "conn.execute('UPDATE shardcat_datasets SET created_at = 86400')\n"
         "os._exit(0)\n"
     )
     subprocess.run([sys.executable, "-c", code, str(db)], check=True)
@@ -438,7 +438,7 @@ def test_messages_name_options_not_python_arguments(tmp_path: Path) -> None:
     )
     old = _catalog(tmp_path / "old.sqlite", ok)
     with sqlite3.connect(old) as conn:
-        conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
+        conn.execute("UPDATE shardcat_meta SET value = '1' WHERE name = 'schema_version'")
     conn.close()
     fails_alike(
         ["query", "SELECT 1", "-c", old],
@@ -533,7 +533,9 @@ def _ready_shards(db: Path) -> int:
     except sqlite3.Error:
         return 0
     try:
-        return int(conn.execute("SELECT count(*) FROM shards WHERE state = 'ready'").fetchone()[0])
+        return int(
+            conn.execute("SELECT count(*) FROM shardcat_shards WHERE state = 'ready'").fetchone()[0]
+        )
     except sqlite3.Error:
         return 0
     finally:

@@ -93,10 +93,12 @@ def test_compressed_tar_reads_like_the_plain_one(
         assert reader.verify() == []
         assert cat.query("SELECT count(*) FROM z WHERE cls = 2") == [(10,)]
         conn = cat.reader_connection()
-        assert conn.execute("SELECT compression FROM shards").fetchall() == [(how,)]
-        rows = conn.execute("SELECT kind FROM seek_indexes").fetchall()
+        assert conn.execute("SELECT compression FROM shardcat_shards").fetchall() == [(how,)]
+        rows = conn.execute("SELECT kind FROM shardcat_seek_indexes").fetchall()
         assert rows == ([] if kind is None else [(kind,)])
-        members = conn.execute('SELECT name, "offset", length FROM members ORDER BY 2').fetchall()
+        members = conn.execute(
+            'SELECT name, "offset", length FROM shardcat_members ORDER BY 2'
+        ).fetchall()
         assert members == [m for e in plain_entries for m in e.members]
 
 
@@ -125,7 +127,9 @@ def test_gzip_seek_points_are_stored_and_used(tmp_path: Path, monkeypatch: pytes
     compress(src, path, "gzip")
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "big").close()
-        (blob,) = cat.reader_connection().execute("SELECT data FROM seek_indexes").fetchone()
+        (blob,) = (
+            cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchone()
+        )
         assert blob.startswith(b"SCSK1zran\0")
         index = indexed_gzip._IndexedGzipFile(filename=str(path), auto_build=False)
         try:
@@ -182,19 +186,19 @@ def test_changed_compressed_shard_gets_new_seek_points(tmp_path: Path):
     compress(src, path, "gzip")
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "s").close()
-        old = cat.reader_connection().execute("SELECT data FROM seek_indexes").fetchall()
+        old = cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchall()
         second = make_tar(src, n=7, seed=2)
         compress(src, path, "gzip")
         with cat.ingest(path, "s") as reader:
             assert len(reader) == 7
             read_all(reader, second)
-        new = cat.reader_connection().execute("SELECT data FROM seek_indexes").fetchall()
+        new = cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchall()
         assert len(new) == 1 and new != old
         assert first != second
         cat.drop("s")
-        assert cat.reader_connection().execute("SELECT count(*) FROM seek_indexes").fetchone() == (
-            0,
-        )
+        assert cat.reader_connection().execute(
+            "SELECT count(*) FROM shardcat_seek_indexes"
+        ).fetchone() == (0,)
 
 
 # -- GZIP TFRecord ---------------------------------------------------------------
@@ -229,7 +233,7 @@ def test_gzip_tfrecord_ingests_and_reads(tmp_path: Path):
         with Catalog(tmp_path / "plain.sqlite") as other, other.ingest(plain_path, "p") as p:
             conn_a = reader.catalog.reader_connection()
             conn_b = other.reader_connection()
-            query = 'SELECT key, "offset", length FROM records ORDER BY key'
+            query = 'SELECT key, "offset", length FROM shardcat_records ORDER BY key'
             assert conn_a.execute(query).fetchall() == conn_b.execute(query).fetchall()
             assert len(p) == 300
 

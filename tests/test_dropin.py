@@ -57,7 +57,7 @@ def shard_rows(catalog: Path) -> list[tuple[str, str, float]]:
     uri = catalog.resolve().as_uri() + "?mode=ro"
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
         return conn.execute(
-            "SELECT d.name, s.path, s.indexed_at FROM shards s JOIN datasets d "
+            "SELECT d.name, s.path, s.indexed_at FROM shardcat_shards s JOIN shardcat_datasets d "
             "ON d.id = s.dataset_id ORDER BY d.name, s.path"
         ).fetchall()
 
@@ -528,7 +528,8 @@ def test_subset_copies_position_keys_and_seek_points(tmp_path: Path, scans: Scan
     assert scans() == []
     with Catalog(tmp_path / "shardcat.sqlite") as cat:
         copied = cat.query(
-            "SELECT count(*) FROM seek_indexes i JOIN shards s ON s.id = i.shard_id "
-            "JOIN datasets d ON d.id = s.dataset_id WHERE d.name = 't_2'"
+            "SELECT count(*) FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = "
+            "i.shard_id "
+            "JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = 't_2'"
         )
         assert copied == [(2,)]

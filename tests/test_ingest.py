@@ -99,7 +99,7 @@ def shard_table(path: Path) -> dict[str, dict[str, Any]]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         conn.row_factory = sqlite3.Row
-        return {r["path"]: dict(r) for r in conn.execute("SELECT * FROM shards")}
+        return {r["path"]: dict(r) for r in conn.execute("SELECT * FROM shardcat_shards")}
     finally:
         conn.close()
 
@@ -168,8 +168,8 @@ def test_basic_ingest_counts_keys_offsets_and_bytes(tmp_path: Path) -> None:
         got = {
             row[0]: (row[1], row[2], row[3])
             for row in cat.query(
-                'SELECT r.key, s.path, r."offset", r.length FROM records r '
-                "JOIN shards s ON s.id = r.shard_id"
+                'SELECT r.key, s.path, r."offset", r.length FROM shardcat_records r '
+                "JOIN shardcat_shards s ON s.id = r.shard_id"
             )
         }
         for path, recs, frames in zip(data["paths"], data["records"], data["frames"], strict=True):
@@ -233,7 +233,7 @@ def _meta_version(db: Path) -> str:
     conn = sqlite3.connect(db)
     try:
         (value,) = conn.execute(
-            "SELECT value FROM catalog_meta WHERE name = 'schema_version'"
+            "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
         ).fetchone()
         return str(value)
     finally:
@@ -269,7 +269,7 @@ def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     with conn:
         conn.execute(
-            "UPDATE catalog_meta SET value = ? WHERE name = 'schema_version'",
+            "UPDATE shardcat_meta SET value = ? WHERE name = 'schema_version'",
             (str(SCHEMA_VERSION + 1),),
         )
     conn.close()
@@ -345,7 +345,7 @@ def test_incremental_reingest(tmp_path: Path) -> None:
             "s3_0101",
         ]
         assert_contiguous(cat, "train", keys)
-        assert cat.query("SELECT count(*) FROM records WHERE key LIKE 's1_%'") == [(0,)]
+        assert cat.query("SELECT count(*) FROM shardcat_records WHERE key LIKE 's1_%'") == [(0,)]
 
         # Removed shard: its keys and its row are dropped.
         data["paths"][0].unlink()
@@ -357,7 +357,7 @@ def test_incremental_reingest(tmp_path: Path) -> None:
         assert names[0] not in shard_table(db)
         keys = keys[4:]
         assert_contiguous(cat, "train", keys)
-        assert cat.query("SELECT count(*) FROM records WHERE key LIKE 's0_%'") == [(0,)]
+        assert cat.query("SELECT count(*) FROM shardcat_records WHERE key LIKE 's0_%'") == [(0,)]
         assert cat.datasets()[0].shards == 3
 
         # rescan=True re-indexes everything, the result is the same.
@@ -494,7 +494,7 @@ def test_on_duplicate_first_last(tmp_path: Path, policy: str, order: str) -> Non
         assert rows == expected
         shards = shard_table(db)
         assert sum(s["num_records"] for s in shards.values()) == 7
-        assert cat.query("SELECT count(*) FROM records") == [(7,)]
+        assert cat.query("SELECT count(*) FROM shardcat_records") == [(7,)]
         assert cat.datasets()[0].records == 7
 
 
@@ -717,7 +717,7 @@ def _poll_states(db: Path) -> dict[str, int]:
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
         try:
-            return dict(conn.execute("SELECT state, count(*) FROM shards GROUP BY state"))
+            return dict(conn.execute("SELECT state, count(*) FROM shardcat_shards GROUP BY state"))
         finally:
             conn.close()
     except sqlite3.OperationalError:  # schema not created yet
@@ -748,10 +748,11 @@ def test_sigkill_leaves_whole_shards_and_next_ingest_finishes(tmp_path: Path) ->
         try:
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
             shards = conn.execute(
-                "SELECT id, path, state, num_records, claim_owner FROM shards ORDER BY path"
+                "SELECT id, path, state, num_records, claim_owner FROM shardcat_shards "
+                "ORDER BY path"
             ).fetchall()
             per_shard_records = dict(
-                conn.execute("SELECT shard_id, count(*) FROM records GROUP BY shard_id")
+                conn.execute("SELECT shard_id, count(*) FROM shardcat_records GROUP BY shard_id")
             )
         finally:
             conn.close()
@@ -798,7 +799,7 @@ def test_workers_give_the_same_catalog(tmp_path: Path) -> None:
             assert sorted(progress.paths) == sorted(f"data/{p.name}" for p in data["paths"])
             rows = cat.query(
                 'SELECT v.key, v.position, v.shard, r."offset", r.length, v.label, v.value, v.src '
-                'FROM "train" v JOIN records r ON r.key = v.key ORDER BY v.position'
+                'FROM "train" v JOIN shardcat_records r ON r.key = v.key ORDER BY v.position'
             )
             contents.append(list(rows))
             assert_contiguous(cat, "train", all_keys(data))
@@ -815,7 +816,7 @@ def test_bad_input_is_refused(tmp_path: Path) -> None:
     with Catalog(tmp_path / "cat.sqlite") as cat:
         with pytest.raises(CatalogError, match="no files match"):
             cat.ingest(str(tmp_path / "missing-*.tfrecord"), "train")
-        for name in ("1abc", "records", "a-b", "shards", "fields_1", "sqlite_master", "x y"):
+        for name in ("1abc", "shardcat_shards", "a-b", "ShardCat_x", "sqlite_master", "x y"):
             with pytest.raises(CatalogError, match="invalid dataset name") as err:
                 cat.ingest(pattern, name)
             assert repr(name) in str(err.value)
@@ -828,7 +829,7 @@ def test_bad_input_is_refused(tmp_path: Path) -> None:
         assert "'bogus'" in str(err.value)
         assert "error, first, last" in str(err.value)
         assert cat.datasets() == []
-        assert cat.query("SELECT count(*) FROM shards") == [(0,)]
+        assert cat.query("SELECT count(*) FROM shardcat_shards") == [(0,)]
 
 
 # -- 11. where the catalog lives ------------------------------------------------------
@@ -885,7 +886,7 @@ def test_datasets_without_fields_skip_the_field_table_until_fields_are_asked_for
     glob = str(tmp_path / "*.tfrecord")
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(glob, "d", fields=False).close()
-        assert cat.query("SELECT count(*) FROM fields_1") == [(0,)]
+        assert cat.query("SELECT count(*) FROM shardcat_fields_1") == [(0,)]
         rows = cat.query("SELECT key, position, shard FROM d ORDER BY position")
         assert [r[1] for r in rows] == list(range(6))
         assert [r[0] for r in rows][:2] == ["p0_0000", "p0_0001"]
@@ -893,8 +894,22 @@ def test_datasets_without_fields_skip_the_field_table_until_fields_are_asked_for
         seen: list[str] = []
         cat.ingest(glob, "d", fields=True, progress=lambda o, n: seen.append(o.path)).close()
         assert sorted(seen) == ["p0.tfrecord", "p1.tfrecord"]  # all re-read for their fields
-        assert cat.query("SELECT count(*) FROM fields_1") == [(6,)]
+        assert cat.query("SELECT count(*) FROM shardcat_fields_1") == [(6,)]
         with_fields = cat.query("SELECT * FROM d ORDER BY position")
         assert len(with_fields) == 6 and len(with_fields.columns) > 3
         cat.ingest(glob, "d").close()  # keeps fields=True
-        assert cat.query("SELECT count(*) FROM fields_1") == [(6,)]
+        assert cat.query("SELECT count(*) FROM shardcat_fields_1") == [(6,)]
+
+
+def test_datasets_may_take_the_names_of_the_catalog_s_old_tables(tmp_path: Path) -> None:
+    """The catalog's own tables are ``shardcat_*`` (schema version 4): a dataset named
+    after its directory ``.../shards/`` is called ``shards`` and queried as such."""
+    write_set(tmp_path, [2, 3])
+    pattern = str(tmp_path / "*.tfrecord")
+    with Catalog(tmp_path / "cat.sqlite") as cat:
+        for name in ("shards", "records", "datasets", "fields_1", "catalog_meta"):
+            cat.ingest(pattern, name).close()
+            assert cat.query(f"SELECT count(*) FROM {name}") == [(5,)]
+        assert cat.query("SELECT count(*) FROM shardcat_datasets") == [(5,)]
+        with cat.dataset("shards") as reader:
+            assert len(reader) == 5 and reader.where("position < 2") == reader.get_keys()[:2]

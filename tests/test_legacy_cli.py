@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 from legacy_fixtures import indexed_at, tfd_tfrecord_index, write_tfrecords
+from test_migrations import downgrade_to_v1
 from typer.testing import CliRunner
 
 from shardcat import Catalog, TFRecordRandomAccess
@@ -114,17 +114,7 @@ def test_upgrade_and_usage_errors(tmp_path: Path):
     db = tmp_path / "c.sqlite"
     with Catalog(db) as cat:
         cat.ingest(str(tmp_path / "*.tfrecord"), "t", workers=1).close()
-    with sqlite3.connect(db) as conn:  # what a version-1 catalog is (see test_migrations.py)
-        for table, column in (
-            ("shards", "generation"),
-            ("shards", "ino"),
-            ("shards", "ctime_ns"),
-            ("datasets", "version"),
-            ("members", "extents"),
-        ):
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-        conn.execute("DROP TABLE seek_indexes")
-        conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
+    downgrade_to_v1(db)  # what a version-1 catalog is (see test_migrations.py)
     assert "upgraded from 1" in run("migrate", "--upgrade", "-c", db).stdout
     assert "(up to date)" in run("migrate", "--upgrade", "-c", db).stdout
     with Catalog(db, readonly=True) as cat:

@@ -1,6 +1,7 @@
-"""Schema versions: a version-1 catalog upgrades through version 2 (``seek_indexes``)
-to version 3 (indexed shard versions, member extents) and then has the shape of a
-freshly created one, with every lookup unchanged."""
+"""Schema versions: a version-1 catalog upgrades through version 2 (``seek_indexes``),
+version 3 (indexed shard versions, member extents) and version 4 (the catalog's
+tables renamed ``shardcat_*``) and then has the shape of a freshly created one,
+with every lookup unchanged."""
 
 from __future__ import annotations
 
@@ -97,8 +98,50 @@ V3_COLUMNS = (
 )
 
 
+OLD_NAMES = ("catalog_meta", "datasets", "shards", "records", "members", "seek_indexes", "fields")
+
+
+def _new_name(old: str) -> str:
+    return "shardcat_meta" if old == "catalog_meta" else f"shardcat_{old}"
+
+
+def downgrade_to_v3(db: Path) -> None:
+    """What a version-3 catalog of the same data is: the tables under their old names
+    (and their DDL text as version 3 wrote it), version 3."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        views = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view'").fetchall()
+        for name, _ in views:
+            conn.execute(f'DROP VIEW "{name}"')
+        fields = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name LIKE 'shardcat_fields_%'"
+            )
+        ]
+        for old in OLD_NAMES:
+            conn.execute(f"ALTER TABLE {_new_name(old)} RENAME TO {old}")
+        for table in fields:
+            conn.execute(f"ALTER TABLE {table} RENAME TO {table.removeprefix('shardcat_')}")
+        conn.execute("DROP INDEX shardcat_records_by_shard")
+        conn.execute("CREATE UNIQUE INDEX records_by_shard ON records (shard_id, ordinal)")
+        # RENAME quotes the names it writes; version 3 wrote them bare
+        conn.execute("PRAGMA writable_schema = ON")
+        for old in [*OLD_NAMES, *(t.removeprefix("shardcat_") for t in fields)]:
+            conn.execute("UPDATE sqlite_master SET sql = replace(sql, ?, ?)", (f'"{old}"', old))
+        conn.execute("PRAGMA writable_schema = OFF")
+    finally:
+        conn.close()
+    with sqlite3.connect(db) as conn:
+        for _, sql in views:
+            conn.execute(sql.replace("shardcat_", ""))
+        conn.execute("UPDATE catalog_meta SET value = '3' WHERE name = 'schema_version'")
+
+
 def downgrade_to_v2(db: Path) -> None:
     """What a version-2 catalog of the same data is: no version-3 columns, version 2."""
+    downgrade_to_v3(db)
     with sqlite3.connect(db) as conn:
         for table, column in V3_COLUMNS:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
@@ -176,18 +219,18 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
         pass
     assert schema_shape(v1_catalog) == schema_shape(fresh)
     with sqlite3.connect(v1_catalog) as conn:
-        version = conn.execute("SELECT value FROM catalog_meta WHERE name = 'schema_version'")
+        version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 3
+    assert migrations.SCHEMA_VERSION == 4
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"
     gz.write_bytes(gzip.compress((tmp_path / "v1" / "a.tfrecord").read_bytes()))
     with Catalog(v1_catalog) as cat, cat.ingest(gz, "gz") as reader:
         assert reader.get_feature("r7", "image") == bytes([7]) * 50
-        assert cat.reader_connection().execute("SELECT kind FROM seek_indexes").fetchall() == [
-            ("zran",)
-        ]
+        assert cat.reader_connection().execute(
+            "SELECT kind FROM shardcat_seek_indexes"
+        ).fetchall() == [("zran",)]
 
 
 def test_a_failed_step_leaves_version_1(v1_catalog: Path, monkeypatch: pytest.MonkeyPatch):
@@ -204,3 +247,20 @@ def test_a_failed_step_leaves_version_1(v1_catalog: Path, monkeypatch: pytest.Mo
     monkeypatch.setitem(migrations.STEPS, 1, original)
     with Catalog(v1_catalog) as cat:
         assert cat.datasets()[0].name == "tf"
+
+
+def test_upgrade_from_version_3_renames_the_catalog_s_tables(tmp_path: Path):
+    """A version-3 catalog (tables ``shards``, ``records``... beside the dataset views)
+    reads the same after the upgrade, its tables now ``shardcat_*``."""
+    fresh = build(tmp_path / "fresh")
+    expected = lookups(fresh)
+    db = build(tmp_path / "v3")
+    downgrade_to_v3(db)
+    assert {"shards", "records", "catalog_meta"} <= set(catalog_objects(db))
+    with pytest.raises(SchemaVersionError, match="version 3"):
+        Catalog(db, readonly=True)
+    with Catalog(db):  # opening for writing upgrades
+        pass
+    assert schema_shape(db) == schema_shape(fresh)
+    assert not {"shards", "records", "catalog_meta"} & set(catalog_objects(db))
+    assert lookups(db) == expected

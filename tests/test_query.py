@@ -51,7 +51,7 @@ def snapshot(db: Path) -> dict[str, Any]:
     try:
         digest = hashlib.sha256()
         for row in conn.execute(
-            'SELECT dataset_id, key, shard_id, ordinal, "offset", length FROM records '
+            'SELECT dataset_id, key, shard_id, ordinal, "offset", length FROM shardcat_records '
             "ORDER BY dataset_id, key"
         ):
             digest.update(repr(row).encode())
@@ -59,10 +59,17 @@ def snapshot(db: Path) -> dict[str, Any]:
             "records": digest.hexdigest(),
             "counts": [
                 conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                for t in ("records", "shards", "datasets", "fields", "fields_1", "train")
+                for t in (
+                    "shardcat_records",
+                    "shardcat_shards",
+                    "shardcat_datasets",
+                    "shardcat_fields",
+                    "shardcat_fields_1",
+                    "train",
+                )
             ],
-            "shards": conn.execute("SELECT * FROM shards ORDER BY id").fetchall(),
-            "meta": conn.execute("SELECT * FROM catalog_meta ORDER BY name").fetchall(),
+            "shards": conn.execute("SELECT * FROM shardcat_shards ORDER BY id").fetchall(),
+            "meta": conn.execute("SELECT * FROM shardcat_meta ORDER BY name").fetchall(),
             "objects": conn.execute(
                 "SELECT type, name, sql FROM sqlite_master ORDER BY type, name"
             ).fetchall(),
@@ -153,16 +160,16 @@ def test_where_matches_python_filtering(built: dict[str, Any]) -> None:
 # -- refusals -------------------------------------------------------------------
 
 _REFUSED = [
-    "INSERT INTO datasets (name, format, key_rule, options, source, created_at) "
+    "INSERT INTO shardcat_datasets (name, format, key_rule, options, source, created_at) "
     "VALUES ('x', 'tfrecord', 'position', '{}', '[]', 0)",
-    "UPDATE records SET length = 0",
-    "DELETE FROM records",
-    "DROP TABLE records",
+    "UPDATE shardcat_records SET length = 0",
+    "DELETE FROM shardcat_records",
+    "DROP TABLE shardcat_records",
     "DROP VIEW train",
     "CREATE TABLE t (x)",
     "CREATE TEMP TABLE t (x)",
     "CREATE INDEX i ON records (length)",
-    "ALTER TABLE records ADD COLUMN x",
+    "ALTER TABLE shardcat_records ADD COLUMN x",
     "ATTACH DATABASE '{dir}/attached.db' AS other",
     "PRAGMA query_only = 0",
     "PRAGMA journal_mode = DELETE",
@@ -171,10 +178,10 @@ _REFUSED = [
     "REINDEX",
     "ANALYZE",
     "BEGIN IMMEDIATE",
-    "SELECT 1; DELETE FROM records",
+    "SELECT 1; DELETE FROM shardcat_records",
     "SELECT load_extension('libnothing')",
-    "WITH gone AS (DELETE FROM records RETURNING key) SELECT * FROM gone",
-    "DELETE FROM records RETURNING key",
+    "WITH gone AS (DELETE FROM shardcat_records RETURNING key) SELECT * FROM gone",
+    "DELETE FROM shardcat_records RETURNING key",
 ]
 
 
@@ -188,7 +195,7 @@ def test_writes_and_settings_are_refused(built: dict[str, Any], sql: str) -> Non
         # The connection keeps working and still refuses.
         assert cat.query('SELECT count(*) FROM "train"') == [(SHARDS * PER_SHARD,)]
         with pytest.raises(CatalogError):
-            cat.query("DELETE FROM records")
+            cat.query("DELETE FROM shardcat_records")
         with cat.dataset("train") as reader:
             assert reader.get_feature("k00007", "label") == built["records"][7]["label"]
     assert snapshot(built["db"]) == before
@@ -199,8 +206,8 @@ def test_writes_and_settings_are_refused(built: dict[str, Any], sql: str) -> Non
 @pytest.mark.parametrize(
     "sql",
     [
-        "DELETE FROM records",
-        "DROP TABLE records",
+        "DELETE FROM shardcat_records",
+        "DROP TABLE shardcat_records",
         "PRAGMA query_only = 0",
         "ATTACH DATABASE ':memory:' AS other",
     ],
@@ -236,9 +243,9 @@ def test_where_with_injected_statement_fails_and_changes_nothing(built: dict[str
     before = snapshot(built["db"])
     with Catalog(built["db"]) as cat, cat.dataset("train") as reader:
         for predicate in (
-            "1=1; DROP TABLE records",
-            "1=1; DELETE FROM records --",
-            "1=1) ; DROP TABLE records --",
+            "1=1; DROP TABLE shardcat_records",
+            "1=1; DELETE FROM shardcat_records --",
+            "1=1) ; DROP TABLE shardcat_records --",
         ):
             with pytest.raises(CatalogError, match="query failed"):
                 reader.where(predicate)

@@ -113,7 +113,10 @@ def shard_rows(catalog_path: str | Path) -> dict[str, tuple[int, float]]:
     """shard path -> (shard id, indexed_at), read without ever writing the catalog."""
     uri = Path(catalog_path).resolve().as_uri() + "?mode=ro"
     with closing(sqlite3.connect(uri, uri=True)) as conn:
-        return {p: (i, t) for i, p, t in conn.execute("SELECT id, path, indexed_at FROM shards")}
+        return {
+            p: (i, t)
+            for i, p, t in conn.execute("SELECT id, path, indexed_at FROM shardcat_shards")
+        }
 
 
 def append_record(path: str, scratch: Path, fields: dict[str, object]) -> bytes:
@@ -258,7 +261,7 @@ def test_shards_named_like_catalog_tables(tmp_path: Path) -> None:
     for stem in ("records", "shards", "datasets"):
         recs = write_shards(tmp_path / stem, (3, 2), stem=stem)
         with TFRecordRandomAccess(str(tmp_path / stem / f"{stem}-*.tfrecord")) as reader:
-            assert reader.dataset == f"d_{stem}"
+            assert reader.dataset == stem  # the catalog's own tables are shardcat_*
             assert reader.get_keys() == [r.key for r in recs]
             assert reader.where("label >= 0") == [r.key for r in recs]
 
@@ -871,7 +874,7 @@ def test_another_spelling_of_the_glob_finds_the_same_dataset(tmp_path):
     catalog = tmp_path / "c.sqlite"
     with Catalog(catalog) as cat:
         cat.ingest(str(tmp_path / "*.tfrecord"), "train").close()
-        indexed = cat.query("SELECT id, indexed_at FROM shards ORDER BY id")
+        indexed = cat.query("SELECT id, indexed_at FROM shardcat_shards ORDER BY id")
     same = [str(tmp_path / "part-1.tfrecord"), str(tmp_path / "part-0.tfrecord")]
     with TFRecordRandomAccess(same, index_file=catalog) as reader:
         assert reader.dataset == "train"
@@ -879,6 +882,8 @@ def test_another_spelling_of_the_glob_finds_the_same_dataset(tmp_path):
     with TFRecordRandomAccess(str(tmp_path / "part-0.tfrecord"), index_file=catalog) as sub:
         assert sub.dataset != "train"  # a subset is another dataset, never a re-sync of train
     with Catalog(catalog) as cat:
-        rows = cat.query("SELECT id, indexed_at FROM shards WHERE dataset_id = 1 ORDER BY id")
+        rows = cat.query(
+            "SELECT id, indexed_at FROM shardcat_shards WHERE dataset_id = 1 ORDER BY id"
+        )
         assert rows == indexed  # nothing re-indexed
         assert cat.info("train").records == 2

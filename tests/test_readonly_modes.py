@@ -133,7 +133,7 @@ def test_read_commands_leave_a_catalog_byte_identical(tmp_path: Path) -> None:
     db = _build(tmp_path / "data")
     # A writer killed after its last commit: that commit lives in the -wal file, and a
     # writable open would fold it into the main file (and rewrite it) when it closes.
-    _killed_writer(db, "UPDATE datasets SET created_at = 86400")
+    _killed_writer(db, "UPDATE shardcat_datasets SET created_at = 86400")
     before = {p: _file_state(p) for p in (db, _wal(db))}
     for command in _read_commands(tmp_path / "idx"):
         result = runner.invoke(app, [*command, "-c", str(db)])
@@ -148,7 +148,7 @@ def test_read_commands_refuse_to_upgrade(tmp_path: Path) -> None:
     db = _build(tmp_path)
     conn = sqlite3.connect(db)
     with conn:  # looks like an older catalog: a writable open would try to upgrade it
-        conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
+        conn.execute("UPDATE shardcat_meta SET value = '1' WHERE name = 'schema_version'")
     conn.close()
     before = _file_state(db)
     result = runner.invoke(app, ["query", "SELECT count(*) FROM train", "-c", str(db)])
@@ -165,7 +165,7 @@ def test_writable_open_does_not_wait_for_another_writer(tmp_path: Path) -> None:
     db = _build(tmp_path)
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
-    holder.execute("UPDATE datasets SET created_at = 5")  # not committed
+    holder.execute("UPDATE shardcat_datasets SET created_at = 5")  # not committed
     seen: dict[str, Any] = {}
 
     def open_and_read() -> None:
@@ -227,7 +227,7 @@ def test_ingest_and_drop_leave_the_main_file_complete(tmp_path: Path) -> None:
     Catalog(db).close()
     # Another process reading: SQLite no longer folds the WAL in when a writer closes.
     keeper = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    assert keeper.execute("SELECT count(*) FROM datasets").fetchone() == (0,)
+    assert keeper.execute("SELECT count(*) FROM shardcat_datasets").fetchone() == (0,)
     with Catalog(db) as cat:
         cat.ingest(str(first), "train").close()
         assert _wal(db).stat().st_size == 0
@@ -248,7 +248,7 @@ def test_checkpoint_reports_a_reader_that_keeps_the_wal(tmp_path: Path) -> None:
     with Catalog(db) as cat:
         reader = sqlite3.connect(db, isolation_level=None)
         reader.execute("BEGIN")
-        assert reader.execute("SELECT count(*) FROM datasets").fetchone() == (1,)
+        assert reader.execute("SELECT count(*) FROM shardcat_datasets").fetchone() == (1,)
         try:
             cat.drop("train")  # committed, but the reader's snapshot pins the WAL
             assert cat.checkpoint() is False
@@ -264,7 +264,7 @@ def test_checkpoint_reports_a_reader_that_keeps_the_wal(tmp_path: Path) -> None:
 
 def test_immutable_refuses_wal_content_not_in_the_main_file(tmp_path: Path) -> None:
     db = _build(tmp_path)
-    holder = _holder(db, "UPDATE datasets SET created_at = 86400")
+    holder = _holder(db, "UPDATE shardcat_datasets SET created_at = 86400")
     try:
         with pytest.raises(CatalogError) as err:
             Catalog(db, immutable=True)
@@ -280,7 +280,7 @@ def test_immutable_refuses_wal_content_not_in_the_main_file(tmp_path: Path) -> N
         assert (busy, copied) == (0, frames)
         assert _wal(db).stat().st_size > 0
         assert _created_at(db, immutable=True) == 86400
-        holder.execute("UPDATE datasets SET created_at = 172800")
+        holder.execute("UPDATE shardcat_datasets SET created_at = 172800")
         with pytest.raises(CatalogError, match="not yet in the main file"):
             Catalog(db, immutable=True)
         with Catalog(db) as cat:
@@ -293,7 +293,7 @@ def test_immutable_refuses_wal_content_not_in_the_main_file(tmp_path: Path) -> N
 
 def test_immutable_refuses_a_wal_without_its_shm(tmp_path: Path) -> None:
     db = _build(tmp_path / "src")
-    _killed_writer(db, "UPDATE datasets SET created_at = 86400")
+    _killed_writer(db, "UPDATE shardcat_datasets SET created_at = 86400")
     copy = tmp_path / "copy"
     copy.mkdir()
     shutil.copy(db, copy / db.name)
@@ -306,7 +306,7 @@ def test_immutable_refuses_a_wal_without_its_shm(tmp_path: Path) -> None:
 
 def test_cli_immutable_option_and_checkpoint_command(tmp_path: Path) -> None:
     db = _build(tmp_path)
-    holder = _holder(db, "UPDATE datasets SET created_at = 86400")
+    holder = _holder(db, "UPDATE shardcat_datasets SET created_at = 86400")
     try:
         result = runner.invoke(app, ["datasets", "-c", str(db), "--immutable"])
         assert result.exit_code == 1
@@ -320,13 +320,13 @@ def test_cli_immutable_option_and_checkpoint_command(tmp_path: Path) -> None:
         assert result.output == f"{db}: every commit is in the main file\n"
         for command in (
             ["datasets", "--json"],
-            ["query", "SELECT created_at FROM datasets", "--json"],
+            ["query", "SELECT created_at FROM shardcat_datasets", "--json"],
         ):
             result = runner.invoke(app, [*command, "-c", str(db), "--immutable"])
             assert result.exit_code == 0, result.output
             assert json.loads(result.output)[0]["created_at"] == 86400
         holder.execute("BEGIN")
-        holder.execute("SELECT count(*) FROM records").fetchone()
+        holder.execute("SELECT count(*) FROM shardcat_records").fetchone()
         with Catalog(db) as cat:
             cat.drop("train")
         result = runner.invoke(app, ["checkpoint", "-c", str(db)])
@@ -403,7 +403,7 @@ def test_readonly_open_on_a_read_only_mount(tmp_path: Path) -> None:
     shutil.copy2(src.parent / "train-00000.tfrecord", mount)  # its mtime is indexed
     left = _build(mount / "left")  # as a writer left it (an empty -wal, a -shm)
     assert not _wal(left).exists() or _wal(left).stat().st_size == 0
-    _killed_writer(src, "UPDATE datasets SET created_at = 86400")
+    _killed_writer(src, "UPDATE shardcat_datasets SET created_at = 86400")
     dirty = mount / "dirty.sqlite"
     shutil.copy(src, dirty)
     shutil.copy(_wal(src), f"{dirty}-wal")  # a catalog whose last commit is only in its WAL

@@ -293,9 +293,9 @@ def test_a_copied_catalog_and_shards_still_open(tmp_path: Path):
             old[k] for k in sorted(old)
         ]
     with Catalog(dst / db.name) as cat:  # a sync records the new identity, no re-index
-        before = cat.query("SELECT id, generation, ino FROM shards ORDER BY id")
+        before = cat.query("SELECT id, generation, ino FROM shardcat_shards ORDER BY id")
         cat.ingest([str(dst / f.name) for f in files], "d").close()
-        after = cat.query("SELECT id, generation, ino FROM shards ORDER BY id")
+        after = cat.query("SELECT id, generation, ino FROM shardcat_shards ORDER BY id")
         assert [r[:2] for r in after] == [r[:2] for r in before]
         assert [r[2] for r in after] == [(dst / f.name).stat().st_ino for f in files]
 

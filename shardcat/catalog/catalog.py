@@ -46,7 +46,7 @@ from shardcat.catalog.ingest import (
 )
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.errors import CatalogError, SchemaVersionError
-from shardcat.migrations import SCHEMA_VERSION, ensure_schema, read_version, too_new
+from shardcat.migrations import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.readers.formats import detect_format, get_format
 
 if TYPE_CHECKING:
@@ -123,24 +123,15 @@ def default_dataset_name(files: Sequence[str]) -> str:
     prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))  # noqa: RUF071
     base = prefix or Path(files[0]).parent.name or "dataset"
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
-    return slug if _valid_name(slug) else f"d_{slug}"
-
-
-def _valid_name(name: str) -> bool:
-    """An identifier that is none of the catalog's own tables (nor a ``fields_*`` one)."""
-    lower = name.lower()
-    return bool(
-        schema.IDENTIFIER.match(name)
-        and lower not in schema.RESERVED_NAMES
-        and not lower.startswith("fields_")
-    )
+    return slug if schema.is_dataset_name(slug) else f"d_{slug}"
 
 
 def _check_name(name: str) -> None:
-    if not _valid_name(name):
+    if not schema.is_dataset_name(name):
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
-            "with a digit), and none of the catalog's own table names"
+            f"with a digit, nor with {schema.PREFIX} or sqlite_, the catalog's and "
+            "SQLite's own names)"
         )
 
 
@@ -155,7 +146,7 @@ def _refuse_foreign(path: Path) -> None:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     except sqlite3.Error as exc:
         raise open_error(path, exc) from None
-    if tables and "catalog_meta" not in tables:
+    if tables and not tables & {"shardcat_meta", "catalog_meta"}:  # (before version 4)
         raise CatalogError(
             f"{path} is a SQLite database but not a shardcat catalog: refusing to add the "
             "catalog's tables to it (give another catalog path)"
@@ -291,7 +282,7 @@ class Catalog:
         read-only because it cannot create the ``-shm`` file (a read-only
         directory or mount) and the main file holds every commit, it is opened
         immutable instead: nothing can be writing it there."""
-        sql = "SELECT value FROM catalog_meta WHERE name = 'schema_version'"
+        sql = "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
         try:
             try:
                 row = self.reader_connection().execute(sql).fetchone()
@@ -311,9 +302,13 @@ class Catalog:
                 self.immutable = True
                 row = self.reader_connection().execute(sql).fetchone()
         except sqlite3.OperationalError as exc:
-            if str(exc).startswith("no such table"):
+            if not str(exc).startswith("no such table"):
+                raise open_error(self.path, exc) from None
+            try:  # a catalog older than version 4 kept it in catalog_meta
+                row = self.reader_connection().execute(sql.replace("shardcat_meta", OLD_META))
+                row = row.fetchone()
+            except sqlite3.OperationalError:
                 return None
-            raise open_error(self.path, exc) from None
         except sqlite3.DatabaseError as exc:  # not a database, corrupt
             raise open_error(self.path, exc) from None
         return None if row is None else int(row[0])
@@ -371,10 +366,10 @@ class Catalog:
         of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
         conn = self.reader_connection()
         row = conn.execute(
-            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE name = ?", (name,)
+            f"SELECT {_DATASET_COLUMNS} FROM shardcat_datasets WHERE name = ?", (name,)
         ).fetchone()
         if row is None:
-            known = [r[0] for r in conn.execute("SELECT name FROM datasets ORDER BY name")]
+            known = [r[0] for r in conn.execute("SELECT name FROM shardcat_datasets ORDER BY name")]
             raise CatalogError(
                 f"no dataset {name!r} in {self.path}"
                 + (f" (it has: {', '.join(known)})" if known else " (it has no datasets yet)")
@@ -384,7 +379,8 @@ class Catalog:
     def _unused_name(self, base: str) -> str:
         """``base``, else ``base_2``, ``base_3``, ...: the first name no dataset has."""
         taken = {
-            str(r[0]).lower() for r in self.reader_connection().execute("SELECT name FROM datasets")
+            str(r[0]).lower()
+            for r in self.reader_connection().execute("SELECT name FROM shardcat_datasets")
         }
         return schema.first_free(base, taken)
 
@@ -536,7 +532,7 @@ class Catalog:
         # keys that collide across shards); read outside the write lock, once.
         known = (
             self.reader_connection()
-            .execute("SELECT 1 FROM datasets WHERE name = ?", (name,))
+            .execute("SELECT 1 FROM shardcat_datasets WHERE name = ?", (name,))
             .fetchone()
         )
         per_dataset = getattr(fmt, "detect_dataset_options", None)
@@ -632,7 +628,9 @@ class Catalog:
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
         conn = self.reader_connection()
-        rows = conn.execute(f"SELECT {_DATASET_COLUMNS} FROM datasets ORDER BY name").fetchall()
+        rows = conn.execute(
+            f"SELECT {_DATASET_COLUMNS} FROM shardcat_datasets ORDER BY name"
+        ).fetchall()
         return [self._describe(row) for row in rows]
 
     def info(self, name: str) -> DatasetInfo:
@@ -644,18 +642,19 @@ class Catalog:
         conn = self.reader_connection()
         states = dict(
             conn.execute(
-                "SELECT state, count(*) FROM shards WHERE dataset_id = ? GROUP BY state",
+                "SELECT state, count(*) FROM shardcat_shards WHERE dataset_id = ? GROUP BY state",
                 (row[0],),
             ).fetchall()
         )
         n = conn.execute(
-            "SELECT coalesce(sum(num_records), 0) FROM shards "
+            "SELECT coalesce(sum(num_records), 0) FROM shardcat_shards "
             "WHERE dataset_id = ? AND state = 'ready'",
             (row[0],),
         ).fetchone()[0]
         cols = dict(
             conn.execute(
-                "SELECT column_name, sql_type FROM fields WHERE dataset_id = ? ORDER BY idx",
+                "SELECT column_name, sql_type FROM shardcat_fields WHERE dataset_id = ? "
+                "ORDER BY idx",
                 (row[0],),
             ).fetchall()
         )

@@ -31,11 +31,15 @@ __all__ = ["export_index", "index_name"]
 
 _SHARDS = (
     "SELECT s.id, s.path, s.state, s.size, s.mtime_ns, s.compression, s.first_position "
-    "FROM shards s JOIN datasets d ON d.id = s.dataset_id WHERE d.name = ? ORDER BY s.path"
+    "FROM shardcat_shards s JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = "
+    "? ORDER BY s.path"
 )
-_RECORDS = 'SELECT key, ordinal, "offset", length FROM records WHERE shard_id = ? ORDER BY ordinal'
+_RECORDS = (
+    'SELECT key, ordinal, "offset", length FROM shardcat_records WHERE shard_id = ? ORDER BY '
+    "ordinal"
+)
 _MEMBERS = (
-    'SELECT ordinal, name, "offset", length, extents FROM members WHERE shard_id = ? '
+    'SELECT ordinal, name, "offset", length, extents FROM shardcat_members WHERE shard_id = ? '
     'ORDER BY ordinal, "offset"'
 )
 

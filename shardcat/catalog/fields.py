@@ -5,11 +5,11 @@ record) and one column ``v<idx>`` per field, so feature names never have to
 be valid column names. The view renames them to the feature names::
 
     CREATE VIEW train AS
-    SELECT (SELECT r.key FROM records r
+    SELECT (SELECT r.key FROM shardcat_records r
             WHERE r.shard_id = f.shard_id AND r.ordinal = f.ordinal) AS key,
            s.first_position + f.ordinal AS position, s.path AS shard,
            f.v1 AS label, f.v2 AS score
-    FROM fields_1 f JOIN shards s ON s.id = f.shard_id
+    FROM fields_1 f JOIN shardcat_shards s ON s.id = f.shard_id
 
 The key is a scalar subquery on a unique index, so SQLite skips ``records``
 entirely for queries that do not use ``key`` (``count(*) WHERE label < 10``,
@@ -123,7 +123,7 @@ def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
         key = "CAST(s.first_position + r.ordinal AS TEXT)" if by_position else "r.key"
         conn.exec_driver_sql(
             f"CREATE VIEW {q} AS SELECT {key} AS key, s.first_position + r.ordinal AS position, "
-            "s.path AS shard FROM records r JOIN shards s ON s.id = r.shard_id "
+            "s.path AS shard FROM shardcat_records r JOIN shardcat_shards s ON s.id = r.shard_id "
             f"WHERE r.dataset_id = {int(dataset_id)}"
         )
         return
@@ -138,14 +138,15 @@ def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
         "CAST(s.first_position + f.ordinal AS TEXT)"
         if by_position
         else (
-            "(SELECT r.key FROM records r WHERE r.shard_id = f.shard_id AND r.ordinal = f.ordinal)"
+            "(SELECT r.key FROM shardcat_records r WHERE r.shard_id = f.shard_id AND "
+            "r.ordinal = f.ordinal)"
         )
     )
     conn.exec_driver_sql(
         f"CREATE VIEW {q} AS SELECT {key} AS key, s.first_position + f.ordinal AS position, "
         f"s.path AS shard{', ' + cols if cols else ''} "
         f"FROM {_quote(conn, schema.field_table_name(dataset_id))} f "
-        "JOIN shards s ON s.id = f.shard_id"
+        "JOIN shardcat_shards s ON s.id = f.shard_id"
     )
 
 

@@ -384,7 +384,7 @@ def _remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: 
     """
     removed = sorted(removed)
     ftable = conn.dialect.identifier_preparer.quote_identifier(schema.field_table_name(dataset_id))
-    for table in ("records", "members", ftable):
+    for table in (schema.records.name, schema.members.name, ftable):
         conn.exec_driver_sql(
             f"DELETE FROM {table} "
             "WHERE shard_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
@@ -480,7 +480,7 @@ def _insert_records(conn: Connection, job: IngestJob, shard_id: int, entries: li
     by_position = get_format(job.format).key_rule(job.options) == "position"
     insert_columns(
         conn,
-        "records",
+        schema.records.name,
         {
             "dataset_id": job.dataset_id,
             "key": [f"#{shard_id}:{i}" for i in range(n)] if by_position else [*map(_key, entries)],
@@ -536,7 +536,7 @@ def _commit(
                 json.dumps([list(p) for p in m[4]]) if len(m) > 4 and m[4] else None
                 for m in members
             ]
-        insert_columns(conn, "members", columns)
+        insert_columns(conn, schema.members.name, columns)
     if job.options.get("fields", True):  # without fields the view reads records alone
         _insert_fields(conn, job, shard_id, entries)
     s = schema.shards

@@ -103,7 +103,8 @@ def choose(
     ``shard_paths`` the matched files as stored.
     """
     by_source = conn.execute(
-        f"SELECT {_COLUMNS} FROM datasets WHERE source = ? ORDER BY id", (json.dumps(source),)
+        f"SELECT {_COLUMNS} FROM shardcat_datasets WHERE source = ? ORDER BY id",
+        (json.dumps(source),),
     ).fetchall()
     if rule is None and by_source:
         return str(by_source[0][1]), None
@@ -123,10 +124,10 @@ def _same_shard_set(conn: Any, shard_paths: set[str]) -> list[Any]:
     if not shard_paths:
         return []
     sets: dict[int, set[str]] = {}
-    for dataset_id, path in conn.execute("SELECT dataset_id, path FROM shards"):
+    for dataset_id, path in conn.execute("SELECT dataset_id, path FROM shardcat_shards"):
         sets.setdefault(dataset_id, set()).add(path)
     return [
-        conn.execute(f"SELECT {_COLUMNS} FROM datasets WHERE id = ?", (i,)).fetchone()
+        conn.execute(f"SELECT {_COLUMNS} FROM shardcat_datasets WHERE id = ?", (i,)).fetchone()
         for i in sorted(i for i, paths in sets.items() if paths == shard_paths)
     ]
 
@@ -171,7 +172,8 @@ def seed(
     if not wanted:
         return 0
     rows = conn.exec_driver_sql(
-        "SELECT s.dataset_id, s.id, s.path FROM shards s JOIN datasets d ON d.id = s.dataset_id "
+        "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
+        "ON d.id = s.dataset_id "
         "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
         "AND d.format = ? AND d.key_rule = ? AND d.grouping IS ? "
         "AND s.path IN (SELECT value FROM json_each(?))",
@@ -267,19 +269,20 @@ def _copy_shard(
     # position keys name their shard (see ingest's _insert_records)
     key = "'#' || shard_id_new || ':' || ordinal" if by_position else "key"
     conn.exec_driver_sql(
-        'INSERT INTO records (dataset_id, key, shard_id, ordinal, "offset", length) '
+        'INSERT INTO shardcat_records (dataset_id, key, shard_id, ordinal, "offset", length) '
         f'SELECT ?, {key}, shard_id_new, ordinal, "offset", length '
-        "FROM (SELECT ? AS shard_id_new, * FROM records WHERE shard_id = ?)",
+        "FROM (SELECT ? AS shard_id_new, * FROM shardcat_records WHERE shard_id = ?)",
         (dataset_id, new_id, row.id),
     )
     conn.exec_driver_sql(
-        'INSERT INTO members (shard_id, ordinal, name, "offset", length, extents) '
-        'SELECT ?, ordinal, name, "offset", length, extents FROM members WHERE shard_id = ?',
+        'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
+        'SELECT ?, ordinal, name, "offset", length, extents FROM shardcat_members WHERE '
+        "shard_id = ?",
         (new_id, row.id),
     )
     conn.exec_driver_sql(
-        "INSERT INTO seek_indexes (shard_id, kind, data) "
-        "SELECT ?, kind, data FROM seek_indexes WHERE shard_id = ?",
+        "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
+        "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
         (new_id, row.id),
     )
     if columns is None:

@@ -1,5 +1,9 @@
 """The catalog's tables (SQLAlchemy Core), portable across SQLite and PostgreSQL.
 
+Every table and index of the catalog's own is named ``shardcat_<name>`` (schema
+version 4; below they are called by ``<name>``), so that the one SQL view per
+dataset, named after the dataset, may take any other name.
+
 - ``datasets``: one row per dataset: format, key rule, grouping rule, options.
 - ``datasets.version`` counts the commits that changed the dataset's shard set
   or records; readers compare it to know when to reload their shard list.
@@ -21,13 +25,14 @@
   up the member's content in order, ``offset`` -1 for a run of zeros (sparse
   tar members).
 - ``fields``: the scalar field columns of each dataset. The values live in one
-  table per dataset, ``fields_<dataset id>`` (``shard_id, ordinal`` + one
+  table per dataset, ``shardcat_fields_<dataset id>`` (``shard_id, ordinal`` + one
   column per field), exposed with the key and position through a view named
   after the dataset.
 - ``seek_indexes`` (schema version 2): seek points into the decompressed
   stream of each gzip/bz2-compressed shard; record and member offsets of
   compressed shards are decompressed-stream offsets.
-- ``catalog_meta``: key/value pairs; ``schema_version`` among them.
+- ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
+  pairs; ``schema_version`` among them.
 """
 
 from __future__ import annotations
@@ -53,14 +58,14 @@ from sqlalchemy import (
 metadata = MetaData()
 
 catalog_meta = Table(
-    "catalog_meta",
+    "shardcat_meta",
     metadata,
     Column("name", String(64), primary_key=True),
     Column("value", Text, nullable=False),
 )
 
 datasets = Table(
-    "datasets",
+    "shardcat_datasets",
     metadata,
     Column("id", Integer, primary_key=True),
     Column("name", String(128), nullable=False, unique=True),
@@ -74,10 +79,15 @@ datasets = Table(
 )
 
 shards = Table(
-    "shards",
+    "shardcat_shards",
     metadata,
     Column("id", Integer, primary_key=True),
-    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
     Column("path", Text, nullable=False),
     Column("size", BigInteger, nullable=False),
     Column("mtime_ns", BigInteger, nullable=False),
@@ -98,23 +108,32 @@ shards = Table(
 )
 
 records = Table(
-    "records",
+    "shardcat_records",
     metadata,
-    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
     Column("key", Text, nullable=False),
-    Column("shard_id", Integer, ForeignKey("shards.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "shard_id", Integer, ForeignKey("shardcat_shards.id", ondelete="CASCADE"), nullable=False
+    ),
     Column("ordinal", BigInteger, nullable=False),
     Column("offset", BigInteger, nullable=False),
     Column("length", BigInteger, nullable=False),
     PrimaryKeyConstraint("dataset_id", "key"),
-    Index("records_by_shard", "shard_id", "ordinal", unique=True),
+    Index("shardcat_records_by_shard", "shard_id", "ordinal", unique=True),
     sqlite_with_rowid=False,
 )
 
 members = Table(
-    "members",
+    "shardcat_members",
     metadata,
-    Column("shard_id", Integer, ForeignKey("shards.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "shard_id", Integer, ForeignKey("shardcat_shards.id", ondelete="CASCADE"), nullable=False
+    ),
     Column("ordinal", BigInteger, nullable=False),
     Column("name", Text, nullable=False),
     Column("offset", BigInteger, nullable=False),
@@ -127,12 +146,12 @@ members = Table(
 # Schema version 2: seek points of compressed shards (one blob per shard, written
 # in the transaction that commits the shard's records; see readers/compressed.py).
 seek_indexes = Table(
-    "seek_indexes",
+    "shardcat_seek_indexes",
     metadata,
     Column(
         "shard_id",
         Integer,
-        ForeignKey("shards.id", ondelete="CASCADE"),
+        ForeignKey("shardcat_shards.id", ondelete="CASCADE"),
         primary_key=True,
         autoincrement=False,
     ),
@@ -141,20 +160,26 @@ seek_indexes = Table(
 )
 
 fields = Table(
-    "fields",
+    "shardcat_fields",
     metadata,
-    Column("dataset_id", Integer, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
     Column("name", Text, nullable=False),  # the feature's name in the data
     Column("column_name", Text, nullable=False),  # its column in the dataset's view
     Column("sql_type", String(16), nullable=False),  # integer, real or text
-    Column("idx", Integer, nullable=False),  # stored as column "v<idx>" of fields_<dataset id>
+    Column("idx", Integer, nullable=False),  # column "v<idx>" of shardcat_fields_<dataset id>
     PrimaryKeyConstraint("dataset_id", "name"),
 )
 
 # Columns every dataset view has; a field with one of these names is renamed "f_<name>".
 VIEW_COLUMNS = ("key", "position", "shard")
-# Table names a dataset may not take for its view.
-RESERVED_NAMES = frozenset(metadata.tables) | {"sqlite_master", "sqlite_sequence"}
+# The catalog's own tables and indexes all start with this (schema version 4): a
+# dataset may take any other identifier, ``shards`` and ``records`` included.
+PREFIX = "shardcat_"
 
 # What a dataset, view column or attached schema may be called: a plain SQL identifier.
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -170,4 +195,11 @@ def first_free(base: str, taken: set[str]) -> str:
 
 
 def field_table_name(dataset_id: int) -> str:
-    return f"fields_{dataset_id}"
+    return f"{PREFIX}fields_{dataset_id}"
+
+
+def is_dataset_name(name: str) -> bool:
+    """Whether a dataset's view may be called ``name``: a plain identifier outside the
+    catalog's own namespace (``shardcat_*``) and SQLite's (``sqlite_*``)."""
+    lower = name.lower()
+    return bool(IDENTIFIER.match(name)) and not lower.startswith((PREFIX, "sqlite_"))

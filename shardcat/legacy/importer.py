@@ -136,8 +136,8 @@ def _known_shards(cat: Catalog | None, name: str | None) -> dict[str, tuple[int,
     if cat is None or name is None:
         return {}
     rows = cat.reader_connection().execute(
-        "SELECT s.path, s.size, s.mtime_ns, s.state, s.num_records FROM shards s "
-        "JOIN datasets d ON d.id = s.dataset_id WHERE d.name = ?",
+        "SELECT s.path, s.size, s.mtime_ns, s.state, s.num_records FROM shardcat_shards s "
+        "JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = ?",
         (name,),
     )
     return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
@@ -149,7 +149,7 @@ def _stored_options(cat: Catalog | None, name: str | None) -> dict[str, Any] | N
         return None
     row = (
         cat.reader_connection()
-        .execute("SELECT options FROM datasets WHERE name = ?", (name,))
+        .execute("SELECT options FROM shardcat_datasets WHERE name = ?", (name,))
         .fetchone()
     )
     return None if row is None else dict(json.loads(row[0]))
@@ -189,7 +189,8 @@ def _free_name(cat: Catalog | None, base: str) -> str:
     if cat is None:
         return base
     taken = {
-        str(r[0]).lower() for r in cat.reader_connection().execute("SELECT name FROM datasets")
+        str(r[0]).lower()
+        for r in cat.reader_connection().execute("SELECT name FROM shardcat_datasets")
     }
     return schema.first_free(base, taken)
 

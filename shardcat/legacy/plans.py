@@ -91,13 +91,7 @@ def _shard_set(path: str) -> tuple[str, bool]:
 def _slug(base: str) -> str:
     """``base`` as a dataset name ("" when nothing of it is left)."""
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_")
-    lower = slug.lower()
-    valid = (
-        schema.IDENTIFIER.match(slug)
-        and lower not in schema.RESERVED_NAMES
-        and not lower.startswith("fields_")
-    )
-    return slug if not slug or valid else f"d_{slug}"
+    return slug if not slug or schema.is_dataset_name(slug) else f"d_{slug}"
 
 
 def dataset_name(plan: Plan) -> str:

@@ -25,13 +25,20 @@ from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _add_seek_indexes(conn: Connection) -> None:
     """1 -> 2: the ``seek_indexes`` table (seek points of compressed shards).
-    Version 1 could not ingest compressed shards, so there is nothing to fill."""
-    schema.seek_indexes.create(conn)
+    Version 1 could not ingest compressed shards, so there is nothing to fill.
+    (The DDL is frozen as version 2 wrote it: later versions renamed the tables.)"""
+    conn.execute(
+        text(
+            "CREATE TABLE seek_indexes (\n\tshard_id INTEGER NOT NULL, \n\tkind VARCHAR(32) "
+            "NOT NULL, \n\tdata BLOB NOT NULL, \n\tPRIMARY KEY (shard_id), \n\tFOREIGN "
+            "KEY(shard_id) REFERENCES shards (id) ON DELETE CASCADE\n)"
+        )
+    )
 
 
 def _add_versions(conn: Connection) -> None:
@@ -49,27 +56,80 @@ def _add_versions(conn: Connection) -> None:
     conn.execute(text("UPDATE shards SET generation = 1 WHERE state = 'ready'"))
 
 
+# The catalog's tables before version 4, which gave them the ``shardcat_`` prefix.
+OLD_NAMES = ("catalog_meta", "datasets", "shards", "records", "members", "seek_indexes", "fields")
+OLD_META = "catalog_meta"
+
+
+def _prefix_names(conn: Connection) -> None:
+    """3 -> 4: the catalog's own tables and index move to the ``shardcat_`` prefix
+    (``shards`` -> ``shardcat_shards``, ``fields_<id>`` -> ``shardcat_fields_<id>``,
+    ``catalog_meta`` -> ``shardcat_meta``), so that a dataset may be called
+    ``shards``; SQLite rewrites the foreign keys, and every dataset view is made
+    again over the new names."""
+    from shardcat.catalog import fields as field_store
+
+    for (view,) in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'view'")).all():
+        conn.execute(text(f'DROP VIEW "{view}"'))
+    ids = [r[0] for r in conn.execute(text("SELECT id FROM datasets")).all()]
+    for old in OLD_NAMES:
+        new = schema.catalog_meta.name if old == OLD_META else f"{schema.PREFIX}{old}"
+        conn.execute(text(f'ALTER TABLE "{old}" RENAME TO "{new}"'))
+    for dataset_id in ids:
+        conn.execute(
+            text(
+                f'ALTER TABLE "fields_{dataset_id}" RENAME TO '
+                f'"{schema.field_table_name(dataset_id)}"'
+            )
+        )
+    conn.execute(text("DROP INDEX records_by_shard"))
+    for index in schema.records.indexes:
+        index.create(conn)
+    for dataset_id, name in conn.execute(
+        select(schema.datasets.c.id, schema.datasets.c.name)
+    ).all():
+        field_store.create_view(conn, dataset_id, name)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
-STEPS: dict[int, Callable[[Connection], None]] = {1: _add_seek_indexes, 2: _add_versions}
+STEPS: dict[int, Callable[[Connection], None]] = {
+    1: _add_seek_indexes,
+    2: _add_versions,
+    3: _prefix_names,
+}
+
+
+def _meta_table(conn: Connection) -> str | None:
+    """Where the schema version is kept: ``shardcat_meta`` (version 4 on),
+    ``catalog_meta`` (before), None in a database that is no catalog."""
+    names = set(inspect(conn).get_table_names())
+    for name in (schema.catalog_meta.name, OLD_META):
+        if name in names:
+            return name
+    return None
 
 
 def read_version(conn: Connection) -> int | None:
     """The catalog's schema version, or None for an empty database."""
-    if not inspect(conn).has_table("catalog_meta"):
+    table = _meta_table(conn)
+    if table is None:
         return None
     value = conn.execute(
-        select(schema.catalog_meta.c.value).where(schema.catalog_meta.c.name == "schema_version")
+        text(f"SELECT value FROM {table} WHERE name = 'schema_version'")
     ).scalar_one_or_none()
     return None if value is None else int(value)
 
 
 def _write_version(conn: Connection, version: int) -> None:
-    table = schema.catalog_meta
+    table = _meta_table(conn)
     updated = conn.execute(
-        table.update().where(table.c.name == "schema_version").values(value=str(version))
+        text(f"UPDATE {table} SET value = :v WHERE name = 'schema_version'"), {"v": str(version)}
     )
     if updated.rowcount == 0:
-        conn.execute(table.insert().values(name="schema_version", value=str(version)))
+        conn.execute(
+            text(f"INSERT INTO {table} (name, value) VALUES ('schema_version', :v)"),
+            {"v": str(version)},
+        )
 
 
 def too_new(where: str, found: int) -> SchemaVersionError:

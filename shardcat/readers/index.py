@@ -36,20 +36,21 @@ __all__ = ["PAGE", "DatasetIndex"]
 #: The most rows one query of an iteration reads.
 PAGE = 10_000
 
-_RECORD = 'SELECT shard_id, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+_RECORD = 'SELECT shard_id, "offset", length FROM shardcat_records WHERE dataset_id = ? AND key = ?'
 _MEMBERS = (
-    'SELECT r.shard_id, m.name, m."offset", m.length FROM records r JOIN members m '
+    'SELECT r.shard_id, m.name, m."offset", m.length FROM shardcat_records r JOIN '
+    "shardcat_members m "
     "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
     'WHERE r.dataset_id = ? AND r.key = ? ORDER BY m."offset"'
 )
-_KEY_AT = "SELECT key FROM records WHERE shard_id = ? AND ordinal = ?"
+_KEY_AT = "SELECT key FROM shardcat_records WHERE shard_id = ? AND ordinal = ?"
 _PAGE_OF_RECORDS = (
-    'SELECT ordinal, key, "offset", length FROM records '
+    'SELECT ordinal, key, "offset", length FROM shardcat_records '
     "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
 )
 _PAGE_OF_MEMBERS = (
-    'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM members m '
-    "JOIN records r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+    'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM shardcat_members m '
+    "JOIN shardcat_records r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
     "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
     'ORDER BY m.ordinal, m."offset"'
 )

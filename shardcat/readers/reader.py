@@ -78,43 +78,45 @@ __all__ = [
 # Rows are (batch index, shard_id, ordinal, offset, length[, key]). CROSS JOIN makes
 # SQLite loop over the batch and look each item up, instead of scanning the records.
 _BY_KEY = (
-    'SELECT 0, shard_id, ordinal, "offset", length FROM records WHERE dataset_id = ? AND key = ?'
+    'SELECT 0, shard_id, ordinal, "offset", length FROM shardcat_records WHERE dataset_id = ? '
+    "AND key = ?"
 )
 _MANY_BY_KEY = (
     'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length FROM json_each(?) j '
-    "CROSS JOIN records r ON r.dataset_id = ? AND r.key = j.value"
+    "CROSS JOIN shardcat_records r ON r.dataset_id = ? AND r.key = j.value"
 )
 _MANY_BY_POSITION = (
     'SELECT j.key, r.shard_id, r.ordinal, r."offset", r.length, r.key FROM json_each(?) j '
-    "CROSS JOIN records r ON r.shard_id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN shardcat_records r ON r.shard_id = json_extract(j.value, '$[0]') "
     "AND r.ordinal = json_extract(j.value, '$[1]')"
 )
 # Members of records (formats whose records have parts):
 # (batch index, name, offset, length, extents).
 _MEMBERS_AT = (
     'SELECT j.key, m.name, m."offset", m.length, m.extents FROM json_each(?) j '
-    "CROSS JOIN members m ON m.shard_id = json_extract(j.value, '$[0]') "
+    "CROSS JOIN shardcat_members m ON m.shard_id = json_extract(j.value, '$[0]') "
     "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
 )
 _MEMBER_BY_KEY = (
-    'SELECT r.shard_id, m."offset", m.length, m.extents FROM records r JOIN members m '
+    'SELECT r.shard_id, m."offset", m.length, m.extents FROM shardcat_records r JOIN '
+    "shardcat_members m "
     "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
     "WHERE r.dataset_id = ? AND r.key = ? AND m.name = ?"
 )
 _SHARDS = (
     "SELECT id, path, first_position, num_records, compression, generation, "
-    "size, mtime_ns, ino, ctime_ns, fingerprint FROM shards "
+    "size, mtime_ns, ino, ctime_ns, fingerprint FROM shardcat_shards "
     "WHERE dataset_id = ? AND generation IS NOT NULL ORDER BY path"
 )
-_VERSION = "SELECT version FROM datasets WHERE id = ?"
-_OPTIONS = "SELECT options FROM datasets WHERE id = ?"
+_VERSION = "SELECT version FROM shardcat_datasets WHERE id = ?"
+_OPTIONS = "SELECT options FROM shardcat_datasets WHERE id = ?"
 _SEEK_INDEX = (
-    "SELECT i.data FROM seek_indexes i JOIN shards s ON s.id = i.shard_id "
+    "SELECT i.data FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = i.shard_id "
     "WHERE i.shard_id = ? AND s.generation = ?"
 )
 Row = tuple[int, int, int, int, int]
 _LOCATION = operator.itemgetter(1, 3)  # (shard_id, offset): read shards front to back
-_KEYS_OF_SHARD = "SELECT key FROM records WHERE shard_id = ? ORDER BY ordinal"
+_KEYS_OF_SHARD = "SELECT key FROM shardcat_records WHERE shard_id = ? ORDER BY ordinal"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -595,7 +597,7 @@ class Reader:
                 done += shard.count
                 continue
             columns = '"offset", length, extents' if self._parts else '"offset", length, NULL'
-            table = "members" if self._parts else "records"
+            table = "shardcat_members" if self._parts else "shardcat_records"
             rows = conn.execute(
                 f'SELECT {columns} FROM {table} WHERE shard_id = ? ORDER BY "offset"', (shard.id,)
             ).fetchall()
