@@ -1,4 +1,4 @@
-"""``catalog migrate``: the command line over :mod:`shardcat.migrations.legacy`."""
+"""``catalog migrate``: the command line over :mod:`shardcat.legacy`."""
 
 from __future__ import annotations
 

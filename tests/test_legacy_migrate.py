@@ -37,7 +37,7 @@ from shardcat import (
     make_example,
 )
 from shardcat.errors import LegacyIndexError
-from shardcat.migrations.legacy import load_pickle, migrate
+from shardcat.legacy import load_pickle, migrate
 from shardcat.readers.recordio import MAGIC, RecordIOWriter
 
 GLOB = "*.tfrecord"

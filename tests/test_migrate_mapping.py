@@ -41,7 +41,7 @@ from shardcat import (
 from shardcat.catalog.catalog import resolve_paths
 from shardcat.cli import app
 from shardcat.errors import LegacyIndexError
-from shardcat.migrations.legacy import migrate
+from shardcat.legacy import migrate
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 
 GLOB = "*.tfrecord"

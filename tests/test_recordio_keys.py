@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from shardcat import Catalog, RecordIOReader, TFRecordWriter, make_example
 from shardcat.cli import app
 from shardcat.errors import CorruptRecordError
-from shardcat.migrations.legacy import migrate
+from shardcat.legacy import migrate
 from shardcat.readers import recordio
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, key_rule, pack, scan
 

@@ -50,7 +50,7 @@ from shardcat.migrations import OLD_META, SCHEMA_VERSION, ensure_schema, read_ve
 from shardcat.readers.formats import detect_format, get_format
 
 if TYPE_CHECKING:
-    from shardcat.migrations.legacy import MigrationReport
+    from shardcat.legacy import MigrationReport
     from shardcat.readers.reader import Reader
 
 __all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_paths"]

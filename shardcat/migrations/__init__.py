@@ -9,7 +9,7 @@ A catalog newer than the library is refused with :class:`SchemaVersionError`.
 anything else, e.g. before a read-only open (which never upgrades).
 
 Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
-:mod:`shardcat.migrations.legacy`.
+:mod:`shardcat.legacy`.
 """
 
 from __future__ import annotations
