@@ -63,3 +63,30 @@ def test_other_host_claim_expires_after_lease():
     owner = "some-other-host:1234:99"
     assert not claim_is_dead(owner, time.time() - 5, lease=600)
     assert claim_is_dead(owner, time.time() - 601, lease=600)
+
+
+def test_switching_a_new_catalog_to_wal_waits_out_another_process(tmp_path):
+    """Processes creating one new catalog at once: the WAL switch may fail at once
+    with "database is locked" (no busy wait); it is retried, not raised."""
+    import sqlite3
+
+    from shardcat.catalog.engine import configure_writer
+
+    class Contended:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn, self.refused = conn, 0
+
+        def execute(self, sql: str):
+            if sql == "PRAGMA journal_mode = WAL" and self.refused < 2:
+                self.refused += 1
+                raise sqlite3.OperationalError("database is locked")
+            return self.conn.execute(sql)
+
+    conn = sqlite3.connect(tmp_path / "new.sqlite")
+    try:
+        contended = Contended(conn)
+        configure_writer(contended)  # type: ignore[arg-type]
+        assert contended.refused == 2
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        conn.close()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from shardcat.catalog import engine as engine_module
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import reuse, schema
 from shardcat.catalog.engine import (
@@ -245,20 +246,7 @@ class Catalog:
             else:
                 _refuse_foreign(self.path)
                 self._engine = make_engine(self.path)
-                try:
-                    # Read the version without the write lock (a deferred
-                    # transaction): an open that changes nothing never waits for
-                    # another process's ingest. Creating or upgrading takes the
-                    # lock, and ensure_schema reads the version again under it.
-                    with self._engine.connect().execution_options(immediate=False) as conn:
-                        with conn.begin():
-                            version = read_version(conn)
-                        if version is None or version < SCHEMA_VERSION:
-                            conn.execution_options(immediate=True)
-                            with conn.begin():
-                                ensure_schema(conn, str(self.path))
-                except DBAPIError as exc:
-                    raise open_error(self.path, exc) from None
+                version = self._open_schema(self._engine)
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
         except BaseException:
@@ -271,6 +259,31 @@ class Catalog:
         _open.add(self)
 
     # -- plumbing --------------------------------------------------------------
+
+    def _open_schema(self, engine: Engine) -> int | None:
+        """The schema version found, creating or upgrading the schema when needed.
+
+        The version is read without the write lock (a deferred transaction): an
+        open that changes nothing never waits for another process's ingest.
+        Creating or upgrading takes the lock, and ``ensure_schema`` reads the
+        version again under it. Processes creating one new catalog at once may
+        see "database is locked" without a busy wait: retried up to the busy timeout.
+        """
+        deadline = time.monotonic() + engine_module.BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                with engine.connect().execution_options(immediate=False) as conn:
+                    with conn.begin():
+                        version = read_version(conn)
+                    if version is None or version < SCHEMA_VERSION:
+                        conn.execution_options(immediate=True)
+                        with conn.begin():
+                            ensure_schema(conn, str(self.path))
+                return version
+            except DBAPIError as exc:
+                if "locked" not in str(exc.orig) or time.monotonic() > deadline:
+                    raise open_error(self.path, exc) from None
+                time.sleep(0.02)
 
     @property
     def directory(self) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,16 @@ def configure_writer(conn: sqlite3.Connection) -> None:
     the write lock, WAL, and ``synchronous = NORMAL`` (in WAL mode a commit
     survives the process being killed; only a power cut may lose the last ones)."""
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-        conn.execute("PRAGMA journal_mode = WAL")
+    # Switching a new file to WAL needs it alone and may fail at once with "database is
+    # locked" (no busy wait) while other processes open the same new catalog: retry.
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     conn.execute("PRAGMA synchronous = NORMAL")
 
 
