@@ -59,7 +59,7 @@ from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.errors import CatalogError, DuplicateKeyError, IngestError, ShardcatError
 from shardcat.readers.compressed import ShardScan, scan_shard
 from shardcat.readers.formats import Entry, get_format
-from shardcat.readers.source import fingerprint_file
+from shardcat.readers.source import Identity, fingerprint_file, mismatch
 
 __all__ = [
     "DROPPED",
@@ -194,13 +194,10 @@ def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
     size or mtime differ, or inode/ctime differ and so does the fingerprint; None when
     it is the same content under another inode/ctime (copied, chmod, ``touch -r``
     of unchanged bytes): the stored identity needs updating, not the records."""
-    if (row.size, row.mtime_ns) != (st.st_size, st.st_mtime_ns):
+    indexed = Identity(row.size, row.mtime_ns, row.ino, row.ctime_ns, row.fingerprint)
+    if mismatch(indexed, st, lambda: fingerprint_file(path, st.st_size)) is not None:
         return False
-    if (row.ino, row.ctime_ns) == (st.st_ino, st.st_ctime_ns):
-        return True
-    if row.fingerprint is not None and fingerprint_file(path, st.st_size) != row.fingerprint:
-        return False
-    return None
+    return True if (row.ino, row.ctime_ns) == (st.st_ino, st.st_ctime_ns) else None
 
 
 def sync_shards(

@@ -38,6 +38,7 @@ __all__ = [
     "Source",
     "fingerprint_fd",
     "fingerprint_file",
+    "mismatch",
     "open_file",
     "open_source",
     "read_extents",
@@ -92,12 +93,21 @@ class Identity:
     fingerprint: str | None
 
 
-def _difference(want: Identity, st: os.stat_result) -> str | None:
-    """What makes the file behind ``st`` another version than ``want`` (None: none)."""
+def mismatch(want: Identity, st: os.stat_result, fingerprint: Callable[[], str]) -> str | None:
+    """What makes the file behind ``st`` another version than ``want``; None when it
+    is that version. Size and mtime must be equal; when inode or ctime differ too (a
+    copy, a ``chmod``, a rewrite with its mtime put back), ``fingerprint()`` of the
+    file decides. The one rule of both the ingest's sync and the readers."""
     if st.st_size != want.size:
         return f"its size is {st.st_size} bytes, the catalog indexed {want.size}"
     if st.st_mtime_ns != want.mtime_ns:
         return "it was modified (mtime differs)"
+    if (
+        (st.st_ino, st.st_ctime_ns) != (want.ino, want.ctime_ns)
+        and want.fingerprint is not None
+        and fingerprint() != want.fingerprint
+    ):
+        return "its content changed (fingerprint differs)"
     return None
 
 
@@ -140,7 +150,7 @@ class FileSource:
 
     def pread(self, length: int, offset: int) -> bytes:
         data = os.pread(self.fd, length, offset)
-        if self._seen is not None:
+        if self._seen is not None:  # check() inlined: this is every single read
             st = os.fstat(self.fd)
             if (st.st_mtime_ns, st.st_ctime_ns, st.st_size) != self._seen:
                 self.recheck(st)
@@ -158,10 +168,7 @@ class FileSource:
         version (unlinked, replaced, chmod), or a :class:`StaleShardError`."""
         if self.identity is None:
             return
-        problem = _difference(self.identity, st)
-        fp = self.identity.fingerprint
-        if problem is None and fp is not None and fingerprint_fd(self.fd, st.st_size) != fp:
-            problem = "its content changed (fingerprint differs)"
+        problem = mismatch(self.identity, st, lambda: fingerprint_fd(self.fd, st.st_size))
         if problem is not None:
             raise StaleShardError(
                 f"{self.path} changed after it was indexed: {problem}; re-ingest it "
@@ -210,8 +217,11 @@ def open_file(path: str, identity: Identity) -> FileSource:
     try:
         st = os.fstat(fd)
         source = FileSource(fd, path, identity, st)
-        if (st.st_ino, st.st_ctime_ns) != (identity.ino, identity.ctime_ns) or _difference(
-            identity, st
+        if (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) != (
+            identity.size,
+            identity.mtime_ns,
+            identity.ino,
+            identity.ctime_ns,
         ):
             source.recheck(st)
     except BaseException:
