@@ -11,7 +11,7 @@ tfd-utils itself and cached there; the same data the main suite uses).
 Each contender writes a fresh catalog in a temporary directory (nothing is
 written beside the cached data); they run round-robin and the median is kept:
 
-- **migrate**: ``shardcat.legacy.migrate(<data dir>, catalog=...)``:
+- **migrate**: ``shardcat.facade.catalog.migrate(<data dir>, catalog=...)``:
   discovery, the restricted unpickler, verification (tiling of every shard,
   64 records per shard re-read with both CRCs and the key), the commit through
   the ingest's own transaction. The dataset it makes equals ``ingest(...,
@@ -45,7 +45,8 @@ from typing import Any
 from benchmarks.data import DATASET, Dataset, ensure_tfd_index, get_dataset, remove_catalog
 from benchmarks.util import drop_page_cache, print_table, quiet, round_robin
 from shardcat import Catalog
-from shardcat.legacy import load_pickle, migrate
+from shardcat.facade.catalog import migrate
+from shardcat.legacy import load_pickle
 
 
 def _contenders(ds: Dataset, tmp: Path, workers: int) -> dict[str, Callable[[], Any]]:

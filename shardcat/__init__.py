@@ -6,7 +6,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-from shardcat.catalog import Catalog, DatasetInfo, QueryResult
+from shardcat.catalog import DatasetInfo, QueryResult
 from shardcat.errors import (
     CatalogError,
     CorruptRecordError,
@@ -15,6 +15,7 @@ from shardcat.errors import (
     KeyNotFoundError,
     LegacyIndexError,
     MissingShardError,
+    NoSuchFeatureError,
     SchemaVersionError,
     ShardcatError,
     ShardIOError,
@@ -25,14 +26,17 @@ from shardcat.errors import (
     StorageTypeError,
     StorageValueError,
 )
-from shardcat.readers.reader import (
-    Reader,
+from shardcat.facade.catalog import Catalog
+from shardcat.facade.dropin import (
     RecordIOReader,
     TarRandomAccess,
     TarReader,
     TFRecordRandomAccess,
     TFRecordReader,
 )
+from shardcat.facade.options import IngestOptions
+from shardcat.readers.formats import Format, Location, register_format
+from shardcat.readers.reader import Reader
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.readers.torch import RecordDataset
 
@@ -61,10 +65,14 @@ __all__ = [
     "CorruptRecordError",
     "DatasetInfo",
     "DuplicateKeyError",
+    "Format",
     "IngestError",
+    "IngestOptions",
     "KeyNotFoundError",
     "LegacyIndexError",
+    "Location",
     "MissingShardError",
+    "NoSuchFeatureError",
     "QueryResult",
     "Reader",
     "RecordDataset",
@@ -87,4 +95,5 @@ __all__ = [
     "TensorDB",
     "__version__",
     "make_example",
+    "register_format",
 ]

@@ -1,3 +1,5 @@
+"""``python -m shardcat``: the ``catalog`` command line."""
+
 from shardcat.cli import main
 
 main()

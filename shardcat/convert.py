@@ -25,11 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardcat.catalog.catalog import PathsLike, resolve_paths
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
+from shardcat.paths import PathsLike, resolve_paths
 from shardcat.readers import tar as tar_format
 from shardcat.readers import tfrecord
 from shardcat.readers.formats import detect_format
+from shardcat.readers.tar import TarFormat
+from shardcat.readers.tfrecord import TFRecordFormat
 
 __all__ = ["ConvertResult", "convert_tar", "convert_tars", "output_path", "tar_inputs"]
 
@@ -50,7 +52,7 @@ def tar_inputs(spec: PathsLike) -> list[str]:
     """The archives named by a file, a directory (its tar archives, detected by
     content) or a glob, or a list of them; sorted and absolute."""
     files = resolve_paths(spec)
-    return [p for p in files if p.endswith(tar_format.EXTENSIONS) or _is_tar(p)]
+    return [p for p in files if p.endswith(TarFormat.EXTENSIONS) or _is_tar(p)]
 
 
 def _is_tar(path: str) -> bool:
@@ -65,7 +67,7 @@ def output_path(source: str, output_dir: str | os.PathLike[str] | None = None) -
     """``<archive name without its tar extension>.tfrecord`` in ``output_dir``
     (default: beside the archive)."""
     name = os.path.basename(source)
-    for ext in sorted(tar_format.EXTENSIONS, key=len, reverse=True):
+    for ext in sorted(TarFormat.EXTENSIONS, key=len, reverse=True):
         if name.endswith(ext) and len(name) > len(ext):
             name = name[: -len(ext)]
             break
@@ -117,7 +119,9 @@ def _fsync(path: str) -> None:
 
 def _check_written(path: str, written: Sequence[tuple[str, int]]) -> None:
     """Read the TFRecord back: every CRC, the keys in order and the payload lengths."""
-    read_back = [(e.key, e.length) for e in tfrecord.scan(path, {"key": "key", "fields": False})]
+    read_back = [
+        (e.key, e.length) for e in TFRecordFormat().scan(path, {"key": "key", "fields": False})
+    ]
     if read_back != list(written):
         first = next(
             (i for i, (a, b) in enumerate(zip(read_back, written, strict=False)) if a != b),
@@ -154,10 +158,11 @@ def convert_tars(
     delete: bool = False,
     workers: int = 1,
     grouping: str = "tfd",
-    progress: Callable[[ConvertResult], None] | None = None,
+    progress: Callable[[ConvertResult, int], None] | None = None,
 ) -> list[ConvertResult]:
     """Convert each archive to a TFRecord (see :func:`convert_tar`); ``workers``
-    processes convert archives in parallel. A failed archive is reported in its
+    processes convert archives in parallel; ``progress(result, total archives)``
+    after each one. A failed archive is reported in its
     result and the others go on; with ``delete``, a source is removed only
     after its TFRecord was written and verified."""
     tar_format.check_grouping(grouping)
@@ -174,11 +179,11 @@ def convert_tars(
             for result in pool.imap(_convert_one, jobs):
                 results.append(result)
                 if progress is not None:
-                    progress(result)
+                    progress(result, len(jobs))
     else:
         for job in jobs:
             result = _convert_one(job)
             results.append(result)
             if progress is not None:
-                progress(result)
+                progress(result, len(jobs))
     return results

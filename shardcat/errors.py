@@ -17,6 +17,7 @@ __all__ = [
     "KeyNotFoundError",
     "LegacyIndexError",
     "MissingShardError",
+    "NoSuchFeatureError",
     "SchemaVersionError",
     "ShardIOError",
     "ShardcatError",
@@ -42,6 +43,18 @@ class KeyNotFoundError(ShardcatError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class NoSuchFeatureError(CatalogError):
+    """The record has no feature of that name; ``available`` lists those it has."""
+
+    def __init__(self, key: str, feature: str, available: list[str]) -> None:
+        self.key = key
+        self.feature = feature
+        self.available = available
+        super().__init__(
+            f"record {key!r} has no feature {feature!r} (it has: {', '.join(available)})"
+        )
 
 
 class CorruptRecordError(ShardcatError, ValueError):

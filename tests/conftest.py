@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardcat.catalog.catalog import open_catalogs
+from shardcat.catalog.store import open_catalogs
 
 
 @pytest.fixture(autouse=True)

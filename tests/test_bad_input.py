@@ -20,11 +20,14 @@ from typer.testing import CliRunner
 
 from shardcat import Catalog, CorruptRecordError, IngestError, TFRecordWriter, make_example
 from shardcat.cli import app
-from shardcat.cli.records import safe_name
-from shardcat.readers import compressed, tar, tfrecord
-from shardcat.readers.formats import pread_exact, read_full
+from shardcat.facade.records import safe_name
+from shardcat.readers import compressed
+from shardcat.readers.formats import Location
+from shardcat.readers.rawio import pread_exact, read_full
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
-from shardcat.readers.tfrecord import masked_crc
+from shardcat.readers.source import Source
+from shardcat.readers.tar import TarFormat
+from shardcat.readers.tfrecord import TFRecordFormat, masked_crc
 
 needs_compressed = pytest.mark.skipif(
     any(
@@ -66,10 +69,14 @@ def _payload_data(n: int = 300_000) -> bytes:
     return random.Random(2).randbytes(n // 2 + 1).hex().encode()[:n]
 
 
-class PreadSource:
+TAR, TFR = TarFormat(), TFRecordFormat()
+
+
+class PreadSource(Source):
     """``os.pread`` on a file, as a reader's plain source does."""
 
     def __init__(self, path: Path) -> None:
+        self.path = str(path)
         self.fd = os.open(path, os.O_RDONLY)
 
     def pread(self, length: int, offset: int) -> bytes:
@@ -89,7 +96,7 @@ def test_tfrecord_detect_options_checks_the_length_crc(tmp_path: Path, length: i
     data = bytearray(path.read_bytes())
     set_length(data, 0, length, crc_ok=False)  # a flipped bit: the CRC no longer matches
     path.write_bytes(data)
-    assert tfrecord.detect_options(str(path)) == {"message": "example"}
+    assert TFR.detect_options(str(path)) == {"message": "example"}
     message = ingest_failure(tmp_path, path, "tfrecord")
     assert message == f"{path}: at byte 0: length CRC mismatch"
 
@@ -104,9 +111,9 @@ def test_tfrecord_crc_valid_length_past_the_end(tmp_path: Path, length: int, at:
     path.write_bytes(data)
     left = len(data) - offsets[at]
     problem = f"truncated record: needs {length + 16} bytes, file has {left} left"
-    assert tfrecord.detect_options(str(path)) == {"message": "example"}
+    assert TFR.detect_options(str(path)) == {"message": "example"}
     with pytest.raises(CorruptRecordError) as info:
-        list(tfrecord.scan(str(path), {}))
+        list(TFR.scan(str(path), {}))
     assert (info.value.path, info.value.offset, info.value.problem) == (
         str(path),
         offsets[at],
@@ -127,7 +134,7 @@ def test_compressed_tfrecord_crc_valid_length_past_the_end(
     set_length(data, offsets[1], length)
     path = tmp_path / f"a.tfrecord.{how}"
     path.write_bytes({"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[how](data))
-    assert tfrecord.detect_options(str(path)) == {"message": "example"}
+    assert TFR.detect_options(str(path)) == {"message": "example"}
     left = len(data) - offsets[1]  # the whole stream was read, in bounded chunks
     assert ingest_failure(tmp_path, path, "tfrecord") == (
         f"{path}: at byte {offsets[1]}: truncated record: needs {length + 16} bytes, "
@@ -138,9 +145,9 @@ def test_compressed_tfrecord_crc_valid_length_past_the_end(
 def test_tfrecord_detect_options_with_a_good_first_record(tmp_path: Path) -> None:
     path = tmp_path / "a.tfrecord"
     write_tfrecord(path)
-    assert tfrecord.detect_options(str(path)) == {"message": "example"}
+    assert TFR.detect_options(str(path)) == {"message": "example"}
     (tmp_path / "empty.tfrecord").write_bytes(b"")
-    assert tfrecord.detect_options(str(tmp_path / "empty.tfrecord")) == {"message": "example"}
+    assert TFR.detect_options(str(tmp_path / "empty.tfrecord")) == {"message": "example"}
 
 
 @pytest.mark.parametrize("length", [2**63, 2**40])
@@ -152,15 +159,15 @@ def test_tfrecord_read_with_an_impossible_length(tmp_path: Path, length: int) ->
     try:
         for verify in (False, True):
             with pytest.raises(CorruptRecordError) as info:
-                tfrecord.read(source, str(path), offsets[1], length, verify)
+                TFR.read(source, Location(offsets[1], length), verify)
             assert (info.value.path, info.value.offset) == (str(path), offsets[1])
         with pytest.raises(CorruptRecordError) as info:
-            pread_exact(source, str(path), 5, length)
+            pread_exact(source, 5, length)
         assert info.value.problem.startswith(f"cannot read {length} bytes at byte 5 (")
         with pytest.raises(CorruptRecordError, match="cannot read -1 bytes at byte 5"):
-            pread_exact(source, str(path), 5, -1)
+            pread_exact(source, 5, -1)
         with pytest.raises(CorruptRecordError, match="length differs from the catalog"):
-            tfrecord.read(source, str(path), offsets[1], -1, True)
+            TFR.read(source, Location(offsets[1], -1), verify=True)
     finally:
         source.close()
 
@@ -356,7 +363,7 @@ def test_tar_scan_of_a_damaged_tar_gz(tmp_path: Path) -> None:
     path = tmp_path / "a.tar.gz"
     path.write_bytes(packed)
     with pytest.raises(CorruptRecordError) as info:
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
     assert info.value.path == str(path)
 
 

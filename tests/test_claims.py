@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from shardcat.catalog.ingest import claim_is_dead, owner_id
+from shardcat.catalog.processes import is_dead as claim_is_dead
+from shardcat.catalog.processes import owner_id
 
 
 def test_own_claim_is_alive():
@@ -22,7 +23,11 @@ def test_no_owner_is_dead():
 
 def test_exited_process_is_dead():
     child = subprocess.Popen(
-        [sys.executable, "-c", "from shardcat.catalog.ingest import owner_id; print(owner_id())"],
+        [
+            sys.executable,
+            "-c",
+            "from shardcat.catalog.processes import owner_id; print(owner_id())",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -37,7 +42,7 @@ def test_killed_but_unreaped_child_is_dead():
         [
             sys.executable,
             "-c",
-            "import sys, time; from shardcat.catalog.ingest import owner_id; "
+            "import sys, time; from shardcat.catalog.processes import owner_id; "
             "print(owner_id(), flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,

@@ -31,8 +31,8 @@ import pytest
 from typer.testing import CliRunner
 
 from shardcat import Catalog
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.cli import app
-from shardcat.migrations import SCHEMA_VERSION
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.sample import make_sample
 
@@ -409,7 +409,7 @@ def test_messages_name_options_not_python_arguments(tmp_path: Path) -> None:
     fails_alike(
         ["ingest", noise, "-c", db],
         f"{noise}: cannot tell the container format from its first 512 bytes; "
-        "pass --format (one of recordio, tar, tfrecord)",
+        "pass --format (one of parquet, recordio, tar, tfrecord)",
     )
     ok = _shard(tmp_path / "ok" / "b.tfrecord", ["b0", "b1"])
     good = _catalog(tmp_path / "good.sqlite", ok)
@@ -515,12 +515,12 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
 _SLOW_INGEST = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as in a terminal
-import shardcat.readers.tfrecord as tfrecord
-scan = tfrecord.scan
-def slow_scan(path, options):
+from shardcat.readers.tfrecord import TFRecordFormat
+scan = TFRecordFormat.scan
+def slow_scan(self, path, options):
     time.sleep(0.4)
-    return scan(path, options)
-tfrecord.scan = slow_scan  # forked workers inherit it
+    return scan(self, path, options)
+TFRecordFormat.scan = slow_scan  # forked workers inherit it
 from shardcat.cli import main
 sys.argv = ["catalog", *sys.argv[1:]]
 main()

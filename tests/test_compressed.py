@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from shardcat import Catalog, CorruptRecordError, IngestError, TarReader, TFRecordReader
-from shardcat.readers import compressed, tar
+from shardcat.readers import compressed
 from shardcat.readers.formats import detect_format
+from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
+
+TAR = TarFormat()
 
 pytest.importorskip("indexed_gzip", reason="install shardcat[compressed]")
 pytest.importorskip("indexed_bzip2", reason="install shardcat[compressed]")
@@ -82,8 +85,8 @@ def test_compressed_tar_reads_like_the_plain_one(
             out.addfile(member, tf_in.extractfile(member))
     assert compressed.detect_compression(str(path)) == how
     assert detect_format(str(path)) == "tar"
-    plain_entries = list(tar.scan(str(src), {}))
-    assert list(tar.scan(str(path), {})) == plain_entries  # decompressed offsets
+    plain_entries = list(TAR.scan(str(src), {}))
+    assert list(TAR.scan(str(path), {})) == plain_entries  # decompressed offsets
     with Catalog(tmp_path / "c.sqlite") as cat, cat.ingest(path, "z", format="tar") as reader:
         read_all(reader, contents)
         assert reader.get_record_at(-1) == {
@@ -153,7 +156,7 @@ def test_corrupt_and_truncated_gzip(tmp_path: Path, plain: tuple[Path, dict[str,
         pytest.raises(CorruptRecordError) as err,
         compressed.IndexingStream(str(truncated), "gzip") as stream,
     ):
-        list(tar.scan_stream(stream, str(truncated), {}))
+        list(TAR.scan_stream(stream, str(truncated), {}))
         stream.seek_index()
     assert err.value.path == str(truncated)
     flipped = bytearray(good)

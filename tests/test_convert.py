@@ -17,6 +17,7 @@ from shardcat import convert as conv
 from shardcat.cli import app
 from shardcat.pb2 import Example
 from shardcat.readers import tfrecord
+from shardcat.readers.tfrecord import TFRecordFormat
 
 runner = CliRunner()
 
@@ -37,7 +38,7 @@ def make_tar(path: Path, start: int, n: int = 5) -> dict[str, dict[str, bytes]]:
 
 def examples(path: Path) -> dict[str, dict[str, bytes]]:
     out = {}
-    for entry in tfrecord.scan(str(path), {"key": "key", "fields": False}):
+    for entry in TFRecordFormat().scan(str(path), {"key": "key", "fields": False}):
         with open(path, "rb") as f:
             f.seek(entry.offset + tfrecord.HEADER)
             ex = Example.FromString(f.read(entry.length))

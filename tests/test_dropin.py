@@ -27,8 +27,8 @@ from shardcat import (
     TFRecordWriter,
     make_example,
 )
-from shardcat.catalog import ingest as ingest_module
 from shardcat.readers import tar
+from shardcat.readers.formats import Format, get_format
 
 tfd_utils = pytest.importorskip("tfd_utils")
 
@@ -82,14 +82,14 @@ class Scans:
 @pytest.fixture
 def scans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scans:
     counter = Scans(tmp_path / "scans.log")
-    original = ingest_module.scan_shard
+    original = Format.scan_shard
 
     def counting(fmt: Any, path: str, options: Any) -> Any:
         with open(counter.log, "a") as log:
             log.write(Path(path).name + "\n")
         return original(fmt, path, options)
 
-    monkeypatch.setattr(ingest_module, "scan_shard", counting)
+    monkeypatch.setattr(Format, "scan_shard", counting)
     return counter
 
 
@@ -293,7 +293,7 @@ def test_tfd_grouping_merges_a_stems_members_across_the_archive(tmp_path: Path) 
     ]
     write_tar(path, members)
     offsets = {name: (offset, size) for name, offset, size in tar.regular_members(str(path))}
-    entries = {e.key: e for e in tar.scan(str(path), {"grouping": "tfd"})}
+    entries = {e.key: e for e in get_format("tar").scan(str(path), {"grouping": "tfd"})}
     assert list(entries) == ["s0006", "s0006.seg", "s0007"]
     s6 = entries["s0006"]
     assert [m[0] for m in s6.members] == ["cls", "jpg", "txt"]
@@ -301,7 +301,7 @@ def test_tfd_grouping_merges_a_stems_members_across_the_archive(tmp_path: Path) 
     assert s6.offset + s6.length == sum(offsets["s0006.txt"])  # to the end of its last member
     assert s6.fields == {"cls": 6, "txt": "caption 6"}
     # webdataset grouping stays consecutive runs, as webdataset reads them
-    assert [e.key for e in tar.scan(str(path), {})] == ["s0006", "s0007"]
+    assert [e.key for e in get_format("tar").scan(str(path), {})] == ["s0006", "s0007"]
     theirs = their_tar(str(path), tmp_path)
     with TarRandomAccess(str(path)) as ours:
         assert sorted(ours.get_keys()) == sorted(theirs.get_keys())
@@ -320,7 +320,7 @@ def test_a_repeated_member_name_is_last_one_wins(tmp_path: Path) -> None:
     write_tar(path, [("a.jpg", b"second")], mode="a")  # tar -r: appended later
     with tarfile.open(path) as tf:
         assert tf.extractfile("a.jpg").read() == b"second"  # type: ignore[union-attr]
-    entries = list(tar.scan(str(path), {"grouping": "tfd"}))
+    entries = list(get_format("tar").scan(str(path), {"grouping": "tfd"}))
     assert [(e.key, [m[0] for m in e.members]) for e in entries] == [
         ("a", ["jpg", "txt"]),
         ("b", ["jpg"]),
@@ -334,7 +334,7 @@ def test_a_repeated_member_name_is_last_one_wins(tmp_path: Path) -> None:
 
 
 def test_dali_export_of_a_merged_tfd_sample(tmp_path: Path) -> None:
-    export = pytest.importorskip("shardcat.catalog.export")
+    export = pytest.importorskip("shardcat.facade.export")
     path = tmp_path / "d.tar"
     write_tar(path, [("x.jpg", b"j"), ("x.seg.png", b"p"), ("x.cls", b"1")])
     offsets = {name: (offset, size) for name, offset, size in tar.regular_members(str(path))}

@@ -29,7 +29,7 @@ from shardcat import (
     make_example,
 )
 from shardcat.catalog.engine import DEFAULT_NAME, locate
-from shardcat.migrations import SCHEMA_VERSION
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.readers.formats import known_formats
 
 # -- helpers -------------------------------------------------------------------
@@ -694,16 +694,16 @@ def test_processes_share_the_work(tmp_path: Path) -> None:
 _KILLED_CHILD = textwrap.dedent(
     """
     import sys, time
-    import shardcat.readers.tfrecord as tfrecord
+    from shardcat.readers.tfrecord import TFRecordFormat
     from shardcat import Catalog
 
-    original = tfrecord.scan
+    original = TFRecordFormat.scan
 
-    def slow_scan(path, options):
+    def slow_scan(self, path, options):
         time.sleep(0.15)  # keep the shard claimed ('indexing') for a while
-        yield from original(path, options)
+        yield from original(self, path, options)
 
-    tfrecord.scan = slow_scan
+    TFRecordFormat.scan = slow_scan
     with Catalog(sys.argv[1]) as cat:
         cat.ingest(sys.argv[2], "train", workers=1,
                    progress=lambda outcome, total: time.sleep(0.2)).close()
@@ -820,8 +820,8 @@ def test_bad_input_is_refused(tmp_path: Path) -> None:
             with pytest.raises(CatalogError, match="invalid dataset name") as err:
                 cat.ingest(pattern, name)
             assert repr(name) in str(err.value)
-        with pytest.raises(CatalogError, match="unknown format 'parquet'") as err:
-            cat.ingest(pattern, "train", format="parquet")
+        with pytest.raises(CatalogError, match="unknown format 'nosuchformat'") as err:
+            cat.ingest(pattern, "train", format="nosuchformat")
         assert f"known formats: {', '.join(known_formats())}" in str(err.value)
         assert "tfrecord" in known_formats()
         with pytest.raises(CatalogError, match="on_duplicate must be one of") as err:

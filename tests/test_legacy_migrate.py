@@ -37,7 +37,8 @@ from shardcat import (
     make_example,
 )
 from shardcat.errors import LegacyIndexError
-from shardcat.legacy import load_pickle, migrate
+from shardcat.facade.catalog import migrate
+from shardcat.legacy import load_pickle
 from shardcat.readers.recordio import MAGIC, RecordIOWriter
 
 GLOB = "*.tfrecord"
@@ -659,7 +660,9 @@ def test_an_empty_shard_no_index_lists_joins_the_dataset(tmp_path: Path):
     empty.write_bytes(b"")  # tfd-utils indexes it, but no entry names it
     tfd_tfrecord_index(str(tmp_path / GLOB))
     steps: list[tuple[str, int, int]] = []
-    (ds,) = migrate(tmp_path, progress=lambda *step: steps.append(step)).datasets
+    (ds,) = migrate(
+        tmp_path, progress=lambda step, total: steps.append((step.name, step.done, total))
+    ).datasets
     # the shard no index lists counts in the totals the progress bar shows
     assert [s for s in steps if s[0] == "verify"] == [("verify", i, 3) for i in (1, 2, 3)]
     assert [s for s in steps if s[0] == "commit"][-1] == ("commit", 3, 3)

@@ -34,18 +34,23 @@ from typer.testing import CliRunner
 from shardcat import (
     Catalog,
     CatalogError,
+    IngestOptions,
     RecordIOReader,
     TarRandomAccess,
     TFRecordRandomAccess,
 )
-from shardcat.catalog.catalog import resolve_paths
 from shardcat.cli import app
 from shardcat.errors import LegacyIndexError
-from shardcat.legacy import migrate
+from shardcat.facade.catalog import migrate
+from shardcat.paths import resolve_paths
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 
 GLOB = "*.tfrecord"
 runner = CliRunner()
+
+# what a TFRecord / tar reader hands catalog_for_legacy_index
+AS_TFRECORD = IngestOptions(format="tfrecord")
+AS_TAR = IngestOptions(format="tar")
 
 
 def run(*args: object, code: int = 0):
@@ -305,11 +310,11 @@ def legacy_cache(tmp_path: Path) -> tuple[Path, Path]:
 def test_catalog_for_a_tfd_pickle_is_imported_beside_it_once(
     tmp_path: Path, legacy_cache: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ):
-    from shardcat.legacy import catalog_for_legacy_index
+    from shardcat.facade.legacy_index import catalog_for_legacy_index
 
     data, index = legacy_cache
     with pytest.warns(UserWarning) as said:
-        got = catalog_for_legacy_index(index, str(data / GLOB), "tfrecord")
+        got = catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD)
     assert got == tmp_path / "cache" / "train.index.shardcat.sqlite"
     (message,) = [str(w.message) for w in said]
     assert str(index) in message and "tfd-utils" in message and str(got) in message
@@ -330,7 +335,7 @@ def test_catalog_for_a_tfd_pickle_is_imported_beside_it_once(
     monkeypatch.setattr(legacy_index_module, "load_pickle", no_unpickling)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert catalog_for_legacy_index(index, str(data / GLOB), "tfrecord") == got
+        assert catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD) == got
     monkeypatch.undo()
     with TFRecordRandomAccess(str(data / GLOB), index_file=got) as reader:
         assert len(reader) == 120 and reader.get_feature("r2_39", "label") == 4
@@ -343,13 +348,13 @@ def test_catalog_for_a_tfd_pickle_is_imported_beside_it_once(
     os.replace(more[0], data / "train-extra.tfrecord")
     tfd_tfrecord_index(str(data / GLOB), index_file=index)
     with pytest.warns(UserWarning, match="1 shard imported, 3 unchanged"):
-        assert catalog_for_legacy_index(index, str(data / GLOB), "tfrecord") == got
+        assert catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD) == got
     with Catalog(got) as cat:
         assert cat.info("train").records == 127
 
 
 def test_catalog_for_anything_else_is_the_path_itself(tmp_path: Path):
-    from shardcat.legacy import catalog_for_legacy_index
+    from shardcat.facade.legacy_index import catalog_for_legacy_index
 
     write_tfrecords(tmp_path, shards=1, per_shard=3)
     with Catalog(tmp_path / "real.sqlite") as cat:
@@ -359,14 +364,14 @@ def test_catalog_for_anything_else_is_the_path_itself(tmp_path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in ("real.sqlite", "missing.sqlite", "garbage.index", "empty.index"):
-            assert catalog_for_legacy_index(tmp_path / name, str(tmp_path / GLOB), "tfrecord") == (
+            assert catalog_for_legacy_index(tmp_path / name, str(tmp_path / GLOB), AS_TFRECORD) == (
                 tmp_path / name
             )
     assert not list(tmp_path.glob("*.shardcat.sqlite"))
 
 
 def test_catalog_for_a_refused_pickle_writes_nothing(tmp_path: Path):
-    from shardcat.legacy import catalog_for_legacy_index
+    from shardcat.facade.legacy_index import catalog_for_legacy_index
 
     class Evil:
         def __reduce__(self):
@@ -375,7 +380,7 @@ def test_catalog_for_a_refused_pickle_writes_nothing(tmp_path: Path):
     write_tfrecords(tmp_path, shards=1, per_shard=3)
     (tmp_path / "x.index").write_bytes(pickle.dumps({"k": Evil()}))
     with pytest.raises(LegacyIndexError, match="refused to load this pickle"):
-        catalog_for_legacy_index(tmp_path / "x.index", str(tmp_path / GLOB), "tfrecord")
+        catalog_for_legacy_index(tmp_path / "x.index", str(tmp_path / GLOB), AS_TFRECORD)
     assert not (tmp_path / "pwned").exists()
     assert not (tmp_path / "x.index.shardcat.sqlite").exists()
 
@@ -383,25 +388,25 @@ def test_catalog_for_a_refused_pickle_writes_nothing(tmp_path: Path):
 def test_catalog_for_a_legacy_index_read_only_and_other_formats(
     tmp_path: Path, legacy_cache: tuple[Path, Path]
 ):
-    from shardcat.legacy import catalog_for_legacy_index
+    from shardcat.facade.legacy_index import catalog_for_legacy_index
 
     data, index = legacy_cache
     with pytest.raises(CatalogError, match=r"catalog migrate .*train\.index"):
-        catalog_for_legacy_index(index, str(data / GLOB), "tfrecord", readonly=True)
+        catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD, readonly=True)
     assert not Path(f"{index}.shardcat.sqlite").exists()
     with pytest.raises(CatalogError, match=r"tfd-utils TFRecord index.*not tar"):
-        catalog_for_legacy_index(index, str(data / GLOB), "tar")
+        catalog_for_legacy_index(index, str(data / GLOB), AS_TAR)
     with pytest.warns(UserWarning):
-        got = catalog_for_legacy_index(index, str(data / GLOB), "tfrecord")
+        got = catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert catalog_for_legacy_index(index, str(data / GLOB), "tfrecord", readonly=True) == got
+        assert catalog_for_legacy_index(index, str(data / GLOB), AS_TFRECORD, readonly=True) == got
 
     write_tar(tmp_path / "tars" / "a.tar", tag="a")
     write_tar(tmp_path / "tars" / "b.tar", tag="b")
     tar_index = tfd_tar_index(str(tmp_path / "tars" / "*.tar"))
     with pytest.warns(UserWarning, match="tfd-utils tar index"):
-        got = catalog_for_legacy_index(tar_index, str(tmp_path / "tars" / "*.tar"), "tar")
+        got = catalog_for_legacy_index(tar_index, str(tmp_path / "tars" / "*.tar"), AS_TAR)
     before = indexed_at(got)
     with TarRandomAccess(str(tmp_path / "tars" / "*.tar"), index_file=got) as reader:
         assert len(reader) == 24

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcat import Catalog, SchemaVersionError, migrations
+from shardcat import Catalog, SchemaVersionError
+from shardcat.catalog import versions as migrations
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 
 # The catalog tables exactly as shardcat's schema version 1 created them (frozen:
@@ -105,9 +106,19 @@ def _new_name(old: str) -> str:
     return "shardcat_meta" if old == "catalog_meta" else f"shardcat_{old}"
 
 
+def downgrade_to_v4(db: Path) -> None:
+    """What a version-4 catalog of the same data is: records without the location
+    columns of version 5 (``extents``, ``item``), version 4."""
+    with sqlite3.connect(db) as conn:
+        for column in ("extents", "item"):
+            conn.execute(f"ALTER TABLE shardcat_records DROP COLUMN {column}")
+        conn.execute("UPDATE shardcat_meta SET value = '4' WHERE name = 'schema_version'")
+
+
 def downgrade_to_v3(db: Path) -> None:
     """What a version-3 catalog of the same data is: the tables under their old names
     (and their DDL text as version 3 wrote it), version 3."""
+    downgrade_to_v4(db)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         views = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view'").fetchall()
@@ -221,7 +232,7 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 4
+    assert migrations.SCHEMA_VERSION == 5  # 5: records' extents and item (issue 11)
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"
@@ -264,3 +275,24 @@ def test_upgrade_from_version_3_renames_the_catalog_s_tables(tmp_path: Path):
     assert schema_shape(db) == schema_shape(fresh)
     assert not {"shards", "records", "catalog_meta"} & set(catalog_objects(db))
     assert lookups(db) == expected
+
+
+def test_upgrade_from_version_4_adds_the_record_locations(tmp_path: Path):
+    """4 -> 5: ``shardcat_records`` gains ``extents`` and ``item`` (NULL for every
+    record before), nothing else changes, and readers find the same records."""
+    db = build(tmp_path / "v4")
+    downgrade_to_v4(db)
+    with sqlite3.connect(db) as conn:
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(shardcat_records)")]
+    assert "extents" not in columns and "item" not in columns
+    fresh = build(tmp_path / "fresh")
+    with Catalog(db):
+        pass
+    assert schema_shape(db) == schema_shape(fresh)
+    assert lookups(db) == lookups(fresh)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM shardcat_records WHERE extents IS NOT NULL OR item IS NOT NULL"
+        ).fetchone() == (0,)
+        version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
+        assert version.fetchone() == ("5",)

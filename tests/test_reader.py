@@ -823,7 +823,7 @@ def test_ingest_without_a_name_never_takes_over_another_path_set(tmp_path):
 def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
     """get_many must loop over the batch: a plan that scans records is O(dataset) per batch."""
     from shardcat import Catalog
-    from shardcat.readers import reader as reader_module
+    from shardcat.catalog import lookup as reader_module
 
     path = tmp_path / "s.tfrecord"
     with TFRecordWriter(path) as w:
@@ -832,8 +832,10 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
         cat.ingest(path, "d").close()
         conn = cat.reader_connection()
         for sql, params in [
-            (reader_module._MANY_BY_KEY, ("[]", 1)),
-            (reader_module._MANY_BY_POSITION, ("[]",)),
+            (reader_module.RECORDS.many_by_key, ("[]", 1)),
+            (reader_module.RECORDS.many_at, ("[]",)),
+            (reader_module.ONE_RANGE_RECORDS.many_by_key, ("[]", 1)),
+            (reader_module.ONE_RANGE_RECORDS.many_at, ("[]",)),
             (reader_module._MEMBERS_AT, ("[]",)),
         ]:
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
@@ -846,7 +848,7 @@ def test_lookups_use_a_short_snapshot_and_queries_see_the_latest_commit(tmp_path
     import time
 
     from shardcat import Catalog
-    from shardcat.catalog import catalog as catalog_module
+    from shardcat.catalog import store as catalog_module
 
     monkeypatch.setattr(catalog_module, "SNAPSHOT_SECONDS", 0.2)
     for name in ("a", "b"):

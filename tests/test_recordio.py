@@ -32,32 +32,32 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, IngestError, RecordIOReader, StaleShardError
-from shardcat.catalog.export import export_index, index_name
 from shardcat.cli import app
 from shardcat.errors import CorruptRecordError, DuplicateKeyError
-from shardcat.readers import recordio
-from shardcat.readers.formats import detect_format
+from shardcat.facade.export import export_index, index_name
+from shardcat.readers import recordio_frames
+from shardcat.readers.formats import Location, detect_format
 from shardcat.readers.recordio import (
     IRHeader,
     IRRecord,
+    RecordIOFormat,
     RecordIOWriter,
-    dali_index_lines,
-    decode,
-    describe,
-    detect_options,
     encode,
-    feature_list,
-    features,
     idx_path_for,
-    key_rule,
     pack,
-    read,
-    scan,
-    sniff,
     unpack,
 )
 from shardcat.readers.source import FileSource
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
+
+RIO = RecordIOFormat()
+decode, describe, detect_options, features = (
+    RIO.decode,
+    RIO.describe,
+    RIO.detect_options,
+    RIO.features,
+)
+feature_list, key_rule, scan, sniff = RIO.feature_list, RIO.key_rule, RIO.scan, RIO.sniff
 
 MAGIC = 0xCED7230A
 M = struct.pack("<I", MAGIC)
@@ -171,7 +171,7 @@ def write_rec(path: Path, payloads: list[bytes], keys: list[str] | None = None) 
 def read_at(path: Path, offset: int, length: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return read(FileSource(fd), str(path), offset, length)
+        return RIO.read(FileSource(fd, str(path)), Location(offset, length))
     finally:
         os.close(fd)
 
@@ -261,7 +261,7 @@ def test_sniff_and_detection_from_content(tmp_path: Path):
 
 
 def test_too_large_payload_is_refused(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(recordio, "MAX_LENGTH", 7)  # dmlc's limit is 2**29 - 1
+    monkeypatch.setattr(recordio_frames, "MAX_LENGTH", 7)  # dmlc's limit is 2**29 - 1
     assert encode(b"1234567")
     with pytest.raises(ValueError, match="smaller than 2\\*\\*29 bytes, not 8"):
         encode(b"12345678")
@@ -680,11 +680,11 @@ def test_duplicate_idx_keys_across_shards(tmp_path: Path):
 
 def test_dali_index_lines():
     from shardcat.readers.formats import Entry
-    from shardcat.readers.tfrecord import dali_index_lines as tf_lines
+    from shardcat.readers.tfrecord import TFRecordFormat
 
     entries = [Entry("a", 0, 20), Entry("b", 20, 44)]
-    assert list(dali_index_lines(entries, {})) == ["0\t0", "1\t20"]
-    assert list(tf_lines(entries, {})) == ["0 36", "20 60"]
+    assert list(RIO.index_lines(entries, {})) == ["0\t0", "1\t20"]
+    assert list(TFRecordFormat().index_lines(entries, {})) == ["0 36", "20 60"]
 
 
 def test_export_recordio_like_rec2idx(tmp_path: Path):

@@ -21,9 +21,11 @@ from typer.testing import CliRunner
 from shardcat import Catalog, RecordIOReader, TFRecordWriter, make_example
 from shardcat.cli import app
 from shardcat.errors import CorruptRecordError
-from shardcat.legacy import migrate
-from shardcat.readers import recordio
-from shardcat.readers.recordio import IRHeader, RecordIOWriter, key_rule, pack, scan
+from shardcat.facade.catalog import migrate
+from shardcat.readers.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
+
+RIO = RecordIOFormat()
+key_rule, scan = RIO.key_rule, RIO.scan
 
 runner = CliRunner()
 HEADER_COLUMNS = {
@@ -58,7 +60,7 @@ def write_shards(
 def test_colliding_idx_keys_key_by_position_and_keep_the_idx_key(tmp_path: Path):
     files, payloads = write_shards(tmp_path)
     with pytest.warns(UserWarning) as said:
-        options = recordio.detect_dataset_options(files)
+        options = RIO.detect_dataset_options(files)
     (message,) = [str(w.message) for w in said]
     assert "'0'" in message and "part-00000.idx" in message and "part-00001.idx" in message
     assert "by position" in message and "idx_key" in message
@@ -66,8 +68,8 @@ def test_colliding_idx_keys_key_by_position_and_keep_the_idx_key(tmp_path: Path)
     assert key_rule({**options, "key": "key"}) == "position"
     with warnings.catch_warnings():  # the caller decides: nothing to detect, nothing said
         warnings.simplefilter("error")
-        assert recordio.detect_dataset_options(files, {"idx": True})["idx"] is True
-        assert recordio.detect_dataset_options(files, {"key": None})["idx"] is True
+        assert RIO.detect_dataset_options(files, {"idx": True})["idx"] is True
+        assert RIO.detect_dataset_options(files, {"key": None})["idx"] is True
 
     catalog = tmp_path / "c.sqlite"
     with Catalog(catalog) as cat:
@@ -105,10 +107,10 @@ def test_idx_keys_that_do_not_collide_stay_the_keys(tmp_path: Path):
         idx.unlink()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        unique = recordio.detect_dataset_options(sorted(map(str, tmp_path.glob("u-*.rec"))))
+        unique = RIO.detect_dataset_options(sorted(map(str, tmp_path.glob("u-*.rec"))))
         assert unique["idx"] is True and key_rule({**unique, "key": "key"}) == "mxnet-idx"
-        assert recordio.detect_dataset_options(single)["idx"] is True
-        no_idx = recordio.detect_dataset_options(sorted(map(str, (tmp_path / "raw").glob("*.rec"))))
+        assert RIO.detect_dataset_options(single)["idx"] is True
+        no_idx = RIO.detect_dataset_options(sorted(map(str, (tmp_path / "raw").glob("*.rec"))))
         assert no_idx["idx"] is False
 
 
@@ -117,7 +119,7 @@ def test_a_key_twice_in_one_idx_also_keys_by_position(tmp_path: Path):
         for key in ("x", "y", "x"):
             w.write(key.encode(), key=key)
     with pytest.warns(UserWarning, match=r"'x'.*twice in a\.idx"):
-        options = recordio.detect_dataset_options([str(tmp_path / "a.rec")])
+        options = RIO.detect_dataset_options([str(tmp_path / "a.rec")])
     assert options["idx"] == "column"
 
 
@@ -128,7 +130,7 @@ def test_raw_payloads_keep_the_idx_key_too(tmp_path: Path):
                 w.write(b"\xff\xd8\xff\xe0" + bytes([s, i]) * 20)
     files = sorted(map(str, tmp_path.glob("*.rec")))
     with pytest.warns(UserWarning, match="collide"):
-        options = recordio.detect_dataset_options(files)
+        options = RIO.detect_dataset_options(files)
     assert options == {"idx": "column", "header": False}
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(files, "jpg", options=options, workers=1).close()
@@ -232,15 +234,15 @@ def test_migrate_says_how_many_records_on_duplicate_dropped(tmp_path: Path):
 
 
 def test_field_types_are_declared_by_the_format():
-    assert recordio.field_types({"header": True}) == HEADER_COLUMNS
-    assert recordio.field_types({}) == HEADER_COLUMNS
-    assert recordio.field_types({"header": True, "idx": "column"}) == {
+    assert RIO.field_types({"header": True}) == HEADER_COLUMNS
+    assert RIO.field_types({}) == HEADER_COLUMNS
+    assert RIO.field_types({"header": True, "idx": "column"}) == {
         **HEADER_COLUMNS,
         "idx_key": "text",
     }
-    assert recordio.field_types({"header": False}) == {}
-    assert recordio.field_types({"header": False, "idx": "column"}) == {"idx_key": "text"}
-    assert recordio.field_types({"header": True, "fields": False}) == {}
+    assert RIO.field_types({"header": False}) == {}
+    assert RIO.field_types({"header": False, "idx": "column"}) == {"idx_key": "text"}
+    assert RIO.field_types({"header": True, "fields": False}) == {}
 
 
 def test_recordio_sql_columns_do_not_depend_on_the_file(tmp_path: Path):

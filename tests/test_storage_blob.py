@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from shardcat import TensorBlob, TensorDB  # noqa: E402
 from shardcat.errors import ShardcatError, StaleWriterError  # noqa: E402
+from shardcat.storage import lock as storage_lock  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
 
@@ -720,7 +721,7 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
 def test_without_flock_a_second_writer_fails_at_its_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(storage_meta, "_lock", lambda directory: None)  # e.g. a network fs
+    monkeypatch.setattr(storage_lock, "acquire", lambda directory: None)  # e.g. a network fs
     path = make(tmp_path / "b", 4)
     with TensorBlob.open(path, "a") as first, TensorBlob.open(path, "a") as second:
         first.write(rows(1, 4))
@@ -855,6 +856,57 @@ def test_killed_with_unflushed_writes_leaves_the_flushed_rows(tmp_path: Path) ->
         b.write(rows(3, 15, shape=(1,)))
     with TensorBlob.open(path) as b:
         assert torch.equal(b[:], rows(18, shape=(1,)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+@pytest.mark.parametrize("flock", [True, False], ids=["flock", "no-flock"])
+def test_a_killed_writer_not_yet_waited_for_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flock: bool
+) -> None:
+    """A zombie writer (killed, not yet waited for) still answers kill(pid, 0): it holds nothing.
+
+    With ``flock`` the kernel frees the lock; without it, the next writer
+    tells the zombie's reserved blocks from a live writer's by the owner.
+    """
+    if not flock:
+        monkeypatch.setattr(storage_lock, "acquire", lambda directory: None)  # e.g. a network fs
+    path = make(tmp_path / "b", 4)
+
+    def child(fd: int) -> None:  # pragma: no cover - runs in the child
+        blob = TensorBlob.open(path, "a")
+        blob.write(rows(9, 4))  # three new blocks, never committed
+        os.write(fd, b"written\n")
+        time.sleep(600)
+
+    pid, fd = _run_child(child)
+    try:
+        _read_lines(fd, lambda lines: "written" in lines)
+        assert len(block_files(path)) == 4
+        if flock:
+            with pytest.raises(BlockingIOError, match="one writer at a time"):
+                TensorBlob.open(path, "a")
+        else:
+            with TensorBlob.open(path, "a"):  # a live writer's blocks are left alone
+                assert len(block_files(path)) == 4
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while _proc_state(pid) != "Z":
+            assert time.monotonic() < deadline, "the writer never became a zombie"
+            time.sleep(0.01)
+        with TensorBlob.open(path, "a") as b:  # the zombie's lock and blocks are taken over
+            assert len(block_files(path)) == 1
+            b.write(rows(1, 4))
+    finally:
+        os.waitpid(pid, 0)
+        os.close(fd)
+    with TensorBlob.open(path) as b:
+        assert torch.equal(b[:], rows(5))
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

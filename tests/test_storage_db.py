@@ -10,6 +10,8 @@ import pickle
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from shardcat import (  # noqa: E402
 )
 from shardcat.cli import app  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
+from shardcat.storage import sql_file  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -606,6 +609,31 @@ def test_metadata_is_one_sqlite_file(tmp_path: Path) -> None:
     ).fetchall() == [("embed", 3), ("label", 3), ("price", 3)]
     assert conn.execute("SELECT count(*), count(key) FROM rows").fetchone() == (9, 9)
     conn.close()
+
+
+def test_sql_file_maps_a_storage_directory_to_its_metadata_file(tmp_path: Path) -> None:
+    path = make(tmp_path / "db", 3)
+    assert sql_file(path) == storage_meta.sql_file(str(path)) == path / META_FILE
+    assert sql_file(path / META_FILE) == path / META_FILE  # a file: as it is
+    assert sql_file(tmp_path / "missing.sqlite") == tmp_path / "missing.sqlite"
+    home = Path("~").expanduser()
+    assert sql_file("~/no-such-file.sqlite") == home / "no-such-file.sqlite"
+    # what it points at is the SQLite file ATTACH sees
+    conn = sqlite3.connect(sql_file(path))
+    assert conn.execute("SELECT count(*) FROM rows").fetchone() == (3,)
+    conn.close()
+
+
+def test_storage_metadata_imports_without_torch() -> None:
+    code = (
+        "import sys; import shardcat.storage.meta, shardcat.storage; "
+        "from shardcat.storage import sql_file; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tensordict')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
 
 
 def test_pickle_and_unlink(tmp_path: Path) -> None:

@@ -23,9 +23,12 @@ from shardcat import (
     TarRandomAccess,
     TarReader,
 )
-from shardcat.readers import tar
-from shardcat.readers.formats import detect_format
+from shardcat.readers import tar, tar_rules
+from shardcat.readers.formats import Location, detect_format
 from shardcat.readers.source import FileSource
+from shardcat.readers.tar import TarFormat
+
+TAR = TarFormat()
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 LONG_DIR = "d" * 60 + "/" + "e" * 50  # a 111-character directory (ustar: in the prefix)
@@ -120,7 +123,7 @@ def test_gnu_tar_command_archives(tmp_path: Path, fmt: str):
     assert "hard.txt" not in got  # a hardlink to README (archived first): no bytes of its own
     if fmt != "v7":
         assert f"d/{'x' * 60}/{'y' * 30}/sample.jpg" in got
-        entries = {e.key: e for e in tar.scan(str(path), {"grouping": "webdataset"})}
+        entries = {e.key: e for e in TAR.scan(str(path), {"grouping": "webdataset"})}
         sample = entries[f"d/{'x' * 60}/{'y' * 30}/sample"]
         assert {m[0] for m in sample.members} == {"jpg", "cls"}
         assert sample.fields == {"cls": 5}
@@ -147,11 +150,11 @@ def test_pax_size_and_path_override(tmp_path: Path):
     path = tmp_path / "pax.tar"
     path.write_bytes(blob)
     assert members_of(path) == oracle(path) == [(f"über/{'p' * 120}.bin", 1536, 700)]
-    (entry,) = tar.scan(str(path), {})
+    (entry,) = TAR.scan(str(path), {})
     assert (entry.key, entry.offset, entry.length) == (f"über/{'p' * 120}", 0, 1536 + 700)
     fd = os.open(path, os.O_RDONLY)
     try:  # verify accepts the 0 size field that the pax size overrides
-        assert tar.read(FileSource(fd), str(path), 1536, 700, True) == payload
+        assert TAR.read(FileSource(fd, str(path)), Location(1536, 700), verify=True) == payload
     finally:
         os.close(fd)
 
@@ -169,7 +172,7 @@ def test_pax_global_header_and_gnu_long_link(tmp_path: Path):
         add(tf, "a.txt", b"hello")
     for p in (path, gnu):
         assert members_of(p) == oracle(p)
-        entries = list(tar.scan(str(p), {}))
+        entries = list(TAR.scan(str(p), {}))
         # links are no members of any sample: the run of "a" goes on across it
         assert [(e.key, [m[0] for m in e.members]) for e in entries] == [("a", ["jpg", "txt"])]
 
@@ -177,16 +180,16 @@ def test_pax_global_header_and_gnu_long_link(tmp_path: Path):
 def test_empty_archives(tmp_path: Path):
     empty = tmp_path / "empty.tar"
     empty.write_bytes(b"")
-    assert list(tar.scan(str(empty), {})) == []
+    assert list(TAR.scan(str(empty), {})) == []
     zeros = tmp_path / "zeros.tar"
     with tarfile.open(zeros, "w"):
         pass
-    assert list(tar.scan(str(zeros), {})) == []
+    assert list(TAR.scan(str(zeros), {})) == []
     no_end = tmp_path / "no_end.tar"  # archive without its end-of-archive blocks
     write_samples(no_end)
     (last,) = [m for m in oracle(no_end) if m[0] == "s1.txt"]
     no_end.write_bytes(no_end.read_bytes()[: last[1] + 512])
-    assert len(list(tar.scan(str(no_end), {}))) == 2
+    assert len(list(TAR.scan(str(no_end), {}))) == 2
 
 
 def test_corrupt_header_names_its_offset(tmp_path: Path):
@@ -197,7 +200,7 @@ def test_corrupt_header_names_its_offset(tmp_path: Path):
     data[second_header + 3] ^= 0x20
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptRecordError) as err:
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
     assert (err.value.path, err.value.offset) == (str(path), second_header)
     assert "checksum" in err.value.problem
     assert isinstance(err.value, ValueError)
@@ -211,12 +214,12 @@ def test_truncation_errors(tmp_path: Path):
     header = members[3][1] - 512  # s1.jpg's header
     path.write_bytes(original[: header + 100])
     with pytest.raises(CorruptRecordError) as err:
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
     assert err.value.offset == header
     assert err.value.problem == "truncated tar header (100 of 512 bytes)"
     path.write_bytes(original[: members[3][1] + 5])  # inside s1.jpg's data
     with pytest.raises(CorruptRecordError) as err:
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
     assert err.value.offset == header
     assert "truncated member 's1.jpg'" in err.value.problem
     gnu = tmp_path / "long.tar"
@@ -224,7 +227,7 @@ def test_truncation_errors(tmp_path: Path):
         add(tf, LONG_NAME, b"x")
     gnu.write_bytes(gnu.read_bytes()[:1024])  # the LongLink header and its name, no member
     with pytest.raises(CorruptRecordError) as err:
-        list(tar.scan(str(gnu), {}))
+        list(TAR.scan(str(gnu), {}))
     assert err.value.offset == 0
     assert "extended header" in err.value.problem
 
@@ -239,7 +242,7 @@ def test_sparse_members_are_refused(tmp_path: Path):
     data[148:156] = b"%06o\0 " % sum(data[:512])
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptRecordError, match="sparse"):
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
 
 
 # -- grouping, keys, fields ----------------------------------------------------
@@ -250,32 +253,32 @@ def test_grouping_rules_and_subdirectory_keys(tmp_path: Path):
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
         for name in ["a.seg.png", "a.json", "train/a/x.jpg", "train/a/x.cls", "./b.jpg", "noext"]:
             add(tf, name, name.encode())
-    wds = [(e.key, [m[0] for m in e.members]) for e in tar.scan(str(path), {})]
+    wds = [(e.key, [m[0] for m in e.members]) for e in TAR.scan(str(path), {})]
     assert wds == [
         ("a", ["seg.png", "json"]),
         ("train/a/x", ["jpg", "cls"]),
         ("./b", ["jpg"]),
     ]
-    tfd = [(e.key, [m[0] for m in e.members]) for e in tar.scan(str(path), {"grouping": "tfd"})]
+    tfd = [(e.key, [m[0] for m in e.members]) for e in TAR.scan(str(path), {"grouping": "tfd"})]
     assert tfd == [
         ("a.seg", ["png"]),
         ("a", ["json"]),
         ("train/a/x", ["jpg", "cls"]),
         ("b", ["jpg"]),
     ]
-    by_position = list(tar.scan(str(path), {"key": None}))
+    by_position = list(TAR.scan(str(path), {"key": None}))
     assert [e.key for e in by_position] == [None, None, None]
     with pytest.raises(CatalogError, match="unknown tar grouping 'last'"):
-        list(tar.scan(str(path), {"grouping": "last"}))
-    assert tar.key_rule({"grouping": "tfd"}) == "member-stem:tfd"
-    assert tar.key_rule({}) == "member-stem:webdataset"
-    assert tar.key_rule({"key": None}) == "position"
+        list(TAR.scan(str(path), {"grouping": "last"}))
+    assert TAR.key_rule({"grouping": "tfd"}) == "member-stem:tfd"
+    assert TAR.key_rule({}) == "member-stem:webdataset"
+    assert TAR.key_rule({"key": None}) == "position"
 
 
 def test_entry_spans_and_member_offsets(tmp_path: Path):
     path = tmp_path / "e.tar"
     contents = write_samples(path)
-    entries = list(tar.scan(str(path), {}))
+    entries = list(TAR.scan(str(path), {}))
     offsets = {name: (off, size) for name, off, size in oracle(path)}
     assert [e.key for e in entries] == ["s0", "s1"]
     for e in entries:
@@ -290,7 +293,7 @@ def test_entry_spans_and_member_offsets(tmp_path: Path):
 def test_sql_fields(tmp_path: Path):
     path = tmp_path / "f.tar"
     write_samples(path)
-    entries = list(tar.scan(str(path), {}))
+    entries = list(TAR.scan(str(path), {}))
     assert entries[0].fields == {
         "cls": 3,
         "json_width": 640,
@@ -298,7 +301,7 @@ def test_sql_fields(tmp_path: Path):
         "json_image_id": 7,
     }
     assert entries[1].fields["txt"] == "a caption, ünïcode"
-    assert all(e.fields == {} for e in tar.scan(str(path), {"fields": False}))
+    assert all(e.fields == {} for e in TAR.scan(str(path), {"fields": False}))
     with Catalog(tmp_path / "c.sqlite") as cat, cat.ingest(path, "sa1b"):
         assert cat.query("SELECT key FROM sa1b WHERE json_image_width > 1000") == [("s0",)]
         assert cat.query("SELECT key, cls, txt FROM sa1b ORDER BY position") == [
@@ -308,10 +311,10 @@ def test_sql_fields(tmp_path: Path):
 
 
 def test_member_field_rules():
-    assert tar.member_fields("cls", b" 12\n") == {"cls": 12}
-    assert tar.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
-    assert tar.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
-    assert tar.member_fields("txt", b"\xff\xfe") == {}
+    assert tar_rules.member_fields("cls", b" 12\n") == {"cls": 12}
+    assert tar_rules.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
+    assert tar_rules.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
+    assert tar_rules.member_fields("txt", b"\xff\xfe") == {}
     doc = {
         "ok": True,
         "n": None,
@@ -322,15 +325,17 @@ def test_member_field_rules():
         "o": {"a-b": 1, "deep": {"x": 1}},
         "big": 2**70,
     }
-    assert tar.member_fields("meta.json", json.dumps(doc).encode()) == {
+    assert tar_rules.member_fields("meta.json", json.dumps(doc).encode()) == {
         "meta_json_ok": 1,
         "meta_json_f": 0.5,
         "meta_json_o_a_b": 1,
     }
-    assert tar.member_fields("json", b"[1, 2]") == {}
-    assert tar.member_fields("json", b"{broken") == {}
+    assert tar_rules.member_fields("json", b"[1, 2]") == {}
+    assert tar_rules.member_fields("json", b"{broken") == {}
     many = {f"k{i}": i for i in range(100)}
-    assert len(tar.member_fields("json", json.dumps(many).encode())) == tar.MAX_JSON_FIELDS
+    assert (
+        len(tar_rules.member_fields("json", json.dumps(many).encode())) == tar_rules.MAX_JSON_FIELDS
+    )
 
 
 def test_repeated_stems_are_duplicate_keys(tmp_path: Path):
@@ -341,7 +346,7 @@ def test_repeated_stems_are_duplicate_keys(tmp_path: Path):
         add(tf, "a.jpg", b"second")  # the stem comes back later
         add(tf, "c.jpg", b"c1")
         add(tf, "c.jpg", b"c2")  # the same feature twice in a row
-    assert [e.key for e in tar.scan(str(path), {})] == ["a", "b", "a", "c", "c"]
+    assert [e.key for e in TAR.scan(str(path), {})] == ["a", "b", "a", "c", "c"]
     with Catalog(tmp_path / "c.sqlite") as cat:
         with pytest.raises(IngestError) as err:
             cat.ingest(path, "d")
@@ -357,8 +362,8 @@ def test_detection_and_sniff(tmp_path: Path):
     path = tmp_path / "no_extension"
     write_samples(path)
     assert detect_format(str(path)) == "tar"
-    assert not tar.sniff(bytes(512))
-    assert not tar.sniff(b"x" * 512)
+    assert not TAR.sniff(bytes(512))
+    assert not TAR.sniff(b"x" * 512)
 
 
 # -- reading -------------------------------------------------------------------
@@ -514,18 +519,18 @@ def test_wds_index_lines_match_wds2idx(tmp_path: Path):
         group("c.jpg", "jpg"),
     ]
     assert tar.wds_index_lines(members_of(path)) == expected
-    entries = list(tar.scan(str(path), {}))
-    assert list(tar.dali_index_lines(entries, {"grouping": "webdataset"})) == expected
-    tfd_entries = list(tar.scan(str(path), {"grouping": "tfd"}))  # regrouped as wds2idx does
-    assert list(tar.dali_index_lines(tfd_entries, {"grouping": "tfd"})) == expected
+    entries = list(TAR.scan(str(path), {}))
+    assert list(TAR.index_lines(entries, {"grouping": "webdataset"})) == expected
+    tfd_entries = list(TAR.scan(str(path), {"grouping": "tfd"}))  # regrouped as wds2idx does
+    assert list(TAR.index_lines(tfd_entries, {"grouping": "tfd"})) == expected
     with pytest.raises(CatalogError, match="position"):
-        list(tar.dali_index_lines(entries, {"key": None}))
+        list(TAR.index_lines(entries, {"key": None}))
     with pytest.raises(CatalogError, match="empty"):
         tar.wds_index_lines([])
 
 
 def test_export_index_of_a_tar_dataset(tmp_path: Path):
-    export = pytest.importorskip("shardcat.catalog.export")
+    export = pytest.importorskip("shardcat.facade.export")
     path = tmp_path / "data-0.tar"
     write_samples(path)
     with Catalog(tmp_path / "c.sqlite") as cat:

@@ -18,9 +18,13 @@ from pathlib import Path
 import pytest
 
 from shardcat import Catalog, CorruptRecordError
-from shardcat.readers import tar
+from shardcat.readers import tar, tar_headers
 from shardcat.readers.compressed import IndexingStream
-from shardcat.readers.formats import Entry
+from shardcat.readers.formats import Entry, Location
+from shardcat.readers.source import Source
+from shardcat.readers.tar import TarFormat
+
+TAR = TarFormat()
 
 GNU_TAR = shutil.which("tar")
 FORMATS = {
@@ -93,10 +97,11 @@ def oracle(archive: Path) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
         return out
 
 
-class PreadSource:
-    """A source over a file: what the reader hands to ``read`` and ``assemble``."""
+class PreadSource(Source):
+    """A source over a file: what the reader hands to ``read``."""
 
     def __init__(self, path: Path) -> None:
+        self.path = str(path)
         self.fd = os.open(path, os.O_RDONLY)
 
     def pread(self, length: int, offset: int) -> bytes:
@@ -109,10 +114,11 @@ class PreadSource:
         os.close(self.fd)
 
 
-class BytesSource:
+class BytesSource(Source):
     """A source over bytes (a compressed archive's decompressed stream)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, path: str = "<bytes>") -> None:
+        self.path = path
         self.data = data
 
     def pread(self, length: int, offset: int) -> bytes:
@@ -120,6 +126,12 @@ class BytesSource:
 
 
 Edit = Callable[[bytearray, int], None]
+
+
+def sparse(extents: tuple) -> Location:
+    """The location of a sparse member given by its extents alone (``read`` reads
+    the extents; offset and length are the member row's, unused here)."""
+    return Location(0, sum(n for _, n in extents), extents)
 
 
 def rows(entry: Entry) -> dict[str, tuple]:
@@ -136,7 +148,7 @@ def check_entries(entries: list[Entry], archive: Path, shape: str, source: objec
     for feature in ("json", "txt"):
         info, data = expected[f"s1.{feature}"]
         assert s1[feature] == (feature, info.offset_data, info.size)
-        assert tar.read(source, str(archive), info.offset_data, info.size, verify=True) == data
+        assert TAR.read(source, Location(info.offset_data, info.size), verify=True) == data
     info, data = expected["s1.bin"]
     assert info.issparse()
     feature, data_offset, real_size, extents = s1["bin"]
@@ -149,13 +161,13 @@ def check_entries(entries: list[Entry], archive: Path, shape: str, source: objec
     for piece_at, length in stored:  # the data pieces follow each other from data_offset
         assert (piece_at, length > 0) == (at, True)
         at += length
-    assert tar.assemble(source, str(archive), extents) == data
-    assert tar.assemble(source, str(archive), extents, verify=True) == data
+    assert TAR.read(source, sparse(extents)) == data
+    assert TAR.read(source, sparse(extents), verify=True) == data
     assert entries[0].fields == {"json_width": 7, "txt": "a caption"}
     assert entries[0].offset + entries[0].length == at  # to the end of the stored data
     info2, two = expected["s2.txt"]
     assert rows(entries[1])["txt"] == ("txt", info2.offset_data, info2.size)
-    assert tar.read(source, str(archive), info2.offset_data, info2.size) == two == b"two"
+    assert TAR.read(source, Location(info2.offset_data, info2.size)) == two == b"two"
 
 
 # -- GNU tar's sparse formats --------------------------------------------------
@@ -166,7 +178,7 @@ def check_entries(entries: list[Entry], archive: Path, shape: str, source: objec
 def test_scan_and_assemble_match_tarfile(tmp_path: Path, fmt: str, shape: str):
     archive = gnu_archive(tmp_path, fmt, shape)
     assert oracle(archive)["s1.bin"][1] == (tmp_path / "src" / "s1.bin").read_bytes()
-    entries = list(tar.scan(str(archive), {}))
+    entries = list(TAR.scan(str(archive), {}))
     with PreadSource(archive) as source:
         check_entries(entries, archive, shape, source)
     extents = rows(entries[0])["bin"][3]
@@ -194,7 +206,7 @@ def test_members_samples_and_iter_members(tmp_path: Path, fmt: str):
     assert samples["s1"]["txt"] == OTHERS["s1.txt"]
     assert samples["s2"] == {"txt": b"two"}
     data = archive.read_bytes()
-    members = list(tar.iter_members(tar._MapCursor(data, len(data)), str(archive)))
+    members = list(tar_headers.iter_members(tar_headers.MapCursor(data, len(data)), str(archive)))
     assert [(m.name, m.extents is None) for m in members] == [
         ("s1.json", True),
         ("s1.txt", True),
@@ -211,10 +223,10 @@ def test_gzip_archives(tmp_path: Path, fmt: str):
     archive = tmp_path / f"{fmt}-data_at_both_ends.tar.gz"
     archive.write_bytes(gzip.compress(raw))
     with IndexingStream(str(archive), "gzip") as stream:
-        entries = list(tar.scan_stream(stream, str(archive), {}))
+        entries = list(TAR.scan_stream(stream, str(archive), {}))
         stream.seek_index()
-    assert entries == list(tar.scan(str(plain), {}))  # decompressed offsets = plain offsets
-    assert entries == list(tar.scan(str(archive), {}))
+    assert entries == list(TAR.scan(str(plain), {}))  # decompressed offsets = plain offsets
+    assert entries == list(TAR.scan(str(archive), {}))
     check_entries(entries, plain, "data_at_both_ends", BytesSource(raw))
     samples = dict(tar.iter_samples(str(archive), "webdataset"))
     assert samples["s1"]["bin"] == oracle(plain)["s1.bin"][1]
@@ -256,7 +268,7 @@ def octal(n: int) -> bytes:
 
 def scan_error(path: Path) -> CorruptRecordError:
     with pytest.raises(CorruptRecordError) as err:
-        list(tar.scan(str(path), {}))
+        list(TAR.scan(str(path), {}))
     assert err.value.path == str(path)
     return err.value
 
@@ -362,7 +374,7 @@ def pax_sparse(path: Path, headers: dict[str, str], stored: bytes, name: str = "
 
 def map_10(numbers: list[int | str]) -> bytes:
     text = "".join(f"{n}\n" for n in numbers).encode()
-    return text + bytes(tar.padded(len(text)) - len(text))
+    return text + bytes(tar_headers.padded(len(text)) - len(text))
 
 
 def test_hand_written_pax_maps_read_as_tarfile_reads_them(tmp_path: Path):
@@ -388,11 +400,11 @@ def test_hand_written_pax_maps_read_as_tarfile_reads_them(tmp_path: Path):
         pax_sparse(path, headers, stored, name)
         info, data = oracle(path)["s1.bin"]
         assert data == content
-        (entry,) = tar.scan(str(path), {})
+        (entry,) = TAR.scan(str(path), {})
         _, data_offset, real_size, extents = rows(entry)["bin"]
         assert (data_offset, real_size) == (info.offset_data, info.size)
         with PreadSource(path) as source:
-            assert tar.assemble(source, str(path), extents, verify=True) == content
+            assert TAR.read(source, sparse(extents), verify=True) == content
 
 
 def test_damaged_pax_maps(tmp_path: Path):
@@ -452,7 +464,7 @@ def test_damaged_gnu_tar_pax_maps(tmp_path: Path):
 
 def test_truncated_sparse_data_and_assemble_errors(tmp_path: Path):
     archive = gnu_archive(tmp_path, "pax-0.1", "data_at_both_ends")
-    (entry, _) = tar.scan(str(archive), {})
+    (entry, _) = TAR.scan(str(archive), {})
     extents = rows(entry)["bin"][3]
     last_at, last_n = [e for e in extents if e[0] >= 0][-1]
     raw = archive.read_bytes()
@@ -462,22 +474,22 @@ def test_truncated_sparse_data_and_assemble_errors(tmp_path: Path):
     assert "declares" in err.problem
     assert err.offset == oracle(archive)["s1.bin"][0].offset
     with PreadSource(path) as source, pytest.raises(CorruptRecordError) as raised:
-        tar.assemble(source, str(path), extents)
+        TAR.read(source, sparse(extents))
     assert (
         raised.value.offset == last_at and "truncated: the file ends after" in raised.value.problem
     )
     with PreadSource(archive) as source:
         shifted = tuple((at + 512 if at >= 0 else at, n) for at, n in extents)
         with pytest.raises(CorruptRecordError, match="stale shard"):
-            tar.assemble(source, str(archive), shifted, verify=True)
+            TAR.read(source, sparse(shifted), verify=True)
         apart = ((extents[0][0], 10), (-1, 5), (extents[0][0] + 11, 10))
         with pytest.raises(CorruptRecordError, match="does not follow"):
-            tar.assemble(source, str(archive), apart, verify=True)
-        assert len(tar.assemble(source, str(archive), apart)) == 25
+            TAR.read(source, sparse(apart), verify=True)
+        assert len(TAR.read(source, sparse(apart))) == 25
         with pytest.raises(CorruptRecordError, match="bad extent"):
-            tar.assemble(source, str(archive), ((0, -1),))
+            TAR.read(source, sparse(((0, -1),)))
         with pytest.raises(CorruptRecordError, match="truncated: the file ends after"):
-            tar.assemble(source, str(archive), ((extents[0][0], 2**62),))  # no 2**62 allocation
+            TAR.read(source, sparse(((extents[0][0], 2**62),)))  # no 2**62 allocation
 
 
 # -- sizes declared past the end of the archive --------------------------------
@@ -517,7 +529,7 @@ def test_a_huge_declared_size_is_an_error_not_an_allocation(tmp_path: Path, whic
     gz = tmp_path / "huge.tar.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))
     for scan in (
-        lambda: list(tar.scan(str(gz), {})),
+        lambda: list(TAR.scan(str(gz), {})),
         lambda: list(tar.iter_samples(str(gz), "webdataset")),
         lambda: list(tar.regular_members(str(gz))),
     ):
@@ -525,7 +537,7 @@ def test_a_huge_declared_size_is_an_error_not_an_allocation(tmp_path: Path, whic
             scan()
         assert raised.value.offset == header and "truncated member" in raised.value.problem
     with IndexingStream(str(gz), "gzip") as stream, pytest.raises(CorruptRecordError) as raised:
-        list(tar.scan_stream(stream, str(gz), {}))  # read_full(2**63) was a MemoryError
+        list(TAR.scan_stream(stream, str(gz), {}))  # read_full(2**63) was a MemoryError
     assert raised.value.offset == header
 
 

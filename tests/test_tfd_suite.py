@@ -160,7 +160,7 @@ def test_tfd_utils_suite_passes_against_shardcat(tmp_path: Path) -> None:
         " tfd_utils.TarRandomAccess.__name__)",
         peer,
         env,
-    ) == ["shardcat.readers.reader", "TFRecordReader", "TarReader"]
+    ) == ["shardcat.facade.dropin", "TFRecordReader", "TarReader"]
 
     run = run_suite(peer, env, tmp_path, RUN, list(OUT_OF_SCOPE), plugins=["tfd_shim"])
     print(f"tfd-utils {VERSION}'s suite against shardcat: {run.summary}")

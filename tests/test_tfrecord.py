@@ -43,21 +43,13 @@ from shardcat.pb2 import (
     SequenceExample,
 )
 from shardcat.readers import tfrecord
-from shardcat.readers.formats import Entry
+from shardcat.readers.formats import Entry, Location
 from shardcat.readers.source import FileSource
-from shardcat.readers.tfrecord import (
-    TFRecordWriter,
-    decode,
-    describe,
-    detect_options,
-    feature_list,
-    make_example,
-    masked_crc,
-    read,
-    scan,
-    sniff,
-)
-from shardcat.readers.tfrecord import features as all_features
+from shardcat.readers.tfrecord import TFRecordFormat, TFRecordWriter, make_example, masked_crc
+
+TFR = TFRecordFormat()
+decode, describe, detect_options = TFR.decode, TFR.describe, TFR.detect_options
+feature_list, scan, sniff, all_features = TFR.feature_list, TFR.scan, TFR.sniff, TFR.features
 
 # -- independent TFRecord framing ----------------------------------------------
 
@@ -134,7 +126,7 @@ def fd_of() -> Iterator:
 
     def open_fd(path: Path) -> FileSource:
         fds.append(os.open(path, os.O_RDONLY))
-        return FileSource(fds[-1])
+        return FileSource(fds[-1], str(path))
 
     yield open_fd
     for fd in fds:
@@ -492,8 +484,8 @@ def test_read_returns_payloads_via_pread(tmp_path: Path, fd_of) -> None:
     path, payloads, offsets = _three(tmp_path)
     fd = fd_of(path)
     for off, p in zip(reversed(offsets), reversed(payloads), strict=True):
-        assert read(fd, str(path), off, len(p)) == p
-        got = read(fd, str(path), off, len(p), verify=True)
+        assert TFR.read(fd, Location(off, len(p))) == p
+        got = TFR.read(fd, Location(off, len(p)), verify=True)
         assert got == p
         assert isinstance(got, bytes)
     assert os.lseek(fd.fd, 0, os.SEEK_CUR) == 0  # pread: the file position never moves
@@ -503,15 +495,15 @@ def test_read_verify_detects_data_corruption(tmp_path: Path, fd_of) -> None:
     path, payloads, offsets = _three(tmp_path)
     flip(path, offsets[1] + 12)
     fd = fd_of(path)
-    corrupted = read(fd, str(path), offsets[1], len(payloads[1]))
+    corrupted = TFR.read(fd, Location(offsets[1], len(payloads[1])))
     assert corrupted != payloads[1]
     assert corrupted[1:] == payloads[1][1:]
     with pytest.raises(CorruptRecordError) as info:
-        read(fd, str(path), offsets[1], len(payloads[1]), verify=True)
+        TFR.read(fd, Location(offsets[1], len(payloads[1])), verify=True)
     assert info.value.offset == offsets[1]
     assert str(info.value) == f"{path}: at byte {offsets[1]}: data CRC mismatch"
     # the neighbours are fine
-    assert read(fd, str(path), offsets[2], len(payloads[2]), verify=True) == payloads[2]
+    assert TFR.read(fd, Location(offsets[2], len(payloads[2])), verify=True) == payloads[2]
 
 
 def test_read_verify_detects_length_corruption(tmp_path: Path, fd_of) -> None:
@@ -519,7 +511,7 @@ def test_read_verify_detects_length_corruption(tmp_path: Path, fd_of) -> None:
     flip(path, offsets[0] + 9)  # the length CRC
     fd = fd_of(path)
     with pytest.raises(CorruptRecordError) as info:
-        read(fd, str(path), offsets[0], len(payloads[0]), verify=True)
+        TFR.read(fd, Location(offsets[0], len(payloads[0])), verify=True)
     assert info.value.offset == offsets[0]
     assert info.value.problem == "length CRC mismatch"
 
@@ -531,7 +523,7 @@ def test_read_verify_detects_a_length_other_than_the_catalogs(
     path, payloads, offsets = _three(tmp_path)
     fd = fd_of(path)
     with pytest.raises(CorruptRecordError) as info:
-        read(fd, str(path), offsets[0], len(payloads[0]) + delta, verify=True)
+        TFR.read(fd, Location(offsets[0], len(payloads[0]) + delta), verify=True)
     assert info.value.offset == offsets[0]
     assert "length differs from the catalog" in str(info.value)
 
@@ -542,16 +534,16 @@ def test_read_short_read(tmp_path: Path, fd_of) -> None:
     path.write_bytes(full[: offsets[2] + 12 + 5])
     fd = fd_of(path)
     with pytest.raises(CorruptRecordError) as info:
-        read(fd, str(path), offsets[2], len(payloads[2]))
+        TFR.read(fd, Location(offsets[2], len(payloads[2])))
     assert info.value.path == str(path)
     assert info.value.offset == offsets[2]  # the frame's offset, like every other error
     assert info.value.problem == f"truncated record: 5 of {len(payloads[2])} payload bytes"
     with pytest.raises(CorruptRecordError) as info:
-        read(fd, str(path), offsets[2], len(payloads[2]), verify=True)
+        TFR.read(fd, Location(offsets[2], len(payloads[2])), verify=True)
     assert info.value.offset == offsets[2]
     assert info.value.problem == f"expected {16 + len(payloads[2])} bytes, file ends after 17"
     with pytest.raises(CorruptRecordError):
-        read(fd, str(path), len(full) + 100, 10)
+        TFR.read(fd, Location(len(full) + 100, 10))
 
 
 # -- decode / detect_options -----------------------------------------------------
@@ -726,7 +718,9 @@ def test_make_example_writes_and_scans(tmp_path: Path) -> None:
     with open(path, "rb") as f:
         fd = f.fileno()
         for e, r in zip(entries, records, strict=True):
-            got = decode(read(FileSource(fd), str(path), e.offset, e.length, verify=True), {})
+            got = decode(
+                TFR.read(FileSource(fd, str(path)), Location(e.offset, e.length), verify=True), {}
+            )
             assert all_features(got) == {
                 "key": [r["key"].encode()],
                 "label": [r["label"]],
@@ -776,8 +770,8 @@ def test_round_trip(records: list[tuple[str, bytes]]) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
             for e, s, (k, p) in zip(entries, serialized, records, strict=True):
-                assert read(FileSource(fd), path, e.offset, e.length) == s
-                raw = read(FileSource(fd), path, e.offset, e.length, verify=True)
+                assert TFR.read(FileSource(fd, str(path)), Location(e.offset, e.length)) == s
+                raw = TFR.read(FileSource(fd, str(path)), Location(e.offset, e.length), verify=True)
                 assert raw == s
                 assert all_features(decode(raw, {})) == {"key": [k.encode()], "data": [p]}
         finally:

@@ -28,7 +28,7 @@ from shardcat import (
     TFRecordWriter,
     make_example,
 )
-from shardcat.catalog import catalog as catalog_module
+from shardcat.catalog import store as catalog_module
 from shardcat.readers.recordio import RecordIOWriter
 
 COMPRESS: dict[str | None, Callable[[bytes], bytes]] = {
@@ -340,12 +340,12 @@ def test_keys_stay_in_the_catalog_while_their_shard_is_reindexed(
     """Between the sync and the commit of a re-index the old version stays: a reader
     holding the old file reads its bytes, a new reader finds the key (and a stale
     file, said so), nobody gets None; after the commit everyone reads the new bytes."""
-    from shardcat.catalog import ingest as ingest_module
+    from shardcat.readers.formats import Format
 
     monkeypatch.setattr(catalog_module, "SNAPSHOT_SECONDS", 0.05)
     db, files, old = dataset(tmp_path, "tfrecord", None, n=20)
     seen: list[object] = []
-    real = ingest_module.scan_shard
+    real = Format.scan_shard
 
     with Catalog(db, readonly=True) as cat, cat.dataset("d") as early:
         assert read_value(early, "tfrecord", "k0_00001") == old["k0_00001"]
@@ -361,7 +361,7 @@ def test_keys_stay_in_the_catalog_while_their_shard_is_reindexed(
 
         keys = [f"k0_{i:05d}" for i in range(10)]
         write_shard(files[0], "tfrecord", keys, [b"new" + k.encode() for k in keys])
-        monkeypatch.setattr(ingest_module, "scan_shard", scan_and_look)
+        monkeypatch.setattr(Format, "scan_shard", scan_and_look)
         with Catalog(db) as writer:
             writer.ingest([str(f) for f in files], "d", workers=1).close()
         assert seen == [(20, old["k0_00001"]), (20, True)]

@@ -1,33 +1,13 @@
-"""DALI index files written from the catalog (``catalog export-index``).
-
-DALI's readers take one index file per shard. The catalog already knows every
-record's offset, so the index files are written from it instead of re-reading
-the shards: the catalog stays the single source of truth. Each format module
-formats its own lines (``dali_index_lines``, see :mod:`shardcat.readers.formats`):
-
-- RecordIO: what DALI's ``tools/rec2idx`` writes, ``<n>\\t<offset>`` per record
-  (``n`` = 0, 1, ... in file order, ``offset`` = its first frame);
-- TFRecord: what DALI's ``tools/tfrecord2idx`` writes, ``<offset> <size>`` per
-  record (frame offset and frame size, both CRCs included);
-- tar: DALI's ``wds2idx`` format, from the tar module.
-
-The files list the records the catalog holds (records dropped as duplicates
-at ingest are not in them).
-"""
+"""The rows an export of a dataset reads: its shards in path order, and each
+shard's records and members in file order (``catalog export-index`` turns
+them into DALI index files: :mod:`shardcat.facade.export`)."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+import sqlite3
 from typing import Any
 
-from shardcat.catalog.catalog import Catalog
-from shardcat.catalog.ingest import absolute_path
-from shardcat.errors import CatalogError, StaleShardError
-from shardcat.readers.formats import Entry, get_format
-
-__all__ = ["export_index", "index_name"]
+__all__ = ["members_of", "records_of", "shards_of"]
 
 _SHARDS = (
     "SELECT s.id, s.path, s.state, s.size, s.mtime_ns, s.compression, s.first_position "
@@ -44,82 +24,17 @@ _MEMBERS = (
 )
 
 
-def index_name(shard: str, extensions: tuple[str, ...]) -> str:
-    """``<shard name without its format extension>.idx`` (``train.rec`` -> ``train.idx``)."""
-    name = os.path.basename(shard)
-    for ext in sorted(extensions, key=len, reverse=True):
-        if name.endswith(ext) and len(name) > len(ext):
-            return name[: -len(ext)] + ".idx"
-    return name + ".idx"
+def shards_of(conn: sqlite3.Connection, dataset: str) -> list[Any]:
+    """``(id, stored path, state, size, mtime_ns, compression, first_position)`` of
+    every shard of ``dataset``, in path order."""
+    return conn.execute(_SHARDS, (dataset,)).fetchall()
 
 
-def export_index(
-    catalog: Catalog,
-    dataset: str,
-    out_dir: str | os.PathLike[str] | None = None,
-    *,
-    overwrite: bool = False,
-) -> list[Path]:
-    """Write one DALI index file per shard of ``dataset``; returns their paths.
+def records_of(conn: sqlite3.Connection, shard_id: int) -> list[Any]:
+    """``(key, ordinal, offset, length)`` of every record of a shard, in file order."""
+    return conn.execute(_RECORDS, (shard_id,)).fetchall()
 
-    Files are named ``<shard stem>.idx`` and go beside the shards, or under
-    ``out_dir`` keeping the shards' directory layout below their common
-    directory. Existing files are left alone (:class:`CatalogError`) unless
-    ``overwrite``: beside ``.rec`` files they may be MXNet indexes with other keys.
-    Every shard must be indexed (``ready``), uncompressed and unchanged on disk
-    (else :class:`StaleShardError`).
-    """
-    info = catalog.info(dataset)
-    fmt = get_format(info.format)
-    lines_of = getattr(fmt, "dali_index_lines", None)
-    if lines_of is None:
-        raise CatalogError(f"no DALI index format is known for {fmt.TITLE} datasets")
-    conn = catalog.reader_connection()
-    shards = conn.execute(_SHARDS, (dataset,)).fetchall()
-    by_position = info.key_rule == "position"
-    files = [absolute_path(row[1], catalog.directory) for row in shards]
-    for row, path in zip(shards, files, strict=True):
-        if row[2] != "ready":
-            raise CatalogError(
-                f"{path} is {row[2]} in dataset {dataset!r}: ingest it first (catalog ingest)"
-            )
-        if row[5] is not None:
-            raise CatalogError(
-                f"{path} is {row[5]}-compressed: DALI index files describe uncompressed shards"
-            )
-        st = os.stat(path)
-        if (st.st_size, st.st_mtime_ns) != (row[3], row[4]):
-            raise StaleShardError(
-                f"{path} changed after it was indexed: re-ingest it before exporting its index"
-            )
-    root = os.path.commonpath([os.path.dirname(f) for f in files]) if files else ""
-    targets = []
-    for path in files:
-        directory = os.path.dirname(path)
-        if out_dir is not None:
-            directory = os.path.join(os.fspath(out_dir), os.path.relpath(directory, root))
-        targets.append(Path(os.path.normpath(directory)) / index_name(path, fmt.EXTENSIONS))
-    seen: dict[Path, str] = {}
-    for path, target in zip(files, targets, strict=True):
-        if target in seen:
-            raise CatalogError(f"{seen[target]} and {path} would both get the index {target}")
-        seen[target] = path
-        if not overwrite and target.exists():
-            raise CatalogError(f"{target} exists (overwrite=True / --force replaces it)")
-    for row, target in zip(shards, targets, strict=True):
-        entries = [
-            Entry(str(row[6] + ordinal) if by_position else key, offset, length)
-            for key, ordinal, offset, length in conn.execute(_RECORDS, (row[0],))
-        ]
-        if fmt.PARTS:
-            for ordinal, name, offset, length, extents in conn.execute(_MEMBERS, (row[0],)):
-                member: tuple[Any, ...] = (name, offset, length)
-                if extents is not None:  # a sparse member: its pieces (dali_index_lines refuses)
-                    member = (*member, tuple(map(tuple, json.loads(extents))))
-                entries[ordinal].members.append(member)
-        text = "".join(f"{line}\n" for line in lines_of(entries, info.options))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        partial.write_text(text, encoding="utf-8", newline="\n")
-        os.replace(partial, target)
-    return targets
+
+def members_of(conn: sqlite3.Connection, shard_id: int) -> list[Any]:
+    """``(ordinal, name, offset, length, extents)`` of every member of a shard."""
+    return conn.execute(_MEMBERS, (shard_id,)).fetchall()

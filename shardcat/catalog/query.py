@@ -17,15 +17,11 @@ from shardcat.errors import CatalogError
 __all__ = [
     "ALLOWED_FUNCTIONS",
     "DEFAULT_QUERY_TIMEOUT",
-    "STORAGE_DB_NAME",
     "QueryResult",
     "attached",
     "run_readonly",
 ]
 
-# The SQLite file that shardcat keeps inside a storage directory (TensorBlob,
-# TensorDB): ``attach`` accepts such a directory in place of the file.
-STORAGE_DB_NAME = ".shardcat.sqlite"
 
 # Seconds a query may run unless the caller says otherwise (None: no limit).
 DEFAULT_QUERY_TIMEOUT = 60.0
@@ -193,8 +189,6 @@ def _attach_target(name: str, path: str | os.PathLike[str]) -> Path:
             f"invalid attach name {name!r}: use letters, digits and '_' (not main or temp)"
         )
     target = Path(path).expanduser()
-    if target.is_dir():
-        target = target / STORAGE_DB_NAME
     if not target.is_file():
         raise CatalogError(f"cannot attach {name!r}: no SQLite database at {target}")
     return target.resolve()
@@ -206,8 +200,8 @@ def attached(
 ) -> Iterator[None]:
     """ATTACH each ``name -> path`` read-only for the duration of the block, then DETACH.
 
-    ``path`` is a SQLite file, or a TensorBlob/TensorDB directory (its
-    ``.shardcat.sqlite``). Attaching happens before :func:`run_readonly`
+    ``path`` is a SQLite file (the facade maps a TensorBlob/TensorDB directory to
+    its own file first). Attaching happens before :func:`run_readonly`
     installs its authorizer (which refuses ``ATTACH`` in the user's SQL), and
     every database is attached with ``mode=ro``: nothing can be written.
     """

@@ -25,7 +25,7 @@ records, members, seek points and field values, with one ``INSERT ... SELECT``
 each, keeping each shard's file identity and ``indexed_at``; positions are
 its own. Only shards that hold exactly what a scan of their file gives are
 copied: ready, unchanged on disk, and with no records dropped as duplicates
-(see :data:`~shardcat.catalog.ingest.DROPPED`); the others are scanned. A
+(see :data:`~shardcat.catalog.sync.DROPPED`); the others are scanned. A
 reader over ``train-0000[0-4].tfrecord`` after ``train-*.tfrecord`` was
 indexed so opens without reading a shard, and the copy is a dataset like any
 other (a changed shard is re-indexed for it alone).
@@ -34,9 +34,8 @@ other (a changed shard is re-indexed for it alone).
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,16 +43,8 @@ from sqlalchemy import Connection, select
 
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
-from shardcat.catalog.ingest import (
-    DROPPED,
-    absolute_path,
-    bump_version,
-    recompute_positions,
-    same_file,
-    stored_path,
-)
+from shardcat.catalog.sync import DROPPED, Judge, bump_version, recompute_positions
 from shardcat.errors import CatalogError
-from shardcat.readers.formats import get_format
 
 __all__ = ["Rule", "choose", "seed", "variant_name"]
 
@@ -66,11 +57,13 @@ _COLUMNS = "id, name, format, key_rule, grouping, options"
 @dataclass(frozen=True)
 class Rule:
     """What a caller asks for: the format, the options detected from the first
-    shard and the options given (``key``, ``grouping``, ``fields``, ...)."""
+    shard and the options given (``key``, ``grouping``, ``fields``, ...), and the
+    format's key rule for a set of options."""
 
     format: str
     detected: Mapping[str, Any]
     explicit: Mapping[str, Any]
+    key_rule: Callable[[Mapping[str, Any]], str]
 
     def options(self, stored: Mapping[str, Any]) -> dict[str, Any]:
         """The options ingest would use on a dataset that stores ``stored``."""
@@ -81,7 +74,7 @@ class Rule:
     def of(self, stored: Mapping[str, Any]) -> tuple[str, str, str | None]:
         """(format, key rule, grouping) on a dataset that stores ``stored``."""
         opts = self.options(stored)
-        return self.format, get_format(self.format).key_rule(opts), opts.get("grouping")
+        return self.format, self.key_rule(opts), opts.get("grouping")
 
 
 def _rule_of(row: Sequence[Any]) -> tuple[str, str, str | None]:
@@ -158,18 +151,18 @@ def seed(
     dataset_id: int,
     name: str,
     options: Mapping[str, Any],
-    files: Sequence[str],
-    catalog_dir: str,
+    files: Mapping[str, Any],
+    same_file: Judge,
 ) -> int:
     """Copy into the new dataset ``dataset_id`` the rows of the shards among
-    ``files`` that one other dataset with the same rule and scan options holds
-    complete (see the module docstring); returns how many shards were copied."""
+    ``files`` (stored path -> stat) that one other dataset with the same rule and
+    scan options holds complete (see the module docstring), unless ``same_file``
+    says the file changed since; returns how many shards were copied."""
     d, s = schema.datasets, schema.shards
     me = conn.execute(
         select(d.c.format, d.c.key_rule, d.c.grouping).where(d.c.id == dataset_id)
     ).one()
-    wanted = {path: stored for path in files if (stored := _stored(path, catalog_dir)) is not None}
-    if not wanted:
+    if not files:
         return 0
     rows = conn.exec_driver_sql(
         "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
@@ -177,7 +170,7 @@ def seed(
         "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
         "AND d.format = ? AND d.key_rule = ? AND d.grouping IS ? "
         "AND s.path IN (SELECT value FROM json_each(?))",
-        (dataset_id, me.format, me.key_rule, me.grouping, json.dumps(sorted(wanted.values()))),
+        (dataset_id, me.format, me.key_rule, me.grouping, json.dumps(sorted(files))),
     ).all()
     mine = _scan_options(options)
     donors: dict[int, list[tuple[int, str]]] = {}
@@ -203,12 +196,7 @@ def seed(
     copied = 0
     for shard_id in shard_ids:
         row = conn.execute(select(s).where(s.c.id == shard_id)).one()
-        path = absolute_path(row.path, catalog_dir)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue  # gone: sync drops it from the set
-        if same_file(row, st, path) is False:
+        if same_file(row, row.path) is False:
             continue  # changed since: it is read again anyway
         _copy_shard(conn, row, dataset_id, donor_id, by_position, columns)
         copied += 1
@@ -216,10 +204,6 @@ def seed(
         bump_version(conn, dataset_id)
         recompute_positions(conn, dataset_id)
     return copied
-
-
-def _stored(path: str, catalog_dir: str) -> str | None:
-    return stored_path(path, catalog_dir) if os.path.isfile(path) else None
 
 
 def _copy_field_columns(
@@ -266,11 +250,12 @@ def _copy_shard(
     if inserted is None:  # SQLite always reports the rowid
         raise CatalogError(f"cannot copy shard {row.path}: no id for its new row")
     new_id = inserted[0]
-    # position keys name their shard (see ingest's _insert_records)
+    # position keys name their shard (see commit.insert_records)
     key = "'#' || shard_id_new || ':' || ordinal" if by_position else "key"
     conn.exec_driver_sql(
-        'INSERT INTO shardcat_records (dataset_id, key, shard_id, ordinal, "offset", length) '
-        f'SELECT ?, {key}, shard_id_new, ordinal, "offset", length '
+        "INSERT INTO shardcat_records "
+        '(dataset_id, key, shard_id, ordinal, "offset", length, extents, item) '
+        f'SELECT ?, {key}, shard_id_new, ordinal, "offset", length, extents, item '
         "FROM (SELECT ? AS shard_id_new, * FROM shardcat_records WHERE shard_id = ?)",
         (dataset_id, new_id, row.id),
     )

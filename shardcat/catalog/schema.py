@@ -18,7 +18,11 @@ dataset, named after the dataset, may take any other name.
 - ``records``: one row per record: key, shard, ``ordinal`` (index within the
   shard), byte offset and length. A record's dataset position is
   ``shards.first_position + records.ordinal``, so re-indexing one shard never
-  rewrites the rows of the others.
+  rewrites the rows of the others. ``extents`` and ``item`` (schema version 5;
+  NULL for one plain range): a location the format describes as several byte
+  ranges (JSON ``[[offset, length], ...]``) and/or as one record inside those
+  bytes (chunk + index formats: the row of a Parquet row group). The catalog
+  stores them as the scan gave them and never interprets them.
 - ``members``: per-feature byte ranges of records stored as several parts
   (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
   one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
@@ -123,6 +127,11 @@ records = Table(
     Column("ordinal", BigInteger, nullable=False),
     Column("offset", BigInteger, nullable=False),
     Column("length", BigInteger, nullable=False),
+    # schema version 5: a location that is not the one range offset/length: the
+    # ranges that make the record (JSON [[offset, length], ...]) and which record
+    # inside them it is (chunk + index formats); NULL for one plain range
+    Column("extents", Text),
+    Column("item", BigInteger),
     PrimaryKeyConstraint("dataset_id", "key"),
     Index("shardcat_records_by_shard", "shard_id", "ordinal", unique=True),
     sqlite_with_rowid=False,

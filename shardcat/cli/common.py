@@ -1,5 +1,6 @@
-"""Options shared by every command, where the catalog is and opening it, error
-handling (one line per failure, in the CLI's spelling), and making text safe to print."""
+"""What every command shares besides its options (those are in :mod:`.options`):
+which catalog it uses and opening it through the library, error handling (one line
+per failure, in the CLI's spelling), progress bars, and making text safe to print."""
 
 from __future__ import annotations
 
@@ -16,51 +17,19 @@ import traceback
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from shardcat.catalog import Catalog
-from shardcat.catalog.engine import (
-    DEFAULT_NAME,
-    ENV_VAR,
-    cannot_create_in,
-    existing_ancestor,
-    locate,
-    write_problem,
-)
-from shardcat.errors import CatalogError, ShardcatError
+from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, locate
+from shardcat.errors import ShardcatError
+from shardcat.facade import tasks
+from shardcat.facade.catalog import Catalog
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# No envvar= here: catalog_path() reads $SHARDCAT_CATALOG, so it can tell a path
-# given on the command line from a default and say which catalog it used.
-CatalogOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--catalog",
-        "-c",
-        help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current directory).",
-        show_default=False,
-    ),
-]
-DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-# How the commands that only read open the catalog (never creating, upgrading or
-# changing a file either way).
-ReadModeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--readonly/--immutable",
-        help="--readonly (default): read-only, seeing other processes' commits. "
-        "--immutable: no locks and no -shm file, for a catalog nothing writes (e.g. a "
-        "snapshot on a read-only or network filesystem); refused while its -wal file "
-        "holds commits not yet in the main file (see `catalog checkpoint`).",
-    ),
-]
 
 _debug = False
 
@@ -100,46 +69,12 @@ def catalog_path(option: Path | None, *, announce: bool = True) -> Path:
 def open_catalog(
     path: Path | None, *, readonly: bool = False, immutable: bool = False, create: bool = False
 ) -> Catalog:
-    """The catalog of :func:`catalog_path`; it must exist unless ``create`` (ingest).
-
-    Commands that only read pass ``readonly=True`` (or ``immutable=True``): the
-    file is then never created, upgraded or changed. Without either, it is
-    opened for writing (and upgraded when older), after checking that it can
-    be written at all.
-    """
-    where = catalog_path(path)
-    if not create and not where.is_file():
-        ancestor = existing_ancestor(where)
-        why = (
-            f"{ancestor} is not a directory"
-            if not ancestor.is_dir()
-            else f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
-        )
-        raise CatalogError(f"no catalog at {where}: {why}")
-    if not (readonly or immutable):
-        problem = write_problem(where)
-        if problem is not None:
-            read_only = problem.startswith("cannot write")
-            raise CatalogError(
-                problem + (" (commands that only read it work)" if read_only else "")
-            )
-    try:
-        return Catalog(where, readonly=readonly or immutable, immutable=immutable)
-    except CatalogError as exc:
-        # SQLite refuses a read-only open it cannot create the -shm file for when the
-        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
-        blocked = cannot_create_in(where.parent)
-        if (
-            not readonly
-            or immutable
-            or blocked is None
-            or not str(exc).endswith("attempt to write a readonly database")
-        ):
-            raise
-        raise CatalogError(
-            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
-            f"beside it, but {blocked}; --immutable reads it without one"
-        ) from None
+    """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
+    (it must exist unless ``create``; commands that only read pass ``readonly=True``
+    or ``immutable=True``, so the file is never created, upgraded or changed)."""
+    return tasks.open_catalog(
+        catalog_path(path), readonly=readonly, immutable=immutable, create=create
+    )
 
 
 # The library's messages name Python arguments; the CLI's name its options.
@@ -150,6 +85,7 @@ _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"--timeout/timeout="), "--timeout"),
     (re.compile(r"\(overwrite=True / --force "), "(--force "),
     (re.compile(r"\bwith key=None\b"), "with --by-position"),
+    (re.compile(r"^index (-?\d+) out of range: "), r"--index \1 out of range: "),
     (re.compile(r"\(rescan=True\)"), "(catalog ingest --rescan)"),
     (re.compile(r"\bso immutable=True\b"), "so --immutable"),
     (re.compile(r"\bopen it with readonly=True instead\b"), "open it with --readonly instead"),

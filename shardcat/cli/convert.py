@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import RERUN_TO_FINISH, JsonOpt, handle_errors, print_json, progress_bar
-from shardcat.convert import ConvertResult, convert_tars, tar_inputs
+from shardcat.cli.common import RERUN_TO_FINISH, handle_errors, print_json, progress_bar
+from shardcat.cli.options import JsonOpt
+from shardcat.convert import ConvertResult
 from shardcat.errors import CatalogError
+from shardcat.facade import tasks
 
 
 @handle_errors(interrupted=RERUN_TO_FINISH)
@@ -53,22 +54,19 @@ def convert(
     --delete removes a tar only after that. The results ingest at once:
     `catalog ingest 'OUT/*.tfrecord'`.
     """
-    sources = tar_inputs(inputs)
-    if not sources:
-        raise CatalogError(f"no tar archives found for {' '.join(inputs)}")
     with progress_bar("convert", unit="archives", transient=json_out) as bar:
-        task = bar.add_task("convert", total=len(sources), records=0)
+        task = bar.add_task("convert", total=None, records=0)
         counted = {"records": 0}
 
-        def progress(result: ConvertResult) -> None:
+        def progress(result: ConvertResult, total: int) -> None:
             counted["records"] += result.records
-            bar.update(task, advance=1, records=counted["records"])
+            bar.update(task, advance=1, records=counted["records"], total=total)
 
-        results = convert_tars(
-            sources,
+        results = tasks.convert(
+            inputs,
             output_dir,
             delete=delete,
-            workers=(os.cpu_count() or 1) if workers is None else workers,
+            workers=workers,
             grouping=grouping,
             progress=progress,
         )

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from shardcat.catalog.export import export_index as write_index_files
-from shardcat.cli.common import CatalogOpt, DatasetArg, ReadModeOpt, handle_errors, open_to_read
+from shardcat.cli.common import handle_errors, open_to_read
+from shardcat.cli.options import CatalogOpt, DatasetArg, ReadModeOpt
+from shardcat.facade.export import export_index as write_index_files
 
 
 @handle_errors

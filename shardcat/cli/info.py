@@ -10,10 +10,6 @@ from rich.console import Console
 from rich.table import Table
 
 from shardcat.cli.common import (
-    CatalogOpt,
-    DatasetArg,
-    JsonOpt,
-    ReadModeOpt,
     catalog_path,
     cell,
     handle_errors,
@@ -21,6 +17,7 @@ from shardcat.cli.common import (
     open_to_read,
     print_json,
 )
+from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
 

@@ -7,20 +7,19 @@ from typing import Annotated
 
 import typer
 
-from shardcat.catalog import resolve_paths
-from shardcat.catalog.catalog import KEEP
-from shardcat.catalog.ingest import DUPLICATE_POLICIES, ShardOutcome
 from shardcat.cli.common import (
     RERUN_TO_FINISH,
-    CatalogOpt,
-    DatasetArg,
     catalog_path,
     cli_message,
     handle_errors,
     open_catalog,
     progress_bar,
 )
+from shardcat.cli.options import CatalogOpt, DatasetArg, OnDuplicateOpt
 from shardcat.errors import CatalogError, IngestError
+from shardcat.facade import tasks
+from shardcat.facade.ingest import ShardOutcome
+from shardcat.facade.options import KEEP, IngestOptions
 from shardcat.readers.formats import known_formats
 from shardcat.sample import SAMPLE_FORMATS, make_sample
 
@@ -57,9 +56,7 @@ def ingest(
     no_fields: Annotated[
         bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
     ] = False,
-    on_duplicate: Annotated[
-        str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
-    ] = "error",
+    on_duplicate: OnDuplicateOpt = "error",
     rescan: Annotated[bool, typer.Option(help="Re-index unchanged shards too.")] = False,
     grouping: Annotated[
         str | None,
@@ -78,51 +75,48 @@ def ingest(
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
     Interrupted (Ctrl-C), the same command run again finishes the work.
     """
-    files = resolve_paths(paths)
-    if not files:
-        raise CatalogError(f"no files match {paths}")
     where = catalog_path(catalog, announce=False)  # the summary line names it
-    counted = {"records": 0}
+    opts = IngestOptions(
+        format=format,
+        key=None if by_position else (KEEP if key is None else key),
+        fields=False if no_fields else None,
+        workers=workers,
+        on_duplicate=on_duplicate,
+        rescan=rescan,
+        grouping=grouping,
+    )
+    shards = {"total": 0}
     try:
-        with open_catalog(where, create=True) as cat, progress_bar("ingest", unit="shards") as bar:
-            task = bar.add_task("ingest", total=len(files), records=0)
+        with progress_bar("ingest", unit="shards") as bar:
+            task = bar.add_task("ingest", total=None, records=0)
+            counted = {"records": 0}
 
             def progress(outcome: ShardOutcome, total: int) -> None:
+                shards["total"] = total
                 counted["records"] += outcome.records
                 bar.update(task, advance=1, records=counted["records"], total=total)
 
-            reader = cat.ingest(
-                paths,
-                dataset,
-                format=format,
-                key=None if by_position else (KEEP if key is None else key),
-                fields=False if no_fields else None,
-                workers=workers,
-                on_duplicate=on_duplicate,
-                rescan=rescan,
-                grouping=grouping,
-                progress=progress,
-            )
-            with reader:
-                bar.update(task, completed=len(files))
-                stats = reader.get_stats()
-                dropped = reader.indexed_duplicates
+            summary = tasks.ingest(where, paths, dataset, opts, progress=progress)
+            bar.update(task, completed=summary.shards, total=summary.shards)
     except IngestError as exc:
-        raise CatalogError(_failed_shards(exc, len(files))) from None
+        raise CatalogError(_failed_shards(exc, shards["total"])) from None
     typer.echo(
-        f"dataset {stats['dataset']}: {stats['total_records']:,} records in "
-        f"{stats['total_files']} shards ({counted['records']:,} indexed now) -> {where}"
+        f"dataset {summary.dataset}: {summary.records:,} records in "
+        f"{summary.shards} shards ({summary.indexed_now:,} indexed now) -> {where}"
     )
-    if dropped:
+    if summary.duplicates_dropped:
         typer.echo(
-            f"{dropped:,} records with duplicate keys dropped (--on-duplicate {on_duplicate})",
+            f"{summary.duplicates_dropped:,} records with duplicate keys dropped "
+            f"(--on-duplicate {on_duplicate})",
             err=True,
         )
 
 
 def _failed_shards(exc: IngestError, total: int) -> str:
-    """The error line of an ingest some shards failed in. One failed shard alone
-    is its own error; otherwise each is listed first (``failed: ...``)."""
+    """The error line of an ingest some shards failed in (``total``: the shards of
+    the set, as the progress callback said). One failed shard alone is its own
+    error; otherwise each is listed first (``failed: ...``)."""
+    total = max(total, len(exc.failures))
     failures = [cli_message(str(failure.error)) for failure in exc.failures]
     if len(failures) == 1 and total == 1:
         return failures[0]

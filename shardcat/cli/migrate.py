@@ -3,32 +3,28 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    TaskID,
-)
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from shardcat.catalog.engine import locate
-from shardcat.catalog.ingest import DUPLICATE_POLICIES
 from shardcat.cli.common import (
     RERUN_TO_FINISH,
-    CatalogOpt,
-    JsonOpt,
     catalog_path,
     handle_errors,
     print_json,
     progress_bar,
 )
+from shardcat.cli.options import CatalogOpt, JsonOpt, OnDuplicateOpt
 from shardcat.errors import CatalogError
-from shardcat.legacy import DEFAULT_SAMPLE, MigrationReport
-from shardcat.legacy import migrate as migrate_legacy
-from shardcat.migrations import upgrade
-from shardcat.storage import convert_tensorblob, is_tensorblob_dir
+from shardcat.facade import tasks
+from shardcat.facade.migrate import MigrationStep
+from shardcat.legacy.report import MigrationReport
+from shardcat.legacy.verify import DEFAULT_SAMPLE
 
 
 @handle_errors(interrupted=RERUN_TO_FINISH)
@@ -102,9 +98,7 @@ def migrate(
         int | None,
         typer.Option("--workers", "-w", help="Processes re-indexing shards (default: cores)."),
     ] = None,
-    on_duplicate: Annotated[
-        str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
-    ] = "error",
+    on_duplicate: OnDuplicateOpt = "error",
     upgrade_only: Annotated[
         bool,
         typer.Option(
@@ -135,36 +129,30 @@ def migrate(
     if upgrade_only:
         if paths:
             raise CatalogError("--upgrade takes no PATHS")
-        where = locate(catalog)
-        found, now = upgrade(where)
+        done = tasks.upgrade_catalog(catalog)
         typer.echo(
-            f"{where}: schema version {now}"
-            + (f" (upgraded from {found})" if 0 < found < now else " (up to date)")
+            f"{done.path}: schema version {done.now}"
+            + (f" (upgraded from {done.found})" if 0 < done.found < done.now else " (up to date)")
         )
         return
     if not paths:
         raise CatalogError("give the directories or index files to migrate (see --help)")
-    blobs = [p for p in paths if is_tensorblob_dir(p)]
-    for directory in blobs:
-        if dry_run:
-            typer.echo(f"{directory}: tensorblob directory, would be converted in place")
-            continue
-        kind, rows = convert_tensorblob(directory)
-        typer.echo(f"{directory}: tensorblob {kind} of {rows:,} rows converted in place")
-    paths = [p for p in paths if p not in blobs]
-    if not paths:
-        return
-    with progress_bar("{task.description}", disable=json) as bar:
-        tasks: dict[str, TaskID] = {}
+    where = catalog_path(catalog, announce=False)  # named below once a legacy import ran
+    with contextlib.ExitStack() as stack:
+        bars: list[Progress] = []  # opened at the first legacy step, not for tensorblob
+        steps: dict[str, TaskID] = {}
 
-        def progress(step: str, done: int, total: int) -> None:
-            if step not in tasks:
-                tasks[step] = bar.add_task(step, total=total)
-            bar.update(tasks[step], completed=done, total=total)
+        def progress(step: MigrationStep, total: int) -> None:
+            if not bars:
+                bars.append(stack.enter_context(progress_bar("{task.description}", disable=json)))
+            bar = bars[0]
+            if step.name not in steps:
+                steps[step.name] = bar.add_task(step.name, total=total)
+            bar.update(steps[step.name], completed=step.done, total=total)
 
-        report = migrate_legacy(
+        outcome = tasks.migrate_any(
             paths,
-            catalog=catalog_path(catalog),
+            catalog=where,
             dataset=dataset,
             dry_run=dry_run,
             remap=remap or [],
@@ -177,11 +165,23 @@ def migrate(
             max_depth=depth,
             pattern=pattern or None,
         )
+    if outcome.report is not None:
+        catalog_path(catalog)  # the command ends naming the catalog it imported into
+    for converted in outcome.converted:
+        if converted.kind is None:
+            typer.echo(f"{converted.path}: tensorblob directory, would be converted in place")
+        else:
+            typer.echo(
+                f"{converted.path}: tensorblob {converted.kind} of {converted.rows:,} rows "
+                "converted in place"
+            )
+    if outcome.report is None:
+        return
     if json:
-        print_json(report.to_dict())
+        print_json(outcome.report.to_dict())
     else:
-        print_report(report)
-    if report.failed:
+        print_report(outcome.report)
+    if outcome.failed:
         raise typer.Exit(1)
 
 

@@ -4,69 +4,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import (
-    CatalogOpt,
-    DatasetArg,
-    ReadModeOpt,
-    handle_errors,
-    open_to_read,
-    printable,
+from shardcat.cli.common import handle_errors, open_to_read, printable
+from shardcat.cli.options import CatalogOpt, DatasetArg, KeyArg, ReadModeOpt
+from shardcat.errors import CatalogError, NoSuchFeatureError
+from shardcat.facade.records import (
+    extract as extract_record,
 )
-from shardcat.errors import CatalogError, KeyNotFoundError
-from shardcat.readers.reader import Reader
+from shardcat.facade.records import (
+    feature_value,
+    file_extension,
+)
 
-KeyArg = Annotated[str, typer.Argument(help="The record's key.")]
-
-_MAGIC = [
-    (b"\xff\xd8\xff", "jpg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-    (b"II*\x00", "tif"),
-    (b"MM\x00*", "tif"),
-]
-
-
-def file_extension(data: bytes) -> str:
-    """A file extension for ``data``, from magic numbers (images), else text/JSON/bin."""
-    for magic, ext in _MAGIC:
-        if data.startswith(magic):
-            return ext
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "bin"
-    return "json" if text.lstrip()[:1] in ("{", "[") else "txt"
-
-
-_MAX_NAME_PART = 100  # characters of a key or feature name kept in a file name
-
-
-def safe_name(text: str) -> str:
-    """``text`` as one file name part: letters, digits, ``-``, ``_`` and ``.`` kept,
-    every other character (``/``, NUL, controls, spaces...) becomes ``_``, cut
-    to ``_MAX_NAME_PART`` characters. It never contains a path separator, so
-    ``<key>_<feature>_<i>.<ext>`` stays inside the output directory."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text[:_MAX_NAME_PART])
+__all__ = ["extract", "get", "register"]
 
 
 def _show(data: bytes) -> str:
     """Bytes as text for a terminal: UTF-8 with control characters made visible."""
     return printable(data.decode("utf-8", "backslashreplace"))
-
-
-def _features(reader: Reader, key: str) -> dict[str, list[Any]]:
-    record = reader.get_record(key)
-    if record is None:
-        raise KeyNotFoundError(f"key {key!r} not in dataset {reader.dataset!r}")
-    return reader.features(record)
 
 
 @handle_errors
@@ -89,16 +47,13 @@ def get(
         open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
-        features = _features(reader, key)
-    if feature not in features:
-        have = ", ".join(printable(name) for name in sorted(features))
-        raise CatalogError(f"record {key!r} has no feature {feature!r} (it has: {have})")
-    values = features[feature]
-    if not values:
-        raise CatalogError(f"feature {feature!r} of {key!r} holds no values")
-    if not -len(values) <= index < len(values):
-        raise CatalogError(f"--index {index} out of range: {feature!r} has {len(values)} values")
-    value = values[index]
+        try:
+            value = feature_value(reader, key, feature, index)
+        except NoSuchFeatureError as exc:
+            have = ", ".join(printable(name) for name in exc.available)
+            raise CatalogError(
+                f"record {key!r} has no feature {feature!r} (it has: {have})"
+            ) from None
     if not isinstance(value, bytes):
         typer.echo(value if output is None else "")
         if output is not None:
@@ -139,29 +94,16 @@ def extract(
         open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
     ):
-        features = _features(reader, key)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    safe_key = safe_name(key)
-    written: set[str] = set()
-    for name, values in sorted(features.items()):
-        shown = printable(name)
-        if values and isinstance(values[0], bytes):
-            for i, data in enumerate(values):
-                ext = file_extension(data)
-                if ext == "txt" and len(data) <= 200:
-                    typer.echo(f"{shown}[{i}] (text): {_show(data)}")
-                    continue
-                stem = f"{safe_key}_{safe_name(name)}_{i}"
-                filename, n = f"{stem}.{ext}", 1
-                while filename in written:  # two names that differ only in replaced characters
-                    n += 1
-                    filename = f"{stem}~{n}.{ext}"
-                written.add(filename)
-                path = output_dir / filename
-                path.write_bytes(data)
-                typer.echo(f"{shown}[{i}]: {len(data):,} bytes -> {printable(str(path))}")
+        items = extract_record(reader, key, output_dir)
+    for item in items:
+        shown = printable(item.feature)
+        if item.index is None:
+            typer.echo(f"{shown}: {printable(str(item.value))}")
+        elif item.path is None:
+            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)}")
         else:
-            typer.echo(f"{shown}: {printable(str(values))}")
+            size = len(item.value)
+            typer.echo(f"{shown}[{item.index}]: {size:,} bytes -> {printable(str(item.path))}")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,15 +11,8 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT
-from shardcat.cli.common import (
-    CatalogOpt,
-    JsonOpt,
-    ReadModeOpt,
-    cell,
-    handle_errors,
-    open_to_read,
-    print_json,
-)
+from shardcat.cli.common import cell, handle_errors, open_to_read, print_json
+from shardcat.cli.options import CatalogOpt, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
 

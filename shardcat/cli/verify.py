@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from shardcat.cli.common import (
-    CatalogOpt,
-    DatasetArg,
-    JsonOpt,
-    ReadModeOpt,
-    handle_errors,
-    open_to_read,
-    print_json,
-    progress_bar,
-)
+from shardcat.cli.common import handle_errors, open_to_read, print_json, progress_bar
+from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
+from shardcat.facade import tasks
 
 
 @handle_errors
@@ -32,16 +25,16 @@ def verify(
         progress_bar("verify", elapsed=False, disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)
-        problems = cat.verify(
-            dataset, lambda done, total: bar.update(task, completed=done, total=total)
+        result = tasks.verify(
+            cat, dataset, lambda done, total: bar.update(task, completed=done, total=total)
         )
-        total = bar.tasks[0].total or 0
+    problems = result.problems
     if json:
         print_json([{"path": p.path, "offset": p.offset, "problem": p.problem} for p in problems])
     else:
         for p in problems:
             typer.echo(f"{p.path}: at byte {p.offset}: {p.problem}")
-        typer.echo(f"{dataset}: {int(total):,} records checked, {len(problems)} bad", err=True)
+        typer.echo(f"{dataset}: {result.records:,} records checked, {len(problems)} bad", err=True)
     if problems:
         raise typer.Exit(1)
 

@@ -54,11 +54,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardcat.catalog.catalog import PathsLike, as_patterns
 from shardcat.errors import CatalogError, LegacyIndexError
 from shardcat.legacy.pickles import NO_FIELDS, NO_MEMBERS, load_pickle, pickled_dict, tfd_rows
+from shardcat.paths import PathsLike, as_patterns
 from shardcat.readers import tfrecord as tfrecord_format
-from shardcat.readers.formats import Entry, detect_format, index_lines
+from shardcat.readers.formats import Entry, detect_format
+from shardcat.readers.rawio import index_lines
 
 __all__ = [
     "INDEX_SUFFIXES",

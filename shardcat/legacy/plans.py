@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardcat.catalog import schema
-from shardcat.catalog.catalog import default_dataset_name, resolve_paths
 from shardcat.legacy.index import LegacyIndex, LegacyShard
+from shardcat.paths import default_dataset_name, resolve_paths
 
 __all__ = ["Plan", "dataset_name", "make_plans", "source_of"]
 

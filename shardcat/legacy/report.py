@@ -1,4 +1,4 @@
-"""What a migration did: per shard, per dataset, in all (:func:`~shardcat.legacy.migrate`
+"""What a migration did: per shard, per dataset, in all (:func:`~shardcat.facade.migrate.migrate`
 returns a :class:`MigrationReport`; ``catalog migrate`` prints it)."""
 
 from __future__ import annotations

@@ -1,7 +1,26 @@
-"""Container formats (bytes on disk) and the SQL-backed reader classes."""
+"""Formats (one module each behind :class:`~shardcat.readers.formats.Format`), byte
+sources (:mod:`~shardcat.readers.source`, :mod:`~shardcat.readers.compressed`),
+and the :class:`~shardcat.readers.reader.Reader` that combines them with the
+store's lookups."""
 
 from __future__ import annotations
 
-from shardcat.readers.formats import Entry, detect_format, get_format, known_formats
+from shardcat.readers.formats import (
+    Entry,
+    Format,
+    Location,
+    detect_format,
+    get_format,
+    known_formats,
+    register_format,
+)
 
-__all__ = ["Entry", "detect_format", "get_format", "known_formats"]
+__all__ = [
+    "Entry",
+    "Format",
+    "Location",
+    "detect_format",
+    "get_format",
+    "known_formats",
+    "register_format",
+]

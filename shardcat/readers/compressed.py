@@ -71,25 +71,22 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.formats import read_full
+from shardcat.readers.rawio import Source, read_full
 
 __all__ = [
     "COMPRESSIONS",
     "SEEK_SPACING",
     "CompressedSource",
     "IndexingStream",
-    "ShardScan",
     "compression_of",
     "detect_compression",
     "open_compressed_source",
     "open_stream",
     "read_head",
-    "scan_shard",
 ]
 
 COMPRESSIONS = ("gzip", "bz2", "xz")
@@ -240,6 +237,7 @@ class IndexingStream:
         self.path = path
         self.compression = compression
         self.pos = 0
+        self.size: int | None = None  # the decompressed size is known at the end only
         self._buf = b""
         self._at = 0
         self._decompressed = 0  # bytes the decompressor has produced
@@ -352,40 +350,10 @@ class IndexingStream:
         self.close()
 
 
-@dataclass
-class ShardScan:
-    """What ingest stores for one shard."""
-
-    entries: list[Any]
-    compression: str | None = None
-    seek_kind: str | None = None
-    seek_index: bytes | None = field(default=None, repr=False)
-
-
-def scan_shard(fmt: Any, path: str, options: Mapping[str, Any]) -> ShardScan:
-    """Scan one shard with format ``fmt``, whatever its compression.
-
-    Plain shards go through ``fmt.scan(path, options)``. Compressed shards
-    need a format with ``scan_stream(stream, path, options)``; the stream
-    records seek points, returned with the entries.
-    """
-    compression = detect_compression(path)
-    if compression is None:
-        return ShardScan(list(fmt.scan(path, options)))
-    scan_stream: Callable[..., Iterator[Any]] | None = getattr(fmt, "scan_stream", None)
-    if scan_stream is None:
-        raise CatalogError(f"{path}: {fmt.TITLE} shards cannot be {compression}-compressed")
-    with IndexingStream(path, compression) as stream:
-        entries = list(scan_stream(stream, path, options))
-        index = stream.seek_index()
-    kind, blob = index if index is not None else (None, None)
-    return ShardScan(entries, compression, kind, blob)
-
-
 # -- reading: a pread over the decompressed stream --------------------------------
 
 
-class CompressedSource:
+class CompressedSource(Source):
     """``pread`` in decompressed coordinates, seeking from the stored seek points.
 
     One lock per source: the decompressor has a single position. Errors of the

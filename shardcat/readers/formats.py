@@ -1,45 +1,38 @@
-"""The container-format interface and its registry.
+"""The container-format interface (:class:`Format`), the record location it reads
+(:class:`Location`), the entries its scan yields (:class:`Entry`), and the
+registry that finds formats by name.
 
-A format is one module in ``shardcat.readers`` that knows bytes on disk and
-nothing about SQL. It provides:
+A format is one module that knows bytes and nothing about SQL: it imports
+nothing from :mod:`shardcat.catalog`. It subclasses :class:`Format`, whose
+abstract methods it must define and whose other methods have defaults, so
+mypy checks every format against one declaration:
 
-- ``NAME``, ``TITLE`` (for messages) and ``EXTENSIONS``;
-- ``sniff(head: bytes) -> bool``: whether a file starting with ``head`` is in
-  this format (formats are detected from content, extensions only break ties);
-- ``detect_options(path) -> dict``: dataset options read off the first shard;
-- ``scan(path, options) -> Iterator[Entry]``: walk one shard once, verifying
-  framing and checksums, yielding one :class:`Entry` per record;
-- ``key_rule(options) -> str``: how the dataset's records are keyed
-  (``"position"`` for position keys; any other text is recorded as is);
-- ``read(source, path, offset, length, verify) -> bytes``: one record's (or
-  member's) payload through ``source.pread`` (a file descriptor's ``os.pread``
-  for plain shards, a seekable decompressed stream for compressed ones);
+- ``sniff(head)``: whether a file starting with ``head`` is in this format
+  (formats are detected from content; extensions only break ties);
+- ``scan(path, options)``: walk one shard once, verifying framing and
+  checksums, yielding one :class:`Entry` per record;
+- ``read(source, location, verify)``: one record's (or member's) payload
+  through a :class:`~shardcat.readers.source.Source`;
 - ``decode(raw, options)``: the user-facing record;
-- ``PARTS``: True when records are made of separately stored members (tar:
-  ``Entry.members``); a reader then reads one member per feature, and the
-  record is ``{feature: bytes}``;
-- ``feature_list(record, name) -> Sequence | None`` (no copy needed),
-  ``describe(record) -> dict[str, str]`` (feature name -> type name) and
-  ``features(record) -> dict[str, list]`` (feature name -> all its values);
-- optional ``scan_stream(stream, path, options) -> Iterator[Entry]``: ``scan``
-  over a binary stream read sequentially; formats that have it can be read
-  from gzip/bz2/xz-compressed shards (ingest hands them the decompressed
-  stream, which records seek points; offsets are decompressed offsets, see
-  :mod:`shardcat.readers.compressed`);
-- optional ``dali_index_lines(entries, options) -> Iterator[str]``: the lines
-  (without newlines) of the DALI index file for one shard, given its
-  :class:`Entry` rows in file order (``members`` filled for ``PARTS``
-  formats); ``catalog export-index`` uses it.
+- ``feature_list(record, name)``: the values of one feature, or None.
 
-- optional ``detect_dataset_options(files, given) -> dict``: options of a new
-  dataset that only all its shards tell (RecordIO: ``.idx`` keys colliding
-  across shards key the dataset by position); called once, when the dataset
-  is created;
-- optional ``field_types(options) -> dict[str, str]``: SQL columns (name ->
-  ``integer``/``real``/``text``) every dataset with these options has, NULL
-  where a record has no value (RecordIO's IRHeader columns).
+Optional methods (defaults in :class:`Format`) cover compressed shards
+(``scan_stream``), the feature views, dataset options, SQL columns, the DALI
+index (``index_lines``) and the import of legacy indexes (``check_entries``).
 
-Adding a format means adding its module and one line in ``_MODULES``.
+A location is where a payload lives in its shard: usually one byte range
+(``offset``, ``length``), but a format may describe more: ``extents``, the
+byte ranges that make the payload in content order (a sparse tar member;
+the footer and the column chunks of a Parquet row group), and ``item``,
+which record inside those bytes it is (chunk + index formats: the row of a
+row group, the record of a chunk). The catalog stores all of it and gives it
+back as it was scanned.
+
+Formats are registered by name: the built-in ones below, any module calling
+:func:`register_format`, and third-party packages through the
+``shardcat.formats`` entry-point group (``name = "module:Class"``). A format
+is imported on first use; one whose module cannot be imported is an error
+naming what to install.
 """
 
 from __future__ import annotations
@@ -47,28 +40,60 @@ from __future__ import annotations
 import importlib
 import math
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Protocol
+from importlib import metadata
+from typing import Any, ClassVar
 
-from shardcat.errors import CatalogError, CorruptRecordError, ShardcatError
+from shardcat.errors import CatalogError
+from shardcat.readers.compressed import IndexingStream, detect_compression, read_head
+from shardcat.readers.rawio import Source
 
-__all__ = ["Entry", "Format", "detect_format", "get_format", "known_formats"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Entry",
+    "Format",
+    "Location",
+    "Mismatch",
+    "ShardScan",
+    "detect_format",
+    "get_format",
+    "known_formats",
+    "register_format",
+]
 
 # Scalar values that become SQL columns of a dataset's view.
 Scalar = int | float | str
+# Byte ranges in content order: (offset, length); offset -1 is a run of zeros.
+Extents = tuple[tuple[int, int], ...]
+
+
+@dataclass(slots=True)
+class Location:
+    """Where one payload lives in its shard (see the module docstring).
+
+    ``offset``/``length``: the byte range (the first of several, or the span
+    the format chooses, when ``extents`` is given); ``extents``: the ranges
+    that make the payload, in content order, when it is not the one range;
+    ``item``: which record inside those bytes (None: the bytes are the record).
+    """
+
+    offset: int
+    length: int
+    extents: Extents | None = None
+    item: int | None = None
 
 
 @dataclass(slots=True)
 class Entry:
     """One record found by ``scan``.
 
-    ``key`` is None for datasets keyed by position. ``members`` lists
-    ``(feature, offset, length)`` for formats whose records are made of
-    separately stored parts (tar samples); it stays empty for the others. A
-    member stored in pieces adds a fourth item, its extents: ``((offset,
-    length), ...)`` in content order, offset -1 for zeros (sparse tar members).
+    ``key`` is None for datasets keyed by position. ``offset``, ``length``,
+    ``extents`` and ``item`` are the record's :class:`Location`. ``members``
+    lists ``(feature, offset, length)`` for formats whose records are made of
+    separately stored parts (tar samples, ``PARTS``); it stays empty for the
+    others. A member stored in pieces adds a fourth item, its extents.
     """
 
     key: str | None
@@ -76,70 +101,257 @@ class Entry:
     length: int
     fields: dict[str, Scalar] = field(default_factory=dict)
     members: list[tuple[Any, ...]] = field(default_factory=list)
+    extents: Extents | None = None
+    item: int | None = None
+
+    @property
+    def location(self) -> Location:
+        return Location(self.offset, self.length, self.extents, self.item)
 
 
-class Format(Protocol):
-    NAME: str
-    TITLE: str
-    EXTENSIONS: tuple[str, ...]
-    PARTS: bool
-
-    def sniff(self, head: bytes) -> bool: ...
-
-    def detect_options(self, path: str) -> dict[str, Any]: ...
-
-    def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]: ...
-
-    def key_rule(self, options: Mapping[str, Any]) -> str: ...
-
-    def read(self, source: Any, path: str, offset: int, length: int, verify: bool) -> bytes: ...
-
-    def decode(self, raw: bytes, options: Mapping[str, Any]) -> Any: ...
-
-    def feature_list(self, record: Any, name: str) -> Sequence[Any] | None: ...
-
-    def describe(self, record: Any) -> dict[str, str]: ...
-
-    def features(self, record: Any) -> dict[str, list[Any]]: ...
+class Mismatch(Exception):
+    """A shard's entries from a legacy index do not match its file (the message says
+    how); the importer then re-indexes the shard from its data."""
 
 
-_MODULES = {
-    "tfrecord": "shardcat.readers.tfrecord",
-    "recordio": "shardcat.readers.recordio",
-    "tar": "shardcat.readers.tar",
+@dataclass
+class ShardScan:
+    """What ingest stores for one shard: its entries and, for a compressed shard,
+    the seek points of its decompressed stream."""
+
+    entries: list[Any]
+    compression: str | None = None
+    seek_kind: str | None = None
+    seek_index: bytes | None = field(default=None, repr=False)
+
+
+class Format(ABC):
+    """One container format (see the module docstring). Subclasses set the class
+    attributes and define the abstract methods; the others have defaults."""
+
+    #: registry name, stored with every dataset of this format
+    NAME: ClassVar[str]
+    #: name in messages ("TFRecord")
+    TITLE: ClassVar[str]
+    #: file name endings, used only to break ties between sniffs
+    EXTENSIONS: ClassVar[tuple[str, ...]] = ()
+    #: records are made of separately stored members (``Entry.members``); a reader
+    #: then reads one member per feature, and the raw record is ``{feature: bytes}``
+    PARTS: ClassVar[bool] = False
+    #: ``scan_stream`` works, so gzip/bz2/xz-compressed shards can be indexed
+    STREAMS: ClassVar[bool] = False
+    #: every record is one plain byte range (``Entry.extents`` and ``item`` stay
+    #: None): readers then look up offset and length only (faster); an ingest
+    #: refuses entries with more for such a format
+    ONE_RANGE: ClassVar[bool] = False
+
+    @abstractmethod
+    def sniff(self, head: bytes) -> bool:
+        """Whether a file whose first bytes (up to 512) are ``head`` is in this format."""
+
+    @abstractmethod
+    def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+        """Every record of the shard at ``path``, in file order, framing verified;
+        damaged framing raises :class:`~shardcat.errors.CorruptRecordError` with
+        the file and byte offset."""
+
+    @abstractmethod
+    def read(self, source: Source, location: Location, verify: bool = False) -> bytes:
+        """The payload at ``location`` through ``source.pread`` (``source.path``
+        names the file in errors); ``verify``: check its checksum where it has one.
+        A format must not keep ``location`` after the call: readers may reuse one
+        object for every record of a batch."""
+
+    @abstractmethod
+    def decode(self, raw: Any, options: Mapping[str, Any]) -> Any:
+        """The user-facing record for the raw payload (``{member: bytes}`` for PARTS)."""
+
+    @abstractmethod
+    def feature_list(self, record: Any, name: str) -> Sequence[Any] | None:
+        """The values of feature ``name`` of a decoded record (None: no such feature)."""
+
+    # -- optional ---------------------------------------------------------------
+
+    def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+        """``scan`` over a binary stream read sequentially (``STREAMS``): offsets are
+        offsets in the stream (the decompressed bytes of a compressed shard)."""
+        raise CatalogError(f"{path}: {self.TITLE} shards cannot be read as a stream")
+
+    def features(self, record: Any) -> dict[str, list[Any]]:
+        """Feature name -> all its values."""
+        return {}
+
+    def describe(self, record: Any) -> dict[str, str]:
+        """Feature name -> type name."""
+        return {}
+
+    def detect_options(self, path: str) -> dict[str, Any]:
+        """Dataset options read off the first shard (e.g. RecordIO's IRHeader)."""
+        return {}
+
+    def detect_dataset_options(
+        self, files: Sequence[str], given: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Options of a new dataset that only all its shards tell (called once, when
+        the dataset is created; ``given``: the options the caller set)."""
+        return {}
+
+    def key_rule(self, options: Mapping[str, Any]) -> str:
+        """How a dataset's records are keyed: ``"position"`` for position keys; any
+        other text is recorded as is (default: ``"key"``, the scan's keys)."""
+        return "position" if options.get("key", "key") is None else "key"
+
+    def field_types(self, options: Mapping[str, Any]) -> dict[str, str]:
+        """SQL columns (name -> ``integer``/``real``/``text``) every dataset with these
+        options has, NULL where a record has no value."""
+        return {}
+
+    def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
+        """The lines (without newlines) of the DALI index file of one shard, given its
+        entries in file order (``members`` filled for PARTS formats)."""
+        raise CatalogError(f"DALI has no index file for {self.TITLE} shards")
+
+    def check_entries(
+        self,
+        path: str,
+        size: int,
+        rows: list[Any],
+        picks: Sequence[int],
+        options: Mapping[str, Any],
+    ) -> tuple[list[Entry], int]:
+        """The entries of the uncompressed shard at ``path`` (``size`` bytes) made from
+        the ``rows`` a legacy index holds for it (their shape is the index's:
+        :class:`~shardcat.legacy.index.LegacyShard`), checked against the file; and
+        how many entries were re-read from it. ``picks``: the positions, in file
+        order, of the entries to re-read (the others are checked for layout only);
+        ``options``: the dataset's. Anything that does not match raises
+        :class:`Mismatch` (the shard is then re-indexed from its data); the default
+        accepts no legacy entries."""
+        raise Mismatch(f"{self.TITLE} shards are not imported from legacy indexes")
+
+    # -- provided ---------------------------------------------------------------
+
+    def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
+        """Scan one shard whatever its compression: plain shards through ``scan``,
+        gzip/bz2/xz-compressed ones through ``scan_stream`` over a stream that
+        records seek points (returned with the entries)."""
+        compression = detect_compression(path)
+        if compression is None:
+            return ShardScan(list(self.scan(path, options)))
+        if not self.STREAMS:
+            raise CatalogError(f"{path}: {self.TITLE} shards cannot be {compression}-compressed")
+        with IndexingStream(path, compression) as stream:
+            entries = list(self.scan_stream(stream, path, options))
+            index = stream.seek_index()
+        kind, blob = index if index is not None else (None, None)
+        return ShardScan(entries, compression, kind, blob)
+
+    def __repr__(self) -> str:
+        return f"<format {self.NAME}>"
+
+
+# -- registry ---------------------------------------------------------------------
+
+ENTRY_POINT_GROUP = "shardcat.formats"
+
+# name -> a Format, or "module:Class" (imported on first use) with its install hint
+_registry: dict[str, Format | tuple[str, str | None]] = {
+    "tfrecord": ("shardcat.readers.tfrecord:TFRecordFormat", None),
+    "recordio": ("shardcat.readers.recordio:RecordIOFormat", None),
+    "tar": ("shardcat.readers.tar:TarFormat", None),
 }
+_entry_points_read = False
 
-SNIFF_BYTES = 512
+
+def register_format(
+    name: str,
+    fmt: Format | type[Format] | str,
+    *,
+    install_hint: str | None = None,
+    replace: bool = False,
+) -> None:
+    """Register a format under ``name``: a :class:`Format` instance or class, or
+    ``"module:Class"`` imported on first use (``install_hint``: what to install
+    when that import fails, e.g. ``"pip install 'shardcat[parquet]'"``).
+    A name taken already is refused unless ``replace``."""
+    _read_entry_points()
+    if name in _registry and not replace:
+        raise CatalogError(f"a format named {name!r} is registered already")
+    if isinstance(fmt, type):
+        fmt = fmt()
+    if isinstance(fmt, Format):
+        if name != fmt.NAME:
+            raise CatalogError(f"format {fmt!r} is named {fmt.NAME!r}, not {name!r}")
+        _registry[name] = fmt
+    else:
+        _registry[name] = (fmt, install_hint)
+
+
+def _read_entry_points() -> None:
+    """Add the formats of installed packages (``shardcat.formats`` entry points),
+    once; a built-in or registered name wins."""
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        _registry.setdefault(ep.name, (ep.value, f"reinstall the package that provides {ep.value}"))
 
 
 def known_formats() -> list[str]:
-    return sorted(_MODULES)
+    _read_entry_points()
+    return sorted(_registry)
 
 
 def get_format(name: str) -> Format:
-    """The format module registered under ``name`` (imported on first use)."""
+    """The format registered under ``name`` (imported on first use)."""
+    _read_entry_points()
     try:
-        module: ModuleType = importlib.import_module(_MODULES[name])
+        found = _registry[name]
     except KeyError:
         raise CatalogError(
             f"unknown format {name!r}; known formats: {', '.join(known_formats())}"
         ) from None
-    return module  # type: ignore[return-value]
+    if isinstance(found, Format):
+        return found
+    target, hint = found
+    module_name, _, class_name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except ImportError as exc:
+        raise CatalogError(
+            f"format {name!r} needs {exc.name or module_name}, which is not installed"
+            + (f": {hint}" if hint else "")
+        ) from None
+    except AttributeError:
+        raise CatalogError(f"format {name!r}: {module_name} has no {class_name}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Format) and name == cls.NAME):
+        raise CatalogError(f"{target} is not a shardcat Format named {name!r}")
+    fmt = cls()
+    _registry[name] = fmt
+    return fmt
+
+
+SNIFF_BYTES = 512
 
 
 def detect_format(path: str) -> str:
     """Name of the format of the file at ``path``, from its first bytes (of the
     decompressed content for gzip/bz2/xz-compressed files)."""
-    from shardcat.readers.compressed import read_head
-
     head = read_head(path, SNIFF_BYTES)
-    matches = [name for name in known_formats() if get_format(name).sniff(head)]
+    formats = []
+    for name in known_formats():
+        try:
+            formats.append(get_format(name))
+        except CatalogError:
+            continue  # a format that cannot be imported here cannot be this file's
+    matches = [f.NAME for f in formats if f.sniff(head)]
     if len(matches) > 1:
-        ext = [n for n in matches if path.endswith(get_format(n).EXTENSIONS)]
+        ext = [f.NAME for f in formats if f.NAME in matches and path.endswith(f.EXTENSIONS)]
         matches = ext or matches
     if not matches:
         if not head:
-            ext_match = [n for n in known_formats() if path.endswith(get_format(n).EXTENSIONS)]
+            ext_match = [f.NAME for f in formats if f.EXTENSIONS and path.endswith(f.EXTENSIONS)]
             if ext_match:
                 return ext_match[0]
         raise CatalogError(
@@ -147,63 +359,6 @@ def detect_format(path: str) -> str:
             f"pass format= (one of {', '.join(known_formats())})"
         )
     return matches[0]
-
-
-# The most bytes one ``read`` asks a stream for: a length read off the data is
-# never handed to a stream (or allocated) as one number; reads grow with the bytes
-# that really arrive.
-READ_CHUNK = 1 << 20
-
-
-def pread_exact(source: Any, path: str, offset: int, length: int) -> bytes:
-    """``source.pread`` that treats a short read as a truncated shard."""
-    data = pread_checked(source, path, offset, length)
-    if len(data) != length:
-        raise CorruptRecordError(
-            path, offset, f"expected {length} bytes, file ends after {len(data)}"
-        )
-    return data
-
-
-def pread_checked(source: Any, path: str, offset: int, length: int) -> bytes:
-    """``source.pread(length, offset)``, where a length or offset no read can serve
-    (negative, or one of 2**63 from a damaged index, which ``os.pread`` would try
-    to allocate) is a :class:`CorruptRecordError` instead of ``ValueError``,
-    ``OverflowError`` or ``MemoryError``. The result may be short."""
-    if length < 0 or offset < 0:
-        raise CorruptRecordError(path, offset, f"cannot read {length} bytes at byte {offset}")
-    try:
-        data: bytes = source.pread(length, offset)
-    except ShardcatError:
-        raise
-    except (OverflowError, MemoryError, ValueError) as exc:
-        raise unreadable(path, offset, length, exc) from None
-    return data
-
-
-def unreadable(path: str, offset: int, length: int, exc: BaseException) -> CorruptRecordError:
-    """The error for a read of ``length`` bytes at ``offset`` that ``exc`` refused."""
-    return CorruptRecordError(
-        path, offset, f"cannot read {length} bytes at byte {offset} ({type(exc).__name__})"
-    )
-
-
-def read_full(stream: Any, size: int) -> bytes:
-    """``size`` bytes from ``stream.read``, calling it until it has them all or it
-    returns nothing (the end of the stream): fewer only at the end.
-
-    The stream is asked for at most :data:`READ_CHUNK` bytes at a time, so a
-    huge ``size`` read off damaged data costs only the bytes that exist (a
-    buffered stream would allocate the whole ``size`` up front).
-    """
-    parts = []
-    while size > 0:
-        chunk = stream.read(min(size, READ_CHUNK))
-        if not chunk:
-            break
-        parts.append(chunk)
-        size -= len(chunk)
-    return b"".join(parts)
 
 
 _F32 = struct.Struct("<f")
@@ -222,19 +377,3 @@ def float32_shortest(value: float) -> float:
         if _F32.unpack(_F32.pack(text))[0] == value:
             return text
     return value
-
-
-def index_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(byte offset, stripped text) of each non-empty line of a text index file
-    (MXNet ``.idx``, DALI ``tfrecord2idx``...); a line that is not UTF-8 raises
-    :class:`CorruptRecordError` with its offset."""
-    at = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            line_at, at = at, at + len(raw)
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise CorruptRecordError(path, line_at, "index line is not UTF-8") from None
-            if text:
-                yield line_at, text

@@ -25,35 +25,42 @@ row, on request. It follows the reader: the same snapshot and shard versions.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
-from typing import TYPE_CHECKING, Any, NoReturn
+import sqlite3
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from typing import Any, NoReturn, Protocol
 
-if TYPE_CHECKING:
-    from shardcat.readers.reader import Reader
+from shardcat.catalog import lookup
+
+
+class _Reader(Protocol):
+    """What the index reads of its :class:`~shardcat.readers.reader.Reader`."""
+
+    dataset: str
+    _id: int
+    _by_position: bool
+    _parts: bool
+
+    @property
+    def _shards(self) -> Mapping[int, Any]: ...
+
+    @property
+    def _order(self) -> Sequence[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def contains_key(self, key: Any) -> bool: ...
+
+    def _conn(self) -> sqlite3.Connection: ...
+
+    def _position_of_key(self, key: str) -> int | None: ...
+
+    def _row_at(self, conn: sqlite3.Connection, position: int) -> tuple[Any, ...]: ...
+
 
 __all__ = ["PAGE", "DatasetIndex"]
 
 #: The most rows one query of an iteration reads.
 PAGE = 10_000
-
-_RECORD = 'SELECT shard_id, "offset", length FROM shardcat_records WHERE dataset_id = ? AND key = ?'
-_MEMBERS = (
-    'SELECT r.shard_id, m.name, m."offset", m.length FROM shardcat_records r JOIN '
-    "shardcat_members m "
-    "ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
-    'WHERE r.dataset_id = ? AND r.key = ? ORDER BY m."offset"'
-)
-_KEY_AT = "SELECT key FROM shardcat_records WHERE shard_id = ? AND ordinal = ?"
-_PAGE_OF_RECORDS = (
-    'SELECT ordinal, key, "offset", length FROM shardcat_records '
-    "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
-)
-_PAGE_OF_MEMBERS = (
-    'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM shardcat_members m '
-    "JOIN shardcat_records r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
-    "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
-    'ORDER BY m.ordinal, m."offset"'
-)
 
 
 def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
@@ -67,7 +74,7 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
 
     __slots__ = ("_reader",)
 
-    def __init__(self, reader: Reader) -> None:
+    def __init__(self, reader: _Reader) -> None:
         super().__init__()
         self._reader = reader
 
@@ -145,16 +152,15 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
             position = reader._position_of_key(key)
             if position is None:
                 return None
-            shard, ordinal = reader._shard_at(position)
             real = None
-            key = str(conn.execute(_KEY_AT, (shard.id, ordinal)).fetchone()[0])
+            key = str(reader._row_at(conn, position)[-1])
         if reader._parts:
-            rows = conn.execute(_MEMBERS, (reader._id, key)).fetchall()
+            rows = lookup.members_by_key(conn, reader._id, key)
             if not rows:
                 return None
             return {name: self._member(sid, real, name, o, n) for sid, name, o, n in rows}
-        row = conn.execute(_RECORD, (reader._id, key)).fetchone()
-        return None if row is None else self._record(*row)
+        row = lookup.record_by_key(conn, reader._id, key)
+        return None if row is None else self._record(row[1], row[3], row[4])
 
     def _file(self, shard_id: int) -> str:
         return self._reader._shards[shard_id].path
@@ -182,14 +188,14 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
             for start in range(0, shard.count, PAGE):
                 conn = reader._conn()  # one page per snapshot: as every public call
                 if not reader._parts:
-                    rows = conn.execute(_PAGE_OF_RECORDS, (shard.id, start, PAGE)).fetchall()
+                    rows = lookup.page_of_records(conn, shard.id, start, PAGE)
                     for ordinal, key, offset, length in rows:
                         name = str(shard.first + ordinal) if by_position else key
                         yield name, self._record(shard.id, offset, length)
                     continue
                 samples: dict[int, tuple[str, dict[str, Any]]] = {}
-                members = conn.execute(_PAGE_OF_MEMBERS, (shard.id, start, start + PAGE))
-                for ordinal, key, feature, offset, size in members.fetchall():
+                members = lookup.page_of_members(conn, shard.id, start, start + PAGE)
+                for ordinal, key, feature, offset, size in members:
                     real = None if by_position else key
                     name = str(shard.first + ordinal) if by_position else key
                     location = samples.setdefault(ordinal, (name, {}))[1]

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 from shardcat.errors import CorruptRecordError
-from shardcat.readers.formats import index_lines
+from shardcat.readers.rawio import index_lines
 
 __all__ = [
     "IDX_AS_COLUMN",

@@ -18,6 +18,22 @@ caught. A file that was deleted or replaced (``os.replace``) while open keeps
 its old bytes behind the descriptor; those still match the indexed version and
 are served. Anything else is a :class:`~shardcat.errors.StaleShardError`
 naming the file and what changed.
+
+**The interface.** Every source is a :class:`Source` (declared in
+:mod:`shardcat.readers.rawio`, below both this module and
+:mod:`shardcat.readers.compressed`, which implements it too, so neither
+imports the other's sources): ``pread(length, offset)``, ``path`` for errors,
+``check()``, ``unchecked`` and ``close()``. :class:`FileSource` reads a local
+file; the compressed source reads a decompressed stream; :class:`CheckedSource`
+puts the file check of a :class:`FileSource` behind any other source.
+
+**Next: remote shards.** A source for object storage (HTTP ranges, S3/GCS
+through fsspec) fits the same interface: ``pread`` is one ranged request,
+``check`` compares the object's ETag/generation (or size and last-modified)
+with what the catalog recorded instead of ``fstat``, and ``close`` returns its
+session to a pool keyed by process (a child after ``fork`` opens its own).
+``open_source`` would pick it by the shard's URL scheme; nothing here assumes
+a file descriptor beyond :class:`FileSource` itself.
 """
 
 from __future__ import annotations
@@ -25,11 +41,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import crc32c as _crc32c
 
 from shardcat.errors import CorruptRecordError, MissingShardError, ShardIOError, StaleShardError
+from shardcat.readers.compressed import open_compressed_source
+from shardcat.readers.rawio import Source
 
 __all__ = [
     "CheckedSource",
@@ -46,21 +63,6 @@ __all__ = [
 
 _FINGERPRINT_SPAN = 64 * 1024
 _CHUNK = 1 << 20
-
-
-class Source(Protocol):
-    def pread(self, length: int, offset: int) -> bytes: ...
-
-    def close(self) -> None: ...
-
-
-class CheckedSource(Source, Protocol):
-    """A shard's source as readers get it (:func:`open_source`): ``pread`` checks the
-    file after reading; ``unchecked.pread`` does not, and ``check()`` does it once."""
-
-    unchecked: Source
-
-    def check(self) -> None: ...
 
 
 def fingerprint_fd(fd: int, size: int) -> str:
@@ -111,13 +113,14 @@ def mismatch(want: Identity, st: os.stat_result, fingerprint: Callable[[], str])
     return None
 
 
-class _Pread:
-    """``pread`` on a descriptor and nothing else."""
+class _Pread(Source):
+    """``pread`` on a descriptor and nothing else (a :class:`FileSource` unchecked)."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("fd", "path")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
+        self.path = path
 
     def pread(self, length: int, offset: int) -> bytes:
         return os.pread(self.fd, length, offset)
@@ -126,7 +129,7 @@ class _Pread:
         """The descriptor belongs to the :class:`FileSource` that made this."""
 
 
-class FileSource:
+class FileSource(Source):
     """An uncompressed shard: ``os.pread`` on a descriptor. With an ``identity``
     (what :func:`open_file` gives) every read is followed by the ``fstat`` check of
     the module docstring; without one it is a bare ``pread``.
@@ -138,15 +141,19 @@ class FileSource:
     def __init__(
         self,
         fd: int,
-        path: str = "",
+        path: str,
         identity: Identity | None = None,
         st: os.stat_result | None = None,
     ) -> None:
         self.fd = fd
         self.path = path
         self.identity = identity
-        self.unchecked: Source = _Pread(fd)
+        self._unchecked = _Pread(fd, path)
         self._seen = None if st is None else (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+    @property
+    def unchecked(self) -> Source:
+        return self._unchecked
 
     def pread(self, length: int, offset: int) -> bytes:
         data = os.pread(self.fd, length, offset)
@@ -181,15 +188,21 @@ class FileSource:
         os.close(self.fd)
 
 
-class _CheckedSource:
-    """A compressed source whose reads are followed by the same file check."""
+class CheckedSource(Source):
+    """Another source (a compressed one) whose reads are followed by the file check
+    of the :class:`FileSource` it reads from; ``inner`` owns the descriptor."""
 
     def __init__(self, inner: Source, file: FileSource) -> None:
-        self.unchecked = inner
+        self.path = inner.path
+        self._inner = inner
         self._file = file
 
+    @property
+    def unchecked(self) -> Source:
+        return self._inner
+
     def pread(self, length: int, offset: int) -> bytes:
-        data = self.unchecked.pread(length, offset)
+        data = self._inner.pread(length, offset)
         self._file.check()
         return data
 
@@ -197,7 +210,7 @@ class _CheckedSource:
         self._file.check()
 
     def close(self) -> None:
-        self.unchecked.close()  # owns the descriptor
+        self._inner.close()  # owns the descriptor
 
 
 def open_file(path: str, identity: Identity) -> FileSource:
@@ -235,26 +248,25 @@ def open_source(
     identity: Identity,
     compression: str | None,
     load_seek_index: Callable[[], bytes | None],
-) -> CheckedSource:
+) -> Source:
     """The source for a shard's indexed version; ``load_seek_index`` fetches its seek
     points when needed. Compressed shards read in decompressed-stream offsets (see
     :mod:`shardcat.readers.compressed`)."""
     checked = open_file(path, identity)
     if compression is None:
         return checked
-    from shardcat.readers.compressed import open_compressed_source
-
-    return _CheckedSource(
+    return CheckedSource(
         open_compressed_source(checked.fd, path, compression, load_seek_index), checked
     )
 
 
-def read_extents(source: Source, path: str, extents: Sequence[Sequence[int]]) -> bytes:
+def read_extents(source: Source, extents: Sequence[Sequence[int]]) -> bytes:
     """The content of a record or member stored in pieces: ``extents`` lists
     ``(offset, length)`` in content order, offset -1 for a run of zeros (a hole
     of a sparse tar member). Pieces are read 1 MiB at a time, so a length past
     the end of the file costs only the bytes that exist; a short read is a
-    :class:`CorruptRecordError`."""
+    :class:`CorruptRecordError` naming ``source.path``."""
+    path = source.path
     parts: list[bytes] = []
     for at, length in extents:
         if at < -1 or length < 0:

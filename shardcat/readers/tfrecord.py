@@ -20,6 +20,7 @@ feature is the ``key`` column itself.
 from __future__ import annotations
 
 import lzma
+import operator
 import os
 import struct
 import zlib
@@ -39,36 +40,24 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
-from shardcat.readers.formats import (
-    Entry,
-    Scalar,
-    float32_shortest,
-    pread_exact,
-    read_full,
-    unreadable,
-)
+from shardcat.readers.compressed import detect_compression, open_stream
+from shardcat.readers.formats import Entry, Format, Location, Mismatch, Scalar, float32_shortest
+from shardcat.readers.rawio import Source, pread_exact, read_full, unreadable
+from shardcat.readers.source import FileSource
 
 __all__ = [
+    "FOOTER",
+    "FRAME",
+    "HEADER",
+    "TFRecordFormat",
     "TFRecordWriter",
-    "dali_index_lines",
-    "decode",
-    "describe",
-    "feature_list",
-    "features",
     "make_example",
     "masked_crc",
-    "read",
-    "scan",
-    "scan_stream",
-    "sniff",
 ]
 
-NAME = "tfrecord"
-TITLE = "TFRecord"
-PARTS = False
-EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr", ".records")
 HEADER = 12  # length + length CRC
 FOOTER = 4  # data CRC
+FRAME = HEADER + FOOTER  # the framing around a record's payload
 MAX_TEXT_FIELD = 256
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
@@ -80,12 +69,6 @@ def masked_crc(data: bytes | bytearray | memoryview) -> int:
     """TensorFlow's masked CRC32C of ``data``."""
     crc = _crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def sniff(head: bytes) -> bool:
-    if len(head) < HEADER:
-        return False
-    return masked_crc(head[:8]) == _U32.unpack_from(head, 8)[0]
 
 
 def _key_of(features: Any, key_feature: str, path: str, offset: int) -> str:
@@ -141,25 +124,6 @@ def _scalars(features: Any, skip: str | None, kinds: dict[str, str]) -> dict[str
     return out
 
 
-def scan(path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
-    """Yield one :class:`Entry` per record of the TFRecord at ``path``.
-
-    Every length and data CRC is verified; a mismatch or a truncated frame
-    raises :class:`CorruptRecordError` with the frame's byte offset.
-    ``options``: ``key`` (feature name, or None to key by position) and
-    ``fields`` (extract scalar fields, default True).
-    """
-    with open(path, "rb", buffering=_SCAN_BUFFER) as f:
-        yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
-
-
-def scan_stream(stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
-    """:func:`scan` over a binary stream read sequentially: a plain file, or the
-    decompressed stream of a GZIP-compressed TFRecord (``compression_type="GZIP"``),
-    whose offsets are then decompressed-stream offsets."""
-    return _scan(stream, path, options, None)
-
-
 def _truncated(path: str, pos: int, length: int, left: int) -> CorruptRecordError:
     return CorruptRecordError(
         path,
@@ -212,120 +176,207 @@ def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) 
         pos += HEADER + length + FOOTER
 
 
-def key_rule(options: Mapping[str, Any]) -> str:
-    key = options.get("key", "key")
-    return "position" if key is None else f"feature:{key}"
-
-
-def read(source: Any, path: str, offset: int, length: int, verify: bool = False) -> bytes:
-    """The payload of the frame at ``offset``; with ``verify``, check both CRCs."""
-    if not verify:
-        try:
-            data: bytes = source.pread(length, offset + HEADER)
-        except (OverflowError, MemoryError) as exc:  # a length no file has (damaged index)
-            raise unreadable(path, offset, length, exc) from None
-        if len(data) != length:
-            raise CorruptRecordError(
-                path, offset, f"truncated record: {len(data)} of {length} payload bytes"
-            )
-        return data
-    frame = pread_exact(source, path, offset, HEADER + length + FOOTER)
-    if _U64.unpack_from(frame, 0)[0] != length:
-        raise CorruptRecordError(path, offset, "length differs from the catalog (stale shard?)")
-    if masked_crc(frame[:8]) != _U32.unpack_from(frame, 8)[0]:
-        raise CorruptRecordError(path, offset, "length CRC mismatch")
-    data = frame[HEADER : HEADER + length]
-    if masked_crc(data) != _U32.unpack_from(frame, HEADER + length)[0]:
-        raise CorruptRecordError(path, offset, "data CRC mismatch")
-    return data
-
-
-def decode(raw: bytes, options: Mapping[str, Any]) -> Any:
-    """An ``Example`` (or ``SequenceExample`` for datasets that hold them)."""
-    if options.get("message") == "sequence_example":
-        return SequenceExample.FromString(raw)
-    return Example.FromString(raw)
-
-
 def _features(record: Any) -> Any:
     return record.context if isinstance(record, SequenceExample) else record.features
 
 
-def feature_list(record: Any, name: str) -> Sequence[Any] | None:
-    """All values of feature ``name`` (the protobuf list, not a copy), or None."""
-    features = _features(record).feature
-    if name not in features:  # indexing a missing name would insert an empty feature
-        return None
-    feature = features[name]
-    kind = feature.WhichOneof("kind")
-    return getattr(feature, kind).value if kind else None
-
-
-def features(record: Any) -> dict[str, list[Any]]:
-    """``{feature: [values]}`` for every (context) feature of the record."""
-    out: dict[str, list[Any]] = {}
-    for name, feature in _features(record).feature.items():
-        kind = feature.WhichOneof("kind")
-        out[name] = list(getattr(feature, kind).value) if kind else []
-    return out
-
-
 _KIND_NAMES = {"bytes_list": "bytes", "int64_list": "int64", "float_list": "float"}
+_by_offset = operator.attrgetter("offset")
+_by_length = operator.attrgetter("length")
 
 
-def describe(record: Any) -> dict[str, str]:
-    """Feature name -> ``bytes``/``int64``/``float`` (``+list`` when multi-valued)."""
-    out = {}
-    for name, feature in sorted(_features(record).feature.items()):
+def _spell(value: Any) -> str:
+    """A key feature's first value as a legacy index spells keys."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _tiled(size: int, entries: list[Entry]) -> list[Entry]:
+    """Legacy entries in file order, checked to tile the file frame after frame."""
+    entries.sort(key=_by_offset)
+    starts = [*map(_by_offset, entries)]
+    ends = [o + FRAME + n for o, n in zip(starts, map(_by_length, entries), strict=True)]
+    if [0, *ends[:-1]] != starts:  # find the first gap or overlap
+        pos = 0
+        for offset, end in zip(starts, ends, strict=True):
+            if offset != pos:
+                raise Mismatch(
+                    f"the index has no record starting at byte {pos} (its next one is at "
+                    f"byte {offset})"
+                    if offset > pos
+                    else f"records at byte {offset} overlap the one before"
+                )
+            pos = end
+    end = ends[-1] if ends else 0
+    if end != size:
+        raise Mismatch(f"the index ends at byte {end}, the file at byte {size}")
+    return entries
+
+
+class TFRecordFormat(Format):
+    """TFRecord files of ``tf.train.Example`` (or ``SequenceExample``) records."""
+
+    NAME = "tfrecord"
+    TITLE = "TFRecord"
+    EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr", ".records")
+    PARTS = False
+    STREAMS = True
+    ONE_RANGE = True
+
+    def sniff(self, head: bytes) -> bool:
+        if len(head) < HEADER:
+            return False
+        return masked_crc(head[:8]) == _U32.unpack_from(head, 8)[0]
+
+    def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+        """Yield one :class:`Entry` per record of the TFRecord at ``path``.
+
+        Every length and data CRC is verified; a mismatch or a truncated frame
+        raises :class:`CorruptRecordError` with the frame's byte offset.
+        ``options``: ``key`` (feature name, or None to key by position) and
+        ``fields`` (extract scalar fields, default True).
+        """
+        with open(path, "rb", buffering=_SCAN_BUFFER) as f:
+            yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
+
+    def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
+        """:meth:`scan` over a binary stream read sequentially: a plain file, or the
+        decompressed stream of a GZIP-compressed TFRecord (``compression_type="GZIP"``),
+        whose offsets are then decompressed-stream offsets."""
+        return _scan(stream, path, options, None)
+
+    def key_rule(self, options: Mapping[str, Any]) -> str:
+        key = options.get("key", "key")
+        return "position" if key is None else f"feature:{key}"
+
+    def read(self, source: Source, location: Location, verify: bool = False) -> bytes:
+        """The payload of the frame at ``location.offset``; with ``verify``, check both CRCs."""
+        offset, length = location.offset, location.length
+        if not verify:
+            try:
+                data = source.pread(length, offset + HEADER)
+            except (OverflowError, MemoryError) as exc:  # a length no file has (damaged index)
+                raise unreadable(source.path, offset, length, exc) from None
+            if len(data) != length:
+                raise CorruptRecordError(
+                    source.path, offset, f"truncated record: {len(data)} of {length} payload bytes"
+                )
+            return data
+        path = source.path
+        frame = pread_exact(source, offset, HEADER + length + FOOTER)
+        if _U64.unpack_from(frame, 0)[0] != length:
+            raise CorruptRecordError(path, offset, "length differs from the catalog (stale shard?)")
+        if masked_crc(frame[:8]) != _U32.unpack_from(frame, 8)[0]:
+            raise CorruptRecordError(path, offset, "length CRC mismatch")
+        data = frame[HEADER : HEADER + length]
+        if masked_crc(data) != _U32.unpack_from(frame, HEADER + length)[0]:
+            raise CorruptRecordError(path, offset, "data CRC mismatch")
+        return data
+
+    def decode(self, raw: Any, options: Mapping[str, Any]) -> Any:
+        """An ``Example`` (or ``SequenceExample`` for datasets that hold them)."""
+        if options.get("message") == "sequence_example":
+            return SequenceExample.FromString(raw)
+        return Example.FromString(raw)
+
+    def feature_list(self, record: Any, name: str) -> Sequence[Any] | None:
+        """All values of feature ``name`` (the protobuf list, not a copy), or None."""
+        features = _features(record).feature
+        if name not in features:  # indexing a missing name would insert an empty feature
+            return None
+        feature = features[name]
         kind = feature.WhichOneof("kind")
-        if kind is None:
-            out[name] = "empty"
-            continue
-        n = len(getattr(feature, kind).value)
-        out[name] = _KIND_NAMES[kind] + ("" if n == 1 else f"[{n}]")
-    if isinstance(record, SequenceExample):
-        for name, flist in sorted(record.feature_lists.feature_list.items()):
-            out[name] = f"sequence[{len(flist.feature)}]"
-    return out
+        return getattr(feature, kind).value if kind else None
 
+    def features(self, record: Any) -> dict[str, list[Any]]:
+        """``{feature: [values]}`` for every (context) feature of the record."""
+        out: dict[str, list[Any]] = {}
+        for name, feature in _features(record).feature.items():
+            kind = feature.WhichOneof("kind")
+            out[name] = list(getattr(feature, kind).value) if kind else []
+        return out
 
-def detect_options(path: str) -> dict[str, Any]:
-    """Dataset options read off the first shard: ``message`` is ``sequence_example``
-    when its first record carries feature lists, else ``example``.
+    def describe(self, record: Any) -> dict[str, str]:
+        """Feature name -> ``bytes``/``int64``/``float`` (``+list`` when multi-valued)."""
+        out = {}
+        for name, feature in sorted(_features(record).feature.items()):
+            kind = feature.WhichOneof("kind")
+            if kind is None:
+                out[name] = "empty"
+                continue
+            n = len(getattr(feature, kind).value)
+            out[name] = _KIND_NAMES[kind] + ("" if n == 1 else f"[{n}]")
+        if isinstance(record, SequenceExample):
+            for name, flist in sorted(record.feature_lists.feature_list.items()):
+                out[name] = f"sequence[{len(flist.feature)}]"
+        return out
 
-    The first frame's length is believed only when its CRC is right and the
-    bytes it declares exist (a damaged one is the scan's to report, with its
-    offset); it is read in bounded chunks, never allocated at once.
-    """
-    from shardcat.readers.compressed import detect_compression, open_stream  # GZIP too
+    def detect_options(self, path: str) -> dict[str, Any]:
+        """Dataset options read off the first shard: ``message`` is ``sequence_example``
+        when its first record carries feature lists, else ``example``.
 
-    default = {"message": "example"}
-    try:
-        size = None if detect_compression(path) else os.path.getsize(path)
-        with open_stream(path) as f:
-            header = read_full(f, HEADER)
-            if len(header) < HEADER or masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
-                return default
-            (length,) = _U64.unpack_from(header, 0)
-            if size is not None and HEADER + length + FOOTER > size:
-                return default
-            data = read_full(f, length)
-    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
-        return default  # a broken compressed stream: the scan reports it
-    if len(data) < length:
-        return default
-    try:
-        seq = SequenceExample.FromString(data)
-    except Exception:  # the scan reports undecodable payloads with their offset
-        return default
-    return {"message": "sequence_example" if seq.feature_lists.feature_list else "example"}
+        The first frame's length is believed only when its CRC is right and the
+        bytes it declares exist (a damaged one is the scan's to report, with its
+        offset); it is read in bounded chunks, never allocated at once.
+        """
+        default = {"message": "example"}
+        try:
+            size = None if detect_compression(path) else os.path.getsize(path)
+            with open_stream(path) as f:  # GZIP-compressed TFRecords too
+                header = read_full(f, HEADER)
+                if len(header) < HEADER or masked_crc(header[:8]) != _U32.unpack_from(header, 8)[0]:
+                    return default
+                (length,) = _U64.unpack_from(header, 0)
+                if size is not None and HEADER + length + FOOTER > size:
+                    return default
+                data = read_full(f, length)
+        except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
+            return default  # a broken compressed stream: the scan reports it
+        if len(data) < length:
+            return default
+        try:
+            seq = SequenceExample.FromString(data)
+        except Exception:  # the scan reports undecodable payloads with their offset
+            return default
+        return {"message": "sequence_example" if seq.feature_lists.feature_list else "example"}
 
+    def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
+        """The lines of DALI's ``tfrecord2idx`` index for one shard: ``<offset> <size>``,
+        the byte offset of each frame and its size (length, CRCs and data)."""
+        for entry in entries:
+            yield f"{entry.offset} {HEADER + entry.length + FOOTER}"
 
-def dali_index_lines(entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
-    """The lines of DALI's ``tfrecord2idx`` index for one shard: ``<offset> <size>``,
-    the byte offset of each frame and its size (length, CRCs and data)."""
-    for entry in entries:
-        yield f"{entry.offset} {HEADER + entry.length + FOOTER}"
+    def check_entries(
+        self,
+        path: str,
+        size: int,
+        rows: list[Any],
+        picks: Sequence[int],
+        options: Mapping[str, Any],
+    ) -> tuple[list[Entry], int]:
+        """A legacy index's entries (``rows``: :class:`Entry` objects): they must tile
+        the file exactly (each frame starts where the previous one ends, the last one
+        ends at the end of the file), so a record missing from the index cannot go
+        unnoticed; the picked ones are re-read with their length, both CRCs and the
+        key feature's value (``options["key"]``)."""
+        entries = _tiled(size, rows)
+        key_feature = options.get("key")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            source = FileSource(fd, path)
+            for i in picks:
+                e = entries[i]
+                raw = self.read(source, e.location, True)
+                if key_feature is not None and e.key is not None:
+                    values = self.feature_list(self.decode(raw, options), key_feature)
+                    found = _spell(values[0]) if values else None
+                    if found != e.key:
+                        raise Mismatch(
+                            f"the record at byte {e.offset} has {key_feature}={found!r}, the "
+                            f"index says {e.key!r}"
+                        )
+        finally:
+            os.close(fd)
+        return entries, len(picks)
 
 
 # -- writing -------------------------------------------------------------------

@@ -17,7 +17,14 @@ if TYPE_CHECKING:
     from shardcat.storage.blob import TensorBlob
     from shardcat.storage.db import TensorColumn, TensorDB
 
-__all__ = ["TensorBlob", "TensorColumn", "TensorDB", "convert_tensorblob", "is_tensorblob_dir"]
+__all__ = [
+    "TensorBlob",
+    "TensorColumn",
+    "TensorDB",
+    "convert_tensorblob",
+    "is_tensorblob_dir",
+    "sql_file",
+]
 
 INSTALL_HINT = "pip install 'shardcat[torch]'"
 
@@ -62,6 +69,16 @@ def __getattr__(name: str) -> Any:
     return found
 
 
+def sql_file(path: str | os.PathLike[str]) -> Path:
+    """The SQLite file behind ``path``: a storage directory's metadata file, else ``path`` itself.
+
+    What SQL ``ATTACH``-es for a TensorBlob/TensorDB (no torch needed).
+    """
+    from shardcat.storage.meta import sql_file as meta_sql_file
+
+    return meta_sql_file(path)
+
+
 def is_tensorblob_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory written by the tensorblob package, not yet converted."""
     from shardcat.storage.meta import probe
@@ -74,7 +91,8 @@ def convert_tensorblob(path: str | os.PathLike[str]) -> tuple[str, int]:
 
     What opening it would do, without using it: returns (class name, rows).
     """
-    from shardcat.storage.meta import KINDS, tensorblob_kind
+    from shardcat.storage.convert import tensorblob_kind
+    from shardcat.storage.meta import KINDS
 
     cls = __getattr__(KINDS[tensorblob_kind(json.loads((Path(path) / ".conf").read_text()))])
     with cls.open(os.fspath(path), "r+") as storage:

@@ -23,6 +23,7 @@ from shardcat.storage.column import (
     parse_dtype,
     parse_shape,
 )
+from shardcat.storage.convert import import_tensorblob
 from shardcat.storage.meta import KINDS, META_FILE, FieldSpec, Layout, Metadata, probe
 
 __all__ = ["Chunk", "Storage", "check_mode"]
@@ -113,7 +114,7 @@ class Storage:
             if meta is None:  # a creation or conversion that was killed before it committed
                 state = probe(path, ignore_metadata=True)
         if state == "tensorblob":
-            Metadata.import_tensorblob(path, cls.kind, _check_field)
+            import_tensorblob(path, cls.kind, _check_field)
             meta = Metadata(path, writable=writable)
         if meta is None:
             if state == "foreign" and "w" in mode:

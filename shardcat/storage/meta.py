@@ -19,7 +19,9 @@ one SQLite file, ``.shardcat.sqlite``, that says what they mean:
   referenced: reserved before a writer creates them (new blocks, and copies
   of committed blocks it is about to overwrite), or dropped by a commit and
   not yet deleted. A writable open deletes them (holding the writer lock, all
-  of them; without ``flock``, those whose owner process is gone).
+  of them; without ``flock``, those whose owner process is gone: exited, a
+  zombie, its pid reused, or on another host; ``owner`` is
+  ``host:pid:start-time``, :mod:`shardcat.catalog.processes`).
 - ``rows`` (TensorDB only): ``position INTEGER PRIMARY KEY`` (so ``rowid`` is
   the row position), an optional unique ``key`` and one column per
   filterable field, so ``ATTACH``-ing the file lets SQL join rows with a
@@ -33,8 +35,10 @@ copies of the committed blocks whose rows they overwrite. A process killed at
 any point leaves the rows of its last commit, all fields aligned.
 
 One writer at a time: a writable open takes an exclusive ``flock`` on the
-directory, held until it closes (commits also check ``version``, for
-filesystems without ``flock``).
+directory, held until it closes (:mod:`shardcat.storage.lock`; commits also
+check ``version``, for filesystems without ``flock``). Converting a
+tensorblob directory's JSON metadata into this file is
+:mod:`shardcat.storage.convert`.
 
 The plain ``sqlite3`` module is used rather than SQLAlchemy Core (which owns
 the catalog's schema): this file is SQLite-only by nature (it sits beside
@@ -46,12 +50,9 @@ where one Core ``execute`` would cost more than the lookup itself.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import math
 import os
 import re
-import socket
 import sqlite3
 import time
 import uuid
@@ -59,16 +60,11 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
 
 from shardcat.catalog.engine import configure_writer, connect_readonly, fork_generation
-from shardcat.catalog.query import STORAGE_DB_NAME
-from shardcat.errors import SchemaVersionError, StaleWriterError, StorageBusyError
+from shardcat.catalog.processes import alive, owner_id
+from shardcat.errors import SchemaVersionError, StaleWriterError
+from shardcat.storage import lock
 
 __all__ = [
     "META_FILE",
@@ -80,15 +76,26 @@ __all__ = [
     "index_name",
     "probe",
     "quote",
+    "sql_file",
     "sql_type",
 ]
 
-META_FILE = STORAGE_DB_NAME
+META_FILE = ".shardcat.sqlite"  # the metadata file in a storage directory
 SCHEMA_VERSION = 1
 KINDS = {"blob": "TensorBlob", "db": "TensorDB"}
 BLOB_FIELD = "data"  # the one field of a TensorBlob
 _BLOCK_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_HOST = socket.gethostname()
+
+
+def sql_file(path: str | os.PathLike[str]) -> Path:
+    """The SQLite file to open for ``path``: a storage directory's metadata file, else ``path``.
+
+    A TensorBlob/TensorDB directory (any directory) maps to its
+    ``.shardcat.sqlite``, so SQL can ``ATTACH`` a storage by its directory;
+    any other path is returned as it is (``~`` expanded).
+    """
+    target = Path(path).expanduser()
+    return target / META_FILE if target.is_dir() else target
 
 
 def quote(name: str) -> str:
@@ -181,80 +188,16 @@ class _Uncommitted(Exception):
     """The metadata file exists, but its creation never committed."""
 
 
-def _owner() -> str:
-    return f"{_HOST}:{os.getpid()}"
-
-
-def _owner_alive(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
-    if host != _HOST or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _unlink(path: Path) -> None:
+def unlink(path: Path) -> None:
+    """Delete ``path`` if it exists."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
 
 
-def tensorblob_kind(conf: Mapping[str, Any]) -> str:
-    """``"db"`` or ``"blob"``: which class wrote a tensorblob ``.conf``."""
-    class_name = str(conf.get("__notes__", {}).get("class_name", ""))
-    return "db" if class_name.endswith("TensorDB") or "schema" in conf else "blob"
-
-
-def _unlink_meta_files(directory: Path) -> None:
+def unlink_meta_files(directory: Path) -> None:
     """Delete the metadata file of ``directory`` and its SQLite side files, if any."""
     for suffix in ("", "-wal", "-shm", "-journal"):
-        _unlink(directory / (META_FILE + suffix))
-
-
-_LOCKS: set[int] = set()  # this process's writer locks (directory fds)
-
-
-def _lock(directory: Path) -> int | None:
-    """An exclusive ``flock`` on ``directory`` (None where the filesystem has none)."""
-    if fcntl is None:  # pragma: no cover - not POSIX
-        return None
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StorageBusyError(
-            errno.EWOULDBLOCK,
-            f"{directory} is open for writing elsewhere (one writer at a time)",
-        ) from None
-    except OSError:  # e.g. some network filesystems: commits still check the version
-        os.close(fd)
-        return None
-    _LOCKS.add(fd)
-    return fd
-
-
-def _unlock(fd: int, generation: int) -> None:
-    if generation == fork_generation():  # a forked child closed its copy already
-        _LOCKS.discard(fd)
-        os.close(fd)
-
-
-def _drop_inherited_locks() -> None:
-    """In a forked child: close the parent's lock fds, so they die with the parent's."""
-    for fd in _LOCKS:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _LOCKS.clear()
-
-
-os.register_at_fork(after_in_child=_drop_inherited_locks)
+        unlink(directory / (META_FILE + suffix))
 
 
 class Metadata:
@@ -273,9 +216,9 @@ class Metadata:
         self._unlock: Callable[[], None] = lambda: None
         self.locked = False  # holds the directory's writer lock
         if writable:  # held until close (or until this object is garbage)
-            fd = _lock(directory)
+            fd = lock.acquire(directory)
             if fd is not None:
-                self._unlock = weakref.finalize(self, _unlock, fd, fork_generation())
+                self._unlock = weakref.finalize(self, lock.release, fd, fork_generation())
                 self.locked = True
         conn = self.conn
         try:
@@ -329,103 +272,18 @@ class Metadata:
     def create(cls, directory: Path, layout: Layout) -> Metadata:
         """Create the metadata of a new, empty storage in ``directory`` (one transaction)."""
         directory.mkdir(parents=True, exist_ok=True)
-        _unlink_meta_files(directory)  # an uncommitted earlier attempt
+        unlink_meta_files(directory)  # an uncommitted earlier attempt
         for spec in layout.fields:
             (directory / spec.directory).mkdir(parents=True, exist_ok=True)
         conn = _connect(directory / META_FILE)
         try:
             conn.execute("BEGIN IMMEDIATE")
-            _write_schema(conn, layout, length=0, extra={})
+            write_schema(conn, layout, length=0, extra={})
             conn.execute("COMMIT")
         except BaseException:
             conn.close()
             raise
         return cls(directory, writable=True, conn=conn)
-
-    @classmethod
-    def import_tensorblob(
-        cls, directory: Path, kind: str, check: Callable[[FieldSpec], FieldSpec]
-    ) -> None:
-        """Convert a tensorblob directory's ``.conf``/``.stat`` JSON into SQLite, in place.
-
-        Block files stay where they are. ``check`` validates and normalizes
-        each field (dtype, shape) first. The metadata file is built under a
-        temporary name and linked into place, so processes converting the same
-        directory at once agree on one result; blocks past the committed
-        length and the JSON files are deleted afterwards.
-        """
-        conf = _read_json(directory / ".conf")
-        found = tensorblob_kind(conf)
-        if found != kind:
-            raise ValueError(
-                f"{str(directory)!r} holds a tensorblob {KINDS[found]}, not a {KINDS[kind]}"
-            )
-        block_size = int(conf["block_size"])
-        blocks: dict[str, list[str]] = {}
-        fields: list[FieldSpec] = []
-        if kind == "blob":
-            stat = _read_json(directory / ".stat")
-            length = int(stat["len"])
-            fields.append(FieldSpec(BLOB_FIELD, conf["dtype"], tuple(conf["shape"]), "."))
-            blocks[BLOB_FIELD] = list(stat["bds"])
-            json_files = [directory / ".conf", directory / ".stat"]
-        else:
-            length = int(_read_json(directory / ".stat")["len"])
-            json_files = [directory / ".conf", directory / ".stat"]
-            for name, (dtype, shape) in conf["schema"].items():
-                sub = directory / name
-                field_conf = _read_json(sub / ".conf")
-                field_stat = _read_json(sub / ".stat")
-                if int(field_conf["block_size"]) != block_size:
-                    raise ValueError(f"{sub}: block size differs from the database's")
-                length = min(length, int(field_stat["len"]))  # tensorblob's own recovery rule
-                fields.append(FieldSpec(name, dtype, tuple(shape), name))
-                blocks[name] = list(field_stat["bds"])
-                json_files += [sub / ".conf", sub / ".stat"]
-        n_blocks = math.ceil(length / block_size)
-        stray: list[Path] = []
-        for spec in fields:
-            names = blocks[spec.name]
-            if len(names) < n_blocks:
-                raise FileNotFoundError(
-                    f"{directory / spec.directory}: .stat lists {len(names)} blocks "
-                    f"for {length} rows of {block_size}"
-                )
-            for name in names[:n_blocks]:
-                block = directory / spec.directory / name
-                if not block.is_file():
-                    raise FileNotFoundError(f"block file missing: {block}")
-            stray += [directory / spec.directory / n for n in names[n_blocks:]]
-            blocks[spec.name] = names[:n_blocks]
-        if block_size < 1:
-            raise ValueError(f"{directory}: block size {block_size}")
-        layout = Layout(kind, block_size, tuple(check(spec) for spec in fields))
-        final = directory / META_FILE
-        if final.exists():
-            existing = Metadata.load(directory, writable=False)
-            if existing is not None:  # another process has just converted it
-                existing.close()
-                return
-            _unlink_meta_files(directory)  # a killed earlier attempt
-        temporary = directory / f"{META_FILE}.{uuid.uuid4().hex}.tmp"
-        try:
-            conn = sqlite3.connect(temporary, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                _write_schema(conn, layout, length=length, extra={"imported_from": "tensorblob"})
-                conn.executemany(
-                    "INSERT INTO storage_blocks (field, idx, file) VALUES (?, ?, ?)",
-                    [(f, i, n) for f, names in blocks.items() for i, n in enumerate(names)],
-                )
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
-            with contextlib.suppress(FileExistsError):  # another process converted it first
-                os.link(temporary, final)
-        finally:
-            _unlink(temporary)
-        for path in stray + json_files:
-            _unlink(path)
 
     # -- connections ---------------------------------------------------------------
 
@@ -466,7 +324,7 @@ class Metadata:
     def reserve(self, wanted: Mapping[str, int]) -> dict[str, list[str]]:
         """New block file names per field, recorded as pending before any file exists."""
         names = {field: [str(uuid.uuid4()) for _ in range(n)] for field, n in wanted.items()}
-        rows = [(f, n, _owner()) for f, ns in names.items() for n in ns]
+        rows = [(f, n, owner_id()) for f, ns in names.items() for n in ns]
         if rows:
             with self.transaction() as conn:
                 conn.executemany(
@@ -483,7 +341,7 @@ class Metadata:
         if not files:
             return
         for field, file in self._unreferenced(files):
-            _unlink(directories[field] / file)
+            unlink(directories[field] / file)
         self._forget_pending(list(files))
 
     def collect_garbage(self) -> None:
@@ -495,18 +353,18 @@ class Metadata:
         if self.imported_from == "tensorblob":  # a conversion killed before its cleanup
             for spec in self.fields:
                 for name in (".conf", ".stat"):
-                    _unlink(self.directory / spec.directory / name)
+                    unlink(self.directory / spec.directory / name)
             for name in (".conf", ".stat"):
-                _unlink(self.directory / name)
+                unlink(self.directory / name)
         conn = self.conn
         pending = conn.execute("SELECT field, file, owner FROM storage_pending").fetchall()
-        stale = [(f, n) for f, n, owner in pending if self.locked or not _owner_alive(owner)]
+        stale = [(f, n) for f, n, owner in pending if self.locked or not alive(owner)]
         if not stale:
             return
         directories = {spec.name: self.directory / spec.directory for spec in self.fields}
         orphans = [(f, n) for f, n in self._unreferenced(stale) if _BLOCK_NAME.match(n)]
         for field, file in orphans:
-            _unlink(directories[field] / file)
+            unlink(directories[field] / file)
         self._forget_pending(stale)
 
     def _unreferenced(self, files: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
@@ -588,7 +446,7 @@ class Metadata:
             )
             conn.executemany(
                 "INSERT OR REPLACE INTO storage_pending (field, file, owner) VALUES (?, ?, ?)",
-                [(f, n, _owner()) for f, n in dropped],
+                [(f, n, owner_id()) for f, n in dropped],
             )
             conn.executemany(
                 "DELETE FROM storage_pending WHERE field = ? AND file = ?",
@@ -604,9 +462,10 @@ class Metadata:
         )
 
 
-def _write_schema(
+def write_schema(
     conn: sqlite3.Connection, layout: Layout, *, length: int, extra: Mapping[str, str]
 ) -> None:
+    """Create the tables of ``layout`` and its first rows (inside the caller's transaction)."""
     for statement in _ddl(layout):
         conn.execute(statement)
     meta = {
@@ -626,14 +485,3 @@ def _write_schema(
         ],
     )
     conn.execute("INSERT INTO storage_state (id, length, version) VALUES (0, ?, 0)", (length,))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read())
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"tensorblob metadata missing: {str(path)!r}") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a tensorblob metadata file")
-    return value

@@ -1,1 +1,4 @@
-"""Test harnesses shipped with the package: the churn stress (readers during re-ingest)."""
+"""Test harnesses shipped with the package: the format contract every container
+format inherits (:mod:`shardcat.testing.formats`, a pytest base class a
+third-party format can subclass too) and the churn stress (readers during
+re-ingest, :mod:`shardcat.testing.churn`)."""

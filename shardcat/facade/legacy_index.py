@@ -26,20 +26,20 @@ returns the catalog's path, which the reader then opens:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog.catalog import Catalog, PathsLike
 from shardcat.catalog.engine import user_cache_dir
 from shardcat.errors import CatalogError, ShardcatError
-from shardcat.legacy.importer import migrate_for_reader
+from shardcat.facade.catalog import Catalog
+from shardcat.facade.migrate import migrate_for_reader
+from shardcat.facade.options import IngestOptions
 from shardcat.legacy.index import FORMAT_OF, TFD_TAR, TFD_TFRECORD
 from shardcat.legacy.pickles import pickled_dict
 from shardcat.legacy.report import MigrationReport
+from shardcat.paths import PathsLike
 
 __all__ = ["CATALOG_SUFFIX", "catalog_for_legacy_index", "catalog_path_for"]
 
@@ -78,7 +78,7 @@ def _dataset_options(catalog: Path, shard_paths: PathsLike) -> dict[str, Any] | 
     try:
         with Catalog(catalog, readonly=True) as cat:
             name = cat.find_dataset(shard_paths)
-            return None if name is None else dict(json.loads(cat.dataset_row(name)[5]))
+            return None if name is None else cat.stored_options(name)
     except ShardcatError:  # too old to open read-only, or not a catalog: import again
         return None
 
@@ -95,26 +95,23 @@ def _summary(report: MigrationReport) -> str:
 def catalog_for_legacy_index(
     index_file: str | os.PathLike[str],
     shard_paths: PathsLike,
-    format: str,
+    opts: IngestOptions,
     *,
-    options: Mapping[str, Any] | None = None,
     readonly: bool = False,
-    workers: int | None = None,
-    on_duplicate: str = "error",
 ) -> Path:
     """The catalog file a reader given ``index_file`` should open.
 
     When ``index_file`` is a tfd-utils pickle, its entries for the reader's
-    shards (``shard_paths``: the reader's paths or globs, of ``format``) are
+    shards (``shard_paths``: the reader's paths or globs, of ``opts.format``) are
     imported, verified, into ``<index file>.shardcat.sqlite`` (once: while
     the index does not change, later calls only look the dataset up) and that
-    path is returned, with one warning saying so. ``options``: the reader's
-    dataset options (``key``: the key feature, None for position keys;
-    ``grouping`` for tar); ``workers`` and ``on_duplicate`` as for the ingest.
+    path is returned, with one warning saying so. ``opts``: the reader's ingest
+    options (``opts.options``: its dataset options, ``key`` the key feature, None
+    for position keys, ``grouping`` for tar).
     Anything else (a catalog, a missing file...) comes back unchanged.
 
     Raises :class:`LegacyIndexError` for a refused or corrupt pickle and
-    :class:`CatalogError` when the index holds another format than ``format``
+    :class:`CatalogError` when the index holds another format than ``opts.format``
     or, with ``readonly=True``, is not imported yet (nothing is written then).
     """
     given = Path(index_file).expanduser()
@@ -133,18 +130,15 @@ def catalog_for_legacy_index(
             f"read-only reader cannot import it: run `catalog migrate {index} --catalog "
             f"{catalog}` once (or open without readonly=True)"
         )
-    wanted = dict(options or {})
+    format, wanted = str(opts.format), dict(opts.options)
     # tfd-utils' tar keys are its grouping's: other groupings are read from the data
     reindex = format == "tar" and wanted.get("grouping", "tfd") != "tfd"
     report = migrate_for_reader(
         index,
         shard_paths,
-        format,
+        opts.with_(options={**wanted, IDENTITY_OPTION: identity}, fields=True if reindex else None),
+        open_catalog=Catalog,
         catalog=catalog,
-        options={**wanted, IDENTITY_OPTION: identity},
-        fields=True if reindex else None,
-        workers=workers,
-        on_duplicate=on_duplicate,
     )
     how = (
         "indexed from the data: tfd-utils' tar keys are not those of grouping "

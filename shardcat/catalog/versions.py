@@ -1,9 +1,10 @@
 """Schema versions of the catalog and the ordered steps between them.
 
 ``SCHEMA_VERSION`` is what this library writes. A catalog records its version
-in ``catalog_meta``. Opening an older catalog runs every step from its version
-up to ``SCHEMA_VERSION`` — each step and its version bump inside the same
-transaction, so an interrupted upgrade leaves the catalog at a whole version.
+in ``shardcat_meta`` (``catalog_meta`` before version 4). Opening an older
+catalog runs every step from its version up to ``SCHEMA_VERSION`` — each step
+and its version bump inside the same transaction, so an interrupted upgrade
+leaves the catalog at a whole version.
 A catalog newer than the library is refused with :class:`SchemaVersionError`.
 :func:`upgrade` (``catalog migrate --upgrade``) does the same without opening
 anything else, e.g. before a read-only open (which never upgrades).
@@ -20,12 +21,14 @@ from pathlib import Path
 
 from sqlalchemy import Connection, inspect, select, text
 
+from shardcat.catalog import fields as field_store
 from shardcat.catalog import schema
+from shardcat.catalog.engine import make_engine
 from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -67,8 +70,6 @@ def _prefix_names(conn: Connection) -> None:
     ``catalog_meta`` -> ``shardcat_meta``), so that a dataset may be called
     ``shards``; SQLite rewrites the foreign keys, and every dataset view is made
     again over the new names."""
-    from shardcat.catalog import fields as field_store
-
     for (view,) in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'view'")).all():
         conn.execute(text(f'DROP VIEW "{view}"'))
     ids = [r[0] for r in conn.execute(text("SELECT id FROM datasets")).all()]
@@ -91,11 +92,20 @@ def _prefix_names(conn: Connection) -> None:
         field_store.create_view(conn, dataset_id, name)
 
 
+def _add_locations(conn: Connection) -> None:
+    """4 -> 5: a record's location may be more than its one byte range:
+    ``shardcat_records.extents`` (the ranges that make it, JSON) and ``item`` (which
+    record inside them, for chunk + index formats). NULL for every record before."""
+    for column in ("extents TEXT", "item BIGINT"):
+        conn.execute(text(f"ALTER TABLE shardcat_records ADD COLUMN {column}"))
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
     2: _add_versions,
     3: _prefix_names,
+    4: _add_locations,
 }
 
 
@@ -166,8 +176,6 @@ def upgrade(path: str | os.PathLike[str]) -> tuple[int, int]:
     when there is no file at ``path`` and :class:`SchemaVersionError` for a
     catalog newer than this library.
     """
-    from shardcat.catalog.engine import make_engine
-
     where = Path(path)
     if not where.is_file():
         raise CatalogError(f"no catalog at {where}")

@@ -31,35 +31,42 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import schema
-from shardcat.catalog.catalog import Catalog, PathsLike, as_patterns, resolve_paths
+from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
-from shardcat.catalog.ingest import (
-    CLAIM_LOST,
-    ProvideEntries,
-    ShardOutcome,
-    absolute_path,
-    stored_path,
-)
+from shardcat.catalog.store import Store
+from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError
+from shardcat.facade.ingest import ProvideEntries, ShardOutcome
+from shardcat.facade.options import KEEP, IngestOptions, Progress
 from shardcat.legacy.index import discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
 from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
-from shardcat.legacy.verify import DEFAULT_SAMPLE, Mismatch, infer_key, verify_shard
+from shardcat.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
+from shardcat.paths import PathsLike, as_patterns, resolve_paths
 from shardcat.readers import mxnet_idx
-from shardcat.readers.compressed import ShardScan
-from shardcat.readers.formats import Entry, get_format
+from shardcat.readers.formats import Entry, Mismatch, ShardScan, get_format
 
-__all__ = ["Progress", "migrate", "migrate_for_reader"]
+__all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
 
-Progress = Callable[[str, int, int], None]
+# Opens a catalog by path (shardcat.Catalog): ``open_catalog(path, readonly=...)``.
+OpenCatalog = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class MigrationStep:
+    """What a migration's ``progress(step, total)`` reports: ``name`` is ``verify``
+    (per shard) or ``commit`` (per shard committed or re-indexed), ``done`` how many
+    shards that step has done."""
+
+    name: str
+    done: int
 
 
 def _parse_remap(
@@ -114,45 +121,29 @@ def _options(
 
 
 @contextlib.contextmanager
-def _opened(
-    catalog: Catalog | str | os.PathLike[str] | None, where: Path, dry_run: bool
-) -> Iterator[Catalog | None]:
+def _opened(catalog: Any, where: Path, dry_run: bool, open_catalog: OpenCatalog) -> Iterator[Any]:
     """The catalog to migrate into (None: a dry run where no catalog exists yet)."""
-    if isinstance(catalog, Catalog):
+    if isinstance(catalog, Store):
         yield catalog
         return
     if dry_run and not where.is_file():
         yield None
         return
-    cat = Catalog(where, readonly=dry_run)
+    cat = open_catalog(where, readonly=dry_run)
     try:
         yield cat
     finally:
         cat.close()
 
 
-def _known_shards(cat: Catalog | None, name: str | None) -> dict[str, tuple[int, int, str, int]]:
+def _known_shards(cat: Store | None, name: str | None) -> dict[str, tuple[int, int, str, int]]:
     """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
-    if cat is None or name is None:
-        return {}
-    rows = cat.reader_connection().execute(
-        "SELECT s.path, s.size, s.mtime_ns, s.state, s.num_records FROM shardcat_shards s "
-        "JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = ?",
-        (name,),
-    )
-    return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+    return {} if cat is None or name is None else cat.shard_states(name)
 
 
-def _stored_options(cat: Catalog | None, name: str | None) -> dict[str, Any] | None:
+def _stored_options(cat: Store | None, name: str | None) -> dict[str, Any] | None:
     """The options dataset ``name`` was ingested with; None when there is no such dataset."""
-    if cat is None or name is None:
-        return None
-    row = (
-        cat.reader_connection()
-        .execute("SELECT options FROM shardcat_datasets WHERE name = ?", (name,))
-        .fetchone()
-    )
-    return None if row is None else dict(json.loads(row[0]))
+    return None if cat is None or name is None else cat.stored_options(name)
 
 
 def _provider(st: os.stat_result, entries: list[Entry], report: ShardReport) -> ProvideEntries:
@@ -176,7 +167,7 @@ class _Ticker:
     def __call__(self, step: str) -> None:
         self.done[step] += 1
         if self.progress is not None:
-            self.progress(step, self.done[step], self.total)
+            self.progress(MigrationStep(step, self.done[step]), self.total)
 
 
 def _fill_command(report: DatasetReport) -> str:
@@ -184,31 +175,25 @@ def _fill_command(report: DatasetReport) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--catalog", report.catalog, "--fields"])
 
 
-def _free_name(cat: Catalog | None, base: str) -> str:
+def _free_name(cat: Store | None, base: str) -> str:
     """``base``, or ``base_2``... when the catalog gives it to another dataset."""
-    if cat is None:
-        return base
-    taken = {
-        str(r[0]).lower()
-        for r in cat.reader_connection().execute("SELECT name FROM shardcat_datasets")
-    }
-    return schema.first_free(base, taken)
+    return base if cat is None else cat.unused_name(base)
 
 
 def _migrate_plan(
     plan: Plan,
     *,
-    catalog: Catalog | str | os.PathLike[str] | None,
+    catalog: Any,
+    open_catalog: OpenCatalog,
     dataset: str | None,
     dry_run: bool,
-    fields: bool | None,
-    key: str | None,
+    opts: IngestOptions,
     sample: int,
-    workers: int | None,
-    on_duplicate: str,
     tick: _Ticker,
     overrides: Mapping[str, Any] | None = None,
 ) -> DatasetReport:
+    fields = opts.fields
+    key = None if not isinstance(opts.key, str) else opts.key
     missing = [
         ShardReport(m, i.path, "failed", reason="shard not found (is it moved? see --remap)")
         for i in plan.indexes
@@ -225,12 +210,12 @@ def _migrate_plan(
             bool(fields),
             missing,
         )
-    if isinstance(catalog, Catalog):
+    if isinstance(catalog, Store):
         where = catalog.path
     else:
         where = locate(catalog, os.path.commonpath([os.path.dirname(f) for f in plan.files]))
         where = where.absolute()
-    with _opened(catalog, where, dry_run) as cat:
+    with _opened(catalog, where, dry_run, open_catalog) as cat:
         found = dataset or (None if cat is None else cat.find_dataset(plan.source))
         name = found or _free_name(cat, plan.name)
         known = _known_shards(cat, found)
@@ -287,8 +272,15 @@ def _migrate_plan(
             notes=notes,
         )
         if cat is not None and not dry_run:
+            ingest = IngestOptions(
+                format=plan.format,
+                options=options,
+                workers=opts.workers,
+                on_duplicate=opts.on_duplicate,
+                rescan=bool(rescan),
+            )
             result.dataset, result.dropped = _commit(
-                cat, plan, name, options, provided, reports, rescan, workers, on_duplicate, tick
+                cat, plan, name, ingest, provided, reports, tick
             )
     if not fields:
         result.fill_fields = _fill_command(result)
@@ -296,15 +288,12 @@ def _migrate_plan(
 
 
 def _commit(
-    cat: Catalog,
+    cat: Any,
     plan: Plan,
     name: str,
-    options: dict[str, Any],
+    opts: IngestOptions,
     provided: dict[str, ProvideEntries],
     reports: dict[str, ShardReport],
-    rescan: bool,
-    workers: int | None,
-    on_duplicate: str,
     tick: _Ticker,
 ) -> tuple[str, int]:
     """Run the ingest with the verified entries; returns the dataset's name and how
@@ -325,16 +314,8 @@ def _commit(
         tick("commit")
 
     try:
-        with cat.ingest(
-            plan.source,
-            name,
-            format=plan.format,
-            options=options,
-            workers=workers,
-            on_duplicate=on_duplicate,
-            rescan=rescan,
-            progress=on_outcome,
-            provided=provided,
+        with cat.ingest_with(
+            plan.source, name, opts, progress=on_outcome, provided=provided
         ) as reader:
             name = reader.dataset
     except IngestError:
@@ -352,7 +333,8 @@ def _commit(
 def migrate(
     paths: PathsLike,
     *,
-    catalog: Catalog | str | os.PathLike[str] | None = None,
+    open_catalog: OpenCatalog,
+    catalog: Any = None,
     dataset: str | None = None,
     dry_run: bool = False,
     remap: Mapping[str, str] | Iterable[tuple[str, str] | str] | None = None,
@@ -387,24 +369,29 @@ def migrate(
     off the records). ``sample``:
     entries re-read per shard (0: all). ``workers``: processes re-indexing
     shards. ``on_duplicate``: as for :meth:`Catalog.ingest`.
-    ``progress(step, done, total)``: ``step`` is ``verify`` (per shard) or
-    ``commit`` (per shard committed or re-indexed).
+    ``progress(step, total)``: ``step`` a :class:`MigrationStep`.
+    ``open_catalog(path, readonly=...)`` opens a catalog by path (the facade
+    passes :class:`shardcat.Catalog`).
 
     Raises :class:`LegacyIndexError` for a refused or corrupt pickle, before
     anything is written. Shards that fail are in the report, not raised.
     """
+    opts = IngestOptions(
+        key=KEEP if key is None else key,
+        fields=fields,
+        workers=workers,
+        on_duplicate=on_duplicate,
+    )
     with _gc_paused():
         return _migrate(
             paths,
             catalog=catalog,
+            open_catalog=open_catalog,
             dataset=dataset,
             dry_run=dry_run,
             remap=_parse_remap(remap),
-            fields=fields,
-            key=key,
+            opts=opts,
             sample=sample,
-            workers=workers,
-            on_duplicate=on_duplicate,
             progress=progress,
             max_depth=max_depth,
             pattern=pattern,
@@ -428,15 +415,13 @@ def _gc_paused() -> Iterator[None]:
 def _migrate(
     paths: PathsLike,
     *,
-    catalog: Catalog | str | os.PathLike[str] | None,
+    catalog: Any,
+    open_catalog: OpenCatalog,
     dataset: str | None,
     dry_run: bool,
     remap: list[tuple[str, str]],
-    fields: bool | None,
-    key: str | None,
+    opts: IngestOptions,
     sample: int,
-    workers: int | None,
-    on_duplicate: str,
     progress: Progress | None,
     max_depth: int | None = None,
     pattern: str | Sequence[str] | None = None,
@@ -478,34 +463,30 @@ def _migrate(
         _migrate_plan(
             plan,
             catalog=catalog,
+            open_catalog=open_catalog,
             dataset=dataset,
             dry_run=dry_run,
-            fields=fields,
-            key=key,
+            opts=opts,
             sample=sample,
-            workers=workers,
-            on_duplicate=on_duplicate,
             tick=tick,
             overrides=overrides,
         )
         for plan in plans
     ]
-    return MigrationReport(dry_run, reports, skipped, on_duplicate)
+    return MigrationReport(dry_run, reports, skipped, opts.on_duplicate)
 
 
 def migrate_for_reader(
     index_file: str | os.PathLike[str],
     shard_paths: PathsLike,
-    format: str,
+    opts: IngestOptions,
     *,
+    open_catalog: OpenCatalog,
     catalog: str | os.PathLike[str],
-    options: Mapping[str, Any],
-    fields: bool | None = None,
-    workers: int | None = None,
-    on_duplicate: str = "error",
 ) -> MigrationReport:
     """:func:`migrate` of one legacy index for a reader opened on ``shard_paths``
-    (of ``format``, with dataset ``options``): the dataset is made of the reader's
+    (of ``opts.format``, with dataset options ``opts.options``, ``fields``,
+    ``workers``, ``on_duplicate``): the dataset is made of the reader's
     files under the reader's patterns, so the reader finds it; the index's entries
     for the shards it covers are imported (verified), the other files indexed from
     their data. :class:`CatalogError` when the index is of another format."""
@@ -513,16 +494,14 @@ def migrate_for_reader(
         return _migrate(
             [os.fspath(index_file)],
             catalog=catalog,
+            open_catalog=open_catalog,
             dataset=None,
             dry_run=False,
             remap=[],
-            fields=fields,
-            key=None,
+            opts=opts.with_(format=None, options={}),
             sample=DEFAULT_SAMPLE,
-            workers=workers,
-            on_duplicate=on_duplicate,
             progress=None,
             reader_source=as_patterns(shard_paths),
-            reader_format=format,
-            overrides=options,
+            reader_format=opts.format,
+            overrides=opts.options,
         )

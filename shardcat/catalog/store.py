@@ -1,19 +1,27 @@
-"""The :class:`Catalog`: one SQLite file that knows where every record lives."""
+"""The :class:`Store`: one SQLite catalog file, as SQL and nothing else.
+
+It opens (creating or upgrading) the file, hands out the read-only connection
+readers run their lookups on (one read snapshot per call), write
+transactions, dataset rows and their descriptions, ``drop`` and
+``checkpoint``; the ingest transactions it runs are in
+:mod:`~shardcat.catalog.sync`, :mod:`~shardcat.catalog.claims` and
+:mod:`~shardcat.catalog.commit`, the readers' statements in
+:mod:`~shardcat.catalog.lookup`. It never opens a shard and knows no format:
+:class:`shardcat.Catalog` (the facade) adds what needs them.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -21,6 +29,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog import fields as field_store
 from shardcat.catalog import reuse, schema
+from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
@@ -32,102 +41,30 @@ from shardcat.catalog.engine import (
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
-from shardcat.catalog.ingest import (
-    DEFAULT_LEASE,
-    DROPPED,
-    DUPLICATE_POLICIES,
-    IngestJob,
-    ProvideEntries,
-    ShardOutcome,
-    catalog_error,
-    raise_for_failures,
-    run_ingest,
-    stored_path,
-    sync_shards,
-)
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
+from shardcat.catalog.sync import DROPPED, Judge, sync_shards
+from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.errors import CatalogError, SchemaVersionError
-from shardcat.migrations import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
-from shardcat.readers.formats import detect_format, get_format
 
-if TYPE_CHECKING:
-    from shardcat.legacy import MigrationReport
-    from shardcat.readers.reader import Reader
-
-__all__ = ["Catalog", "DatasetInfo", "PathsLike", "open_catalogs", "resolve_paths"]
-
-PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-# Shard numbering at the end of a file stem: "-00003", "_00003-of-00016", ".7".
-_SHARD_SUFFIX = re.compile(r"(?:[-_.]+of|[-_.]*\d+)+$")
+__all__ = ["DatasetInfo", "Store", "check_name", "open_catalogs"]
 
 # How long a reader's lookups may keep one read snapshot (see reader_connection).
 SNAPSHOT_SECONDS = 1.0
 
-# Every Catalog not yet closed (tests use it to catch leaked connections).
-_open: weakref.WeakSet[Catalog] = weakref.WeakSet()
+# Every Store not yet closed (tests use it to catch leaked connections).
+_open: weakref.WeakSet[Store] = weakref.WeakSet()
 
-
-def open_catalogs() -> list[Catalog]:
-    return [c for c in _open if not c.closed]
-
+S = TypeVar("S", bound="Store")
 
 # The columns of a dataset row as dataset_row returns it.
 _DATASET_COLUMNS = "id, name, format, key_rule, grouping, options, source, created_at"
 
 
-def as_patterns(paths: PathsLike) -> list[str]:
-    """``paths`` (one path or pattern, or several) as a list of strings."""
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
+def open_catalogs() -> list[Store]:
+    return [c for c in _open if not c.closed]
 
 
-# Files that are never shards: catalogs (and their -wal/-shm), legacy index files
-# (tfd-utils, MXNet/DALI, vahidk) and the lock and temporary files tfd-utils keeps
-# beside its indexes.
-_NOT_A_SHARD = re.compile(r"\.sqlite|\.(?:index|tar_index|idx|tfindex)(?:\.lock|\.tmp)?$")
-
-
-def resolve_paths(paths: PathsLike) -> list[str]:
-    """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them.
-
-    A directory or a glob stands for its files except catalogs (``*.sqlite*``),
-    legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
-    and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
-    explicitly is taken as it is.
-    """
-    found: set[str] = set()
-    for pattern in as_patterns(paths):
-        pattern = os.path.expanduser(pattern)
-        if os.path.isdir(pattern):
-            matches = [
-                os.path.join(pattern, n)
-                for n in os.listdir(pattern)
-                if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
-            ]
-        elif os.path.exists(pattern):
-            matches = [pattern]
-        else:
-            matches = [
-                m
-                for m in glob.glob(pattern, recursive=True)
-                if os.path.isfile(m) and not _NOT_A_SHARD.search(os.path.basename(m))
-            ]
-        found.update(os.path.abspath(m) for m in matches)
-    return sorted(found)
-
-
-def default_dataset_name(files: Sequence[str]) -> str:
-    """A SQL-friendly name for a shard set: the common stem prefix, or the directory name."""
-    stems = [Path(f).name.split(".")[0] for f in files]
-    # character-wise on purpose: "train-00001" and "train-00002" share "train-0000"
-    prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))  # noqa: RUF071
-    base = prefix or Path(files[0]).parent.name or "dataset"
-    slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
-    return slug if schema.is_dataset_name(slug) else f"d_{slug}"
-
-
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     if not schema.is_dataset_name(name):
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
@@ -154,16 +91,6 @@ def _refuse_foreign(path: Path) -> None:
         )
 
 
-class Keep:
-    """Default of ``Catalog.ingest(key=...)``: keep the dataset's key rule (new: ``"key"``)."""
-
-    def __repr__(self) -> str:
-        return "KEEP"
-
-
-KEEP = Keep()
-
-
 @dataclass(frozen=True)
 class DatasetInfo:
     """A dataset as the catalog describes it."""
@@ -186,11 +113,11 @@ class DatasetInfo:
         return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
 
 
-class Catalog:
-    """One catalog file: datasets, shards, keys and byte offsets.
+class Store:
+    """One catalog file as SQL: datasets, shards, keys and byte offsets.
 
-    ``Catalog(path)`` opens (creating or upgrading when needed) the SQLite
-    catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
+    ``Store(path)`` (and so ``Catalog(path)``) opens (creating or upgrading when
+    needed) the SQLite catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
     ``./shardcat.sqlite``; the write lock is only taken to create or upgrade.
     ``readonly=True`` opens it without ever creating, upgrading or changing a
     file (for catalogs on shared filesystems that one host indexed); in a
@@ -389,254 +316,13 @@ class Catalog:
             )
         return row
 
-    def _unused_name(self, base: str) -> str:
+    def unused_name(self, base: str) -> str:
         """``base``, else ``base_2``, ``base_3``, ...: the first name no dataset has."""
         taken = {
             str(r[0]).lower()
             for r in self.reader_connection().execute("SELECT name FROM shardcat_datasets")
         }
         return schema.first_free(base, taken)
-
-    def normalized_source(self, paths: PathsLike) -> list[str]:
-        """The patterns as stored: absolute, or relative to the catalog when below it."""
-        return [
-            stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
-            for p in as_patterns(paths)
-        ]
-
-    def find_dataset(
-        self,
-        paths: PathsLike,
-        *,
-        format: str | None = None,
-        key: str | Keep | None = KEEP,
-        grouping: str | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> str | None:
-        """The dataset these paths open, or None (see :mod:`shardcat.catalog.reuse`).
-
-        Without ``format`` (nor the other arguments): the dataset ingested from
-        these patterns, else the one whose shards are exactly the files they match
-        (another spelling of the same glob), whatever its rule. With ``format``
-        (``"auto"``: detected from the first file), only a dataset with the rule
-        that ``ingest`` would use with these arguments.
-        """
-        return self._choose(paths, resolve_paths(paths), format, key, grouping, options)[0]
-
-    def _rule(
-        self,
-        files: Sequence[str],
-        format: str | None,
-        key: str | Keep | None,
-        grouping: str | None,
-        options: Mapping[str, Any] | None,
-        fields: bool | None = None,
-    ) -> reuse.Rule:
-        """The rule ingest reads ``files`` with: the format (None or ``"auto"``:
-        detected from the first file's bytes), the options detected from the first
-        file and the options given."""
-        fmt_name = detect_format(files[0]) if format in (None, "auto") else str(format)
-        explicit: dict[str, Any] = {
-            **({} if isinstance(key, Keep) else {"key": key}),
-            **({} if fields is None else {"fields": fields}),
-            **({} if grouping is None else {"grouping": grouping}),
-            **(options or {}),
-        }
-        explicit.pop(DROPPED, None)  # bookkeeping, never an option given
-        return reuse.Rule(fmt_name, get_format(fmt_name).detect_options(files[0]), explicit)
-
-    def _choose(
-        self,
-        paths: PathsLike,
-        files: Sequence[str],
-        format: str | None,
-        key: str | Keep | None,
-        grouping: str | None,
-        options: Mapping[str, Any] | None,
-    ) -> tuple[str | None, Sequence[Any] | None]:
-        any_rule = format is None and isinstance(key, Keep) and grouping is None and not options
-        rule = None if any_rule or not files else self._rule(files, format, key, grouping, options)
-        wanted = {stored_path(f, self.directory) for f in files}
-        return reuse.choose(self.reader_connection(), self.normalized_source(paths), wanted, rule)
-
-    # -- public API ------------------------------------------------------------
-
-    def ingest(
-        self,
-        paths: PathsLike,
-        dataset: str | None = None,
-        *,
-        format: str | None = None,
-        key: str | Keep | None = KEEP,
-        fields: bool | None = None,
-        grouping: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        workers: int | None = None,
-        on_duplicate: str = "error",
-        rescan: bool = False,
-        lease: float = DEFAULT_LEASE,
-        progress: Callable[[ShardOutcome, int], None] | None = None,
-        provided: Mapping[str, ProvideEntries] | None = None,
-    ) -> Reader:
-        """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
-
-        ``paths``: a file, directory, glob or list of them; the dataset's shard
-        set becomes exactly these files (new ones are indexed, changed ones
-        re-indexed, missing ones dropped, unchanged ones skipped).
-        ``dataset``: its name; without one, the dataset these files were
-        ingested into with the same rule (format, key rule, grouping), else a
-        new one, named after the files or, when another rule already reads them,
-        after that dataset (``train_by_id``, ``train_tfd``: see
-        :mod:`shardcat.catalog.reuse`). A new dataset copies the rows of shards
-        another dataset holds with the same rule instead of reading them.
-        ``format``: detected from the first file's bytes when None or ``"auto"``.
-        ``key``: the feature holding each record's key (TFRecord; ``"key"``
-        unless the dataset was ingested with another); None keys records by
-        position. ``fields``: extract scalar fields for SQL (default: as the
-        dataset was ingested, else True). Options left out keep the values the
-        dataset was ingested with.
-        ``grouping``: how tar members form samples. ``options``: further
-        format options (they override the arguments above).
-        ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
-        record in position order. ``rescan``: re-index unchanged shards too.
-        ``provided`` maps absolute shard paths to functions giving their
-        entries instead of a scan (``catalog migrate`` hands in verified legacy
-        indexes this way; see :data:`~shardcat.catalog.ingest.ProvideEntries`).
-        ``progress(outcome, total_shards)`` is called after every shard this
-        process indexed. Other processes ingesting the same dataset at the
-        same time share the work; every shard is indexed once.
-        Raises :class:`IngestError` naming each shard that failed (the others
-        are committed).
-        """
-        from shardcat.readers.reader import Reader
-
-        engine = self._writer()
-        if on_duplicate not in DUPLICATE_POLICIES:
-            raise CatalogError(
-                f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}, not {on_duplicate!r}"
-            )
-        files = resolve_paths(paths)
-        if not files:
-            raise CatalogError(f"no files match {as_patterns(paths)}")
-        # Precedence: detected from the first shard < stored with the dataset < given here.
-        rule = self._rule(files, format, key, grouping, options, fields)
-        fmt_name = rule.format
-        fmt = get_format(fmt_name)
-        name = dataset
-        if name is None:
-            # Without a name: the dataset of these files with this rule, else a new one
-            # (never another path set's dataset, never one with another rule).
-            name, other = reuse.choose(
-                self.reader_connection(),
-                self.normalized_source(paths),
-                {stored_path(f, self.directory) for f in files},
-                rule,
-            )
-            if name is None:
-                base = (
-                    default_dataset_name(files)
-                    if other is None
-                    else reuse.variant_name(other, rule)
-                )
-                name = self._unused_name(base)
-        _check_name(name)
-        source = self.normalized_source(paths)
-        # A new dataset may take options that only all its shards tell (RecordIO: .idx
-        # keys that collide across shards); read outside the write lock, once.
-        known = (
-            self.reader_connection()
-            .execute("SELECT 1 FROM shardcat_datasets WHERE name = ?", (name,))
-            .fetchone()
-        )
-        per_dataset = getattr(fmt, "detect_dataset_options", None)
-        first = {} if known or per_dataset is None else per_dataset(files, rule.explicit)
-        with self._transaction() as conn:
-            d = schema.datasets
-            row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
-            stored = first if row is None else json.loads(row.options)
-            opts: dict[str, Any] = rule.options(stored)
-            key_rule = fmt.key_rule(opts)
-            if row is None:
-                dataset_id = conn.execute(
-                    d.insert().values(
-                        name=name,
-                        format=fmt_name,
-                        key_rule=key_rule,
-                        grouping=opts.get("grouping"),
-                        # an empty DROPPED table: its counts are complete from the start
-                        options=json.dumps({**opts, DROPPED: {}}),
-                        source=json.dumps(source),
-                        created_at=time.time(),
-                    )
-                ).inserted_primary_key[0]
-                field_store.create_field_table(conn, dataset_id)
-                field_store.create_view(conn, dataset_id, name)
-                if provided is None and not rescan:  # rows another dataset already holds
-                    reuse.seed(conn, dataset_id, name, opts, files, self.directory)
-            else:
-                dataset_id = row.id
-                if (row.format, row.key_rule, row.grouping) != (
-                    fmt_name,
-                    key_rule,
-                    opts.get("grouping"),
-                ):
-                    raise CatalogError(
-                        f"dataset {name!r} holds {row.format} records keyed by "
-                        f"{row.key_rule}, not {fmt_name} keyed by {key_rule}"
-                        + (f" (grouping {opts.get('grouping')})" if opts.get("grouping") else "")
-                        + ": ingest into "
-                        f"another dataset or drop it first (catalog drop {name})"
-                    )
-                kept = {**opts, DROPPED: stored[DROPPED]} if DROPPED in stored else opts
-                if (row.options, row.source) != (json.dumps(kept), json.dumps(source)):
-                    conn.execute(
-                        d.update()
-                        .where(d.c.id == dataset_id)
-                        .values(options=json.dumps(kept), source=json.dumps(source))
-                    )
-                if stored.get("fields", True) != opts.get("fields", True):
-                    rescan = True  # every shard gains (or loses) its field rows
-                    field_store.create_view(conn, dataset_id, name)
-            sync_shards(conn, dataset_id, files, self.directory, rescan)
-        job = IngestJob(
-            str(self.path),
-            self.directory,
-            dataset_id,
-            name,
-            fmt_name,
-            opts,
-            on_duplicate,
-            lease,
-        )
-        n_workers = workers if workers is not None else min(len(files), os.cpu_count() or 1)
-        callback = None if progress is None else (lambda o: progress(o, len(files)))
-        by_stored = (
-            None
-            if provided is None
-            else {stored_path(p, self.directory): f for p, f in provided.items()}
-        )
-        try:
-            outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
-        except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
-            raise catalog_error(str(self.path), exc) from None
-        self.reader_connection()  # end any read snapshot: see what was just committed
-        raise_for_failures(outcomes)
-        self.checkpoint(wait=False)  # a finished writer leaves the main file complete
-        reader = Reader(self, name)
-        reader.indexed_duplicates = sum(o.duplicates for o in outcomes)
-        return reader
-
-    def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
-        """Import the legacy index files found for ``paths`` (tfd-utils pickles,
-        MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
-        verifying each shard first; returns the report. Directories are walked
-        (``max_depth``, ``pattern``); each legacy index becomes one dataset.
-        ``options``: those of :func:`shardcat.legacy.migrate` (``dataset``,
-        ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``, ``workers``,
-        ``max_depth``, ``pattern``, ...)."""
-        from shardcat.legacy import migrate
-
-        return migrate(paths, catalog=self, **options)
 
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
@@ -686,12 +372,6 @@ class Catalog:
             fields=cols,
         )
 
-    def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
-        """A reader over the dataset ``name`` (no re-indexing happens)."""
-        from shardcat.readers.reader import Reader
-
-        return Reader(self, name, verify_crc=verify_crc)
-
     def query(
         self,
         sql: str,
@@ -700,31 +380,99 @@ class Catalog:
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
     ) -> QueryResult:
-        """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
-
-        Every dataset is a view named after it (``key``, ``position``,
-        ``shard`` and its scalar fields). Statements that would write, attach
-        or change settings are refused with :class:`CatalogError`, and so are
-        functions other than SQLite's built-in scalar, aggregate, window,
-        date/time, JSON and math ones (see ``ALLOWED_FUNCTIONS``).
-        ``timeout``: seconds the statement may run (default 60; None: no
-        limit) before it stops with :class:`CatalogError`; Ctrl-C stops it with
-        ``KeyboardInterrupt``. ``attach`` maps schema names to other SQLite
-        files (or TensorDB directories), attached read-only for this statement only, e.g.
-        ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e ON e.key = t.key``.
-        """
+        """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`);
+        ``attach`` maps schema names to other SQLite files, attached read-only."""
         conn = self.reader_connection()
         with attached(conn, attach):
             return run_readonly(conn, sql, params, timeout=timeout)
 
-    def verify(self, name: str, progress: Callable[[int, int], None] | None = None) -> list[Any]:
-        """Re-read every record of ``name`` checking framing and checksums.
+    def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
+        """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
+        rows = self.reader_connection().execute(
+            "SELECT s.path, s.size, s.mtime_ns, s.state, s.num_records FROM shardcat_shards s "
+            "JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = ?",
+            (name,),
+        )
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
-        Returns a list of :class:`CorruptRecordError` (one per bad record or
-        stale shard); an empty list means every byte checked out.
-        """
-        with self.dataset(name) as reader:
-            return reader.verify(progress)
+    def stored_options(self, name: str) -> dict[str, Any] | None:
+        """The options dataset ``name`` was ingested with; None when there is no such dataset."""
+        sql = "SELECT options FROM shardcat_datasets WHERE name = ?"
+        row = self.reader_connection().execute(sql, (name,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def has_dataset(self, name: str) -> bool:
+        sql = "SELECT 1 FROM shardcat_datasets WHERE name = ?"
+        return self.reader_connection().execute(sql, (name,)).fetchone() is not None
+
+    def ensure_dataset(
+        self,
+        name: str,
+        rule: reuse.Rule,
+        *,
+        first: Mapping[str, Any],
+        source: Sequence[str],
+        files: Mapping[str, Any],
+        same_file: Judge,
+        rescan: bool,
+        seed: bool,
+    ) -> tuple[int, dict[str, Any], str]:
+        """Create the dataset ``name`` read with ``rule`` (or check that it is read
+        with it), store its options and source patterns, and make its shard rows
+        match ``files`` (stored path -> stat), in one write transaction; returns
+        its id, its options and its key rule. A new dataset starts from ``first``
+        (the options only all its shards tell) and, with ``seed``, copies the rows
+        of shards another dataset holds with the same rule (:mod:`reuse`)."""
+        check_name(name)
+        with self._transaction() as conn:
+            d = schema.datasets
+            row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
+            stored = dict(first) if row is None else json.loads(row.options)
+            opts: dict[str, Any] = rule.options(stored)
+            key_rule = rule.key_rule(opts)
+            if row is None:
+                dataset_id = conn.execute(
+                    d.insert().values(
+                        name=name,
+                        format=rule.format,
+                        key_rule=key_rule,
+                        grouping=opts.get("grouping"),
+                        # an empty DROPPED table: its counts are complete from the start
+                        options=json.dumps({**opts, DROPPED: {}}),
+                        source=json.dumps(list(source)),
+                        created_at=time.time(),
+                    )
+                ).inserted_primary_key[0]
+                field_store.create_field_table(conn, dataset_id)
+                field_store.create_view(conn, dataset_id, name)
+                if seed:  # rows another dataset already holds
+                    reuse.seed(conn, dataset_id, name, opts, files, same_file)
+            else:
+                dataset_id = row.id
+                if (row.format, row.key_rule, row.grouping) != (
+                    rule.format,
+                    key_rule,
+                    opts.get("grouping"),
+                ):
+                    raise CatalogError(
+                        f"dataset {name!r} holds {row.format} records keyed by "
+                        f"{row.key_rule}, not {rule.format} keyed by {key_rule}"
+                        + (f" (grouping {opts.get('grouping')})" if opts.get("grouping") else "")
+                        + ": ingest into "
+                        f"another dataset or drop it first (catalog drop {name})"
+                    )
+                kept = {**opts, DROPPED: stored[DROPPED]} if DROPPED in stored else opts
+                if (row.options, row.source) != (json.dumps(kept), json.dumps(list(source))):
+                    conn.execute(
+                        d.update()
+                        .where(d.c.id == dataset_id)
+                        .values(options=json.dumps(kept), source=json.dumps(list(source)))
+                    )
+                if stored.get("fields", True) != opts.get("fields", True):
+                    rescan = True  # every shard gains (or loses) its field rows
+                    field_store.create_view(conn, dataset_id, name)
+            sync_shards(conn, dataset_id, files, same_file, rescan)
+        return dataset_id, opts, key_rule
 
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
@@ -770,14 +518,14 @@ class Catalog:
             self._engine.dispose()
         self.closed = True
 
-    def __enter__(self) -> Catalog:
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Catalog({str(self.path)!r})"
+        return f"{type(self).__name__}({str(self.path)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": str(self.path), "readonly": self.readonly, "immutable": self.immutable}

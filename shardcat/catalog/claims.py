@@ -1,0 +1,113 @@
+"""Claims: which process indexes which pending shard.
+
+Every indexing process (each ingest worker, each rank of a distributed job)
+loops: *claim* one pending shard in a short write transaction (state
+``indexing``, owner ``host:pid:start-time``), index it without holding any
+lock, then commit it only if it still owns the claim (:func:`still_mine`). A
+claim whose owner is a dead process on this host is taken over at once; a
+claim from another host after ``lease`` seconds. No lock files, no heartbeat
+threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select, update
+
+from shardcat.catalog import schema
+from shardcat.catalog.processes import is_dead, owner_id
+from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
+
+__all__ = [
+    "CLAIM_LOST",
+    "DEFAULT_LEASE",
+    "claim_next",
+    "open_shards",
+    "owner_id",
+    "release",
+    "still_mine",
+]
+
+DEFAULT_LEASE = 600.0
+CLAIM_LOST = "claim lost to another process"
+
+
+def claim_next(
+    engine: Engine,
+    dataset_id: int,
+    lease: float,
+    owner: str,
+    only: Container[str] | None = None,
+) -> tuple[int, str] | None:
+    """Claim a pending shard (or one whose claimer died); None when there is none.
+
+    ``only``: claim only shards whose stored path is in it.
+    """
+    s = schema.shards
+    with engine.begin() as conn:
+        rows = conn.execute(
+            select(s.c.id, s.c.path, s.c.state, s.c.claim_owner, s.c.claimed_at)
+            .where(s.c.dataset_id == dataset_id, s.c.state.in_(("pending", "indexing")))
+            .order_by(s.c.path)
+        ).all()
+        for r in rows:
+            if only is not None and r.path not in only:
+                continue
+            if r.state == "pending" or is_dead(r.claim_owner, r.claimed_at, lease):
+                conn.execute(
+                    update(s)
+                    .where(s.c.id == r.id)
+                    .values(state="indexing", claim_owner=owner, claimed_at=time.time(), error=None)
+                )
+                return r.id, r.path
+    return None
+
+
+def still_mine(conn: Connection, shard_id: int, owner: str) -> bool:
+    s = schema.shards
+    current = conn.execute(
+        select(s.c.claim_owner, s.c.state).where(s.c.id == shard_id)
+    ).one_or_none()
+    return current is not None and current.state == "indexing" and current.claim_owner == owner
+
+
+def release(
+    engine: Engine, dataset_id: int, shard_id: int, owner: str, *, failed: str | None
+) -> None:
+    """End this process's claim on a shard (if it still owns it): back to ``pending``,
+    or with ``failed`` (the error), ``failed`` without records: the indexed version's
+    records describe bytes the file no longer holds."""
+    s = schema.shards
+    with engine.begin() as conn:
+        if not still_mine(conn, shard_id, owner):
+            return
+        values: dict[str, Any] = {"claim_owner": None, "claimed_at": None}
+        if failed is None:
+            values["state"] = "pending"
+        else:
+            values.update(state="failed", error=failed, generation=None, num_records=0)
+            clear_shards(conn, dataset_id, [shard_id])
+            stored = conn.execute(
+                select(schema.shards.c.path).where(schema.shards.c.id == shard_id)
+            ).scalar_one()
+            note_dropped(conn, dataset_id, {stored: None})
+        conn.execute(update(s).where(s.c.id == shard_id).values(**values))
+        if failed is not None:
+            bump_version(conn, dataset_id)
+            recompute_positions(conn, dataset_id)
+
+
+def open_shards(engine: Engine, dataset_id: int) -> int:
+    """How many shards are still pending or being indexed."""
+    s = schema.shards
+    with engine.connect().execution_options(immediate=False) as conn:
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    s.c.dataset_id == dataset_id, s.c.state.in_(("pending", "indexing"))
+                )
+            ).scalar_one()
+        )

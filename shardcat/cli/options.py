@@ -1,0 +1,45 @@
+"""The option and argument declarations the commands share (``--catalog``, the
+dataset argument, ``--json``, ``--readonly/--immutable``, a record's key,
+``--on-duplicate``), declared once so every command spells them alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardcat.catalog.commit import DUPLICATE_POLICIES
+from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR
+
+__all__ = ["CatalogOpt", "DatasetArg", "JsonOpt", "KeyArg", "OnDuplicateOpt", "ReadModeOpt"]
+
+# No envvar= here: catalog_path() reads $SHARDCAT_CATALOG, so it can tell a path
+# given on the command line from a default and say which catalog it used.
+CatalogOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--catalog",
+        "-c",
+        help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current directory).",
+        show_default=False,
+    ),
+]
+DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
+KeyArg = Annotated[str, typer.Argument(help="The record's key.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# How the commands that only read open the catalog (never creating, upgrading or
+# changing a file either way).
+ReadModeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--readonly/--immutable",
+        help="--readonly (default): read-only, seeing other processes' commits. "
+        "--immutable: no locks and no -shm file, for a catalog nothing writes (e.g. a "
+        "snapshot on a read-only or network filesystem); refused while its -wal file "
+        "holds commits not yet in the main file (see `catalog checkpoint`).",
+    ),
+]
+OnDuplicateOpt = Annotated[
+    str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
+]

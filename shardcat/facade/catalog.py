@@ -1,0 +1,302 @@
+"""The facade: :class:`Catalog`, the one place that combines the store, the formats
+and the sources.
+
+A :class:`Catalog` is the store (:class:`~shardcat.catalog.store.Store`: the
+SQLite file, its datasets, read connections, ``drop``, ``checkpoint``,
+``query``) plus what needs formats and files: ``ingest`` (resolve the paths,
+detect the format, sync the shard rows, scan the pending shards in workers and
+commit them: :mod:`shardcat.facade.ingest`), ``dataset()`` (a
+:class:`~shardcat.readers.reader.Reader`), ``verify`` and ``migrate``
+(legacy index files: :mod:`shardcat.legacy`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from shardcat.catalog import reuse
+from shardcat.catalog.claims import DEFAULT_LEASE
+from shardcat.catalog.commit import IngestJob, catalog_error
+from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
+from shardcat.catalog.store import Store
+from shardcat.catalog.sync import DROPPED, stored_path
+from shardcat.errors import CatalogError
+from shardcat.facade import migrate as legacy_import
+from shardcat.facade.ingest import ProvideEntries, judge_files, raise_for_failures, run_ingest
+from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
+from shardcat.legacy.report import MigrationReport
+from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
+from shardcat.readers.formats import detect_format, get_format
+from shardcat.readers.reader import Reader
+from shardcat.storage.meta import sql_file
+
+__all__ = ["Catalog", "migrate"]
+
+
+class Catalog(Store):
+    """One catalog file: datasets, shards, keys and byte offsets, and what to do with
+    them: :meth:`ingest`, :meth:`dataset`, :meth:`verify`, :meth:`migrate`,
+    :meth:`query`, plus the store's :meth:`datasets`, :meth:`info`, :meth:`drop`,
+    :meth:`checkpoint`.
+
+    ``Catalog(path, readonly=False, immutable=False)`` opens the file as the
+    store does (:class:`~shardcat.catalog.store.Store`: created or upgraded
+    when needed; without a path ``$SHARDCAT_CATALOG``, then
+    ``./shardcat.sqlite``; ``readonly`` never writes, ``immutable`` takes no
+    locks at all). Errors opening the file are :class:`CatalogError` naming it.
+    """
+
+    def normalized_source(self, paths: PathsLike) -> list[str]:
+        """The patterns as stored: absolute, or relative to the catalog when below it."""
+        return [
+            stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
+            for p in as_patterns(paths)
+        ]
+
+    def find_dataset(
+        self,
+        paths: PathsLike,
+        *,
+        format: str | None = None,
+        key: str | Keep | None = KEEP,
+        grouping: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The dataset these paths open, or None (see :mod:`shardcat.catalog.reuse`).
+
+        Without ``format`` (nor the other arguments): the dataset ingested from
+        these patterns, else the one whose shards are exactly the files they match
+        (another spelling of the same glob), whatever its rule. With ``format``
+        (``"auto"``: detected from the first file), only a dataset with the rule
+        that ``ingest`` would use with these arguments.
+        """
+        opts = IngestOptions(format=format, key=key, grouping=grouping, options=dict(options or {}))
+        return self._choose(paths, resolve_paths(paths), opts)[0]
+
+    def _rule(self, files: Sequence[str], opts: IngestOptions) -> reuse.Rule:
+        """The rule ingest reads ``files`` with: the format (None or ``"auto"``:
+        detected from the first file's bytes), the options detected from the first
+        file and the options given."""
+        name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
+        fmt = get_format(name)
+        explicit = opts.explicit()
+        explicit.pop(DROPPED, None)  # bookkeeping, never an option given
+        return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)
+
+    def _choose(
+        self, paths: PathsLike, files: Sequence[str], opts: IngestOptions
+    ) -> tuple[str | None, Sequence[Any] | None]:
+        any_rule = (
+            opts.format is None
+            and isinstance(opts.key, Keep)
+            and opts.grouping is None
+            and not opts.options
+        )
+        rule = None if any_rule or not files else self._rule(files, opts)
+        wanted = {stored_path(f, self.directory) for f in files}
+        return reuse.choose(self.reader_connection(), self.normalized_source(paths), wanted, rule)
+
+    # -- public API ------------------------------------------------------------
+
+    def ingest(
+        self,
+        paths: PathsLike,
+        dataset: str | None = None,
+        *,
+        format: str | None = None,
+        key: str | Keep | None = KEEP,
+        fields: bool | None = None,
+        grouping: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        workers: int | None = None,
+        on_duplicate: str = "error",
+        rescan: bool = False,
+        lease: float = DEFAULT_LEASE,
+        progress: Progress | None = None,
+        provided: Mapping[str, ProvideEntries] | None = None,
+    ) -> Reader:
+        """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
+
+        ``paths``: a file, directory, glob or list of them; the dataset's shard
+        set becomes exactly these files (new ones are indexed, changed ones
+        re-indexed, missing ones dropped, unchanged ones skipped).
+        ``dataset``: its name; without one, the dataset these files were
+        ingested into with the same rule (format, key rule, grouping), else a
+        new one, named after the files or, when another rule already reads them,
+        after that dataset (``train_by_id``, ``train_tfd``: see
+        :mod:`shardcat.catalog.reuse`). A new dataset copies the rows of shards
+        another dataset holds with the same rule instead of reading them.
+        ``format``: detected from the first file's bytes when None or ``"auto"``.
+        ``key``: the feature holding each record's key (TFRecord; ``"key"``
+        unless the dataset was ingested with another); None keys records by
+        position. ``fields``: extract scalar fields for SQL (default: as the
+        dataset was ingested, else True). Options left out keep the values the
+        dataset was ingested with.
+        ``grouping``: how tar members form samples. ``options``: further
+        format options (they override the arguments above).
+        ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
+        record in position order. ``rescan``: re-index unchanged shards too.
+        These are one :class:`~shardcat.facade.options.IngestOptions`
+        (:meth:`ingest_with` takes it as it is).
+        ``provided`` maps absolute shard paths to functions giving their
+        entries instead of a scan (``catalog migrate`` hands in verified legacy
+        indexes this way; see :data:`~shardcat.facade.ingest.ProvideEntries`).
+        ``progress(outcome, total_shards)`` is called after every shard this
+        process indexed. Other processes ingesting the same dataset at the
+        same time share the work; every shard is indexed once.
+        Raises :class:`IngestError` naming each shard that failed (the others
+        are committed).
+        """
+        opts = IngestOptions(
+            format=format,
+            key=key,
+            fields=fields,
+            grouping=grouping,
+            options=dict(options or {}),
+            workers=workers,
+            on_duplicate=on_duplicate,
+            rescan=rescan,
+            lease=lease,
+        )
+        return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
+
+    def ingest_with(
+        self,
+        paths: PathsLike,
+        dataset: str | None,
+        opts: IngestOptions,
+        *,
+        progress: Progress | None = None,
+        provided: Mapping[str, ProvideEntries] | None = None,
+    ) -> Reader:
+        """:meth:`ingest` with its options as one :class:`IngestOptions`."""
+        engine = self._writer()
+        files = resolve_paths(paths)
+        if not files:
+            raise CatalogError(f"no files match {as_patterns(paths)}")
+        # Precedence: detected from the first shard < stored with the dataset < given here.
+        rule = self._rule(files, opts)
+        fmt = get_format(rule.format)
+        name = dataset
+        if name is None:
+            # Without a name: the dataset of these files with this rule, else a new one
+            # (never another path set's dataset, never one with another rule).
+            name, other = reuse.choose(
+                self.reader_connection(),
+                self.normalized_source(paths),
+                {stored_path(f, self.directory) for f in files},
+                rule,
+            )
+            if name is None:
+                base = (
+                    default_dataset_name(files)
+                    if other is None
+                    else reuse.variant_name(other, rule)
+                )
+                name = self.unused_name(base)
+        # A new dataset may take options that only all its shards tell (RecordIO: .idx
+        # keys that collide across shards); read outside the write lock, once.
+        first = {} if self.has_dataset(name) else fmt.detect_dataset_options(files, rule.explicit)
+        stats, same_file = judge_files(files, self.directory)
+        dataset_id, dataset_options, key_rule = self.ensure_dataset(
+            name,
+            rule,
+            first=first,
+            source=self.normalized_source(paths),
+            files=stats,
+            same_file=same_file,
+            rescan=opts.rescan,
+            seed=provided is None and not opts.rescan,
+        )
+        job = IngestJob(
+            str(self.path),
+            self.directory,
+            dataset_id,
+            name,
+            rule.format,
+            dataset_options,
+            key_rule,
+            fmt.field_types(dataset_options),
+            opts.on_duplicate,
+            opts.lease,
+            fmt.ONE_RANGE,
+        )
+        n_workers = (
+            opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
+        )
+        callback = None if progress is None else (lambda o: progress(o, len(files)))
+        by_stored = (
+            None
+            if provided is None
+            else {stored_path(p, self.directory): f for p, f in provided.items()}
+        )
+        try:
+            outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+        except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
+            raise catalog_error(str(self.path), exc) from None
+        self.reader_connection()  # end any read snapshot: see what was just committed
+        raise_for_failures(outcomes)
+        self.checkpoint(wait=False)  # a finished writer leaves the main file complete
+        reader = Reader(self, name)
+        reader.indexed_duplicates = sum(o.duplicates for o in outcomes)
+        return reader
+
+    def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
+        """Import the legacy index files found for ``paths`` (tfd-utils pickles,
+        MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
+        verifying each shard first; returns the report. Directories are walked
+        (``max_depth``, ``pattern``); each legacy index becomes one dataset.
+        ``options``: those of :func:`shardcat.facade.migrate.migrate` (``dataset``,
+        ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``, ``workers``,
+        ``max_depth``, ``pattern``, ...)."""
+        return legacy_import.migrate(paths, catalog=self, open_catalog=type(self), **options)
+
+    def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
+        """A reader over the dataset ``name`` (no re-indexing happens)."""
+        return Reader(self, name, verify_crc=verify_crc)
+
+    def query(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        attach: Mapping[str, str | os.PathLike[str]] | None = None,
+        timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+    ) -> QueryResult:
+        """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
+
+        Every dataset is a view named after it (``key``, ``position``,
+        ``shard`` and its scalar fields). Statements that would write, attach
+        or change settings are refused with :class:`CatalogError`, and so are
+        functions other than SQLite's built-in scalar, aggregate, window,
+        date/time, JSON and math ones (see ``ALLOWED_FUNCTIONS``).
+        ``timeout``: seconds the statement may run (default 60; None: no
+        limit) before it stops with :class:`CatalogError`; Ctrl-C stops it with
+        ``KeyboardInterrupt``. ``attach`` maps schema names to other SQLite
+        files (or TensorDB directories), attached read-only for this statement only, e.g.
+        ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e ON e.key = t.key``.
+        """
+        files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
+        return super().query(sql, params, attach=files, timeout=timeout)
+
+    def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
+        """Re-read every record of ``name`` checking framing and checksums.
+
+        Returns a list of :class:`CorruptRecordError` (one per bad record or
+        stale shard); an empty list means every byte checked out.
+        """
+        with self.dataset(name) as reader:
+            return reader.verify(progress)
+
+
+def migrate(
+    paths: PathsLike, *, catalog: str | os.PathLike[str] | None = None, **options: Any
+) -> MigrationReport:
+    """Import the legacy index files found for ``paths`` into the catalog at
+    ``catalog`` (default: the one readers of the shards use, ``shardcat.sqlite``
+    beside them, per legacy index); ``options`` as for :meth:`Catalog.migrate`."""
+    return legacy_import.migrate(paths, catalog=catalog, open_catalog=Catalog, **options)

@@ -1,0 +1,228 @@
+"""Ingest, the facade's side: scan shards in worker processes with their format,
+hand the entries to the store's commit.
+
+The store (:mod:`shardcat.catalog`) syncs shard rows, hands out claims and
+commits; this module does what needs the files: it stats them, judges whether
+a file is still the version its row indexed (size and mtime, then inode/ctime
+and the fingerprint: :func:`~shardcat.readers.source.mismatch`, the readers'
+rule too), and scans each claimed shard with its format
+(:meth:`~shardcat.readers.formats.Format.scan_shard`: plain or compressed, with
+seek points) in this process or a pool of forked workers. Other processes
+doing the same at the same time share the work; every shard is indexed once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from shardcat.catalog.claims import (
+    CLAIM_LOST,
+    claim_next,
+    open_shards,
+    owner_id,
+    release,
+    still_mine,
+)
+from shardcat.catalog.commit import IngestJob, catalog_error, commit_shard, dedupe_within
+from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.catalog.sync import absolute_path, stored_path
+from shardcat.errors import IngestError, ShardcatError
+from shardcat.readers.formats import ShardScan, get_format
+from shardcat.readers.source import Identity, fingerprint_file, mismatch
+
+__all__ = ["ProvideEntries", "ShardOutcome", "judge_files", "raise_for_failures", "run_ingest"]
+
+POLL_SECONDS = 0.2
+
+# Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
+# legacy index). Called with the shard's path and stat once the shard is claimed;
+# None means "scan it after all". The result is committed like a scan's.
+ProvideEntries = Callable[[str, os.stat_result], ShardScan | None]
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """One shard indexed: its records, the records the commit dropped as duplicate
+    keys (of this shard or of others it won against), or why it failed."""
+
+    path: str
+    records: int
+    error: str | None = None
+    duplicates: int = 0
+
+
+def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
+    """Whether the file at ``path`` is still the version ``row`` indexed: False when
+    size or mtime differ, or inode/ctime differ and so does the fingerprint; None when
+    it is the same content under another inode/ctime (copied, chmod, ``touch -r``
+    of unchanged bytes): the stored identity needs updating, not the records."""
+    indexed = Identity(row.size, row.mtime_ns, row.ino, row.ctime_ns, row.fingerprint)
+    if mismatch(indexed, st, lambda: fingerprint_file(path, st.st_size)) is not None:
+        return False
+    return True if (row.ino, row.ctime_ns) == (st.st_ino, st.st_ctime_ns) else None
+
+
+def judge_files(
+    files: Iterable[str], catalog_dir: str
+) -> tuple[dict[str, os.stat_result], Callable[[Any, str], bool | None]]:
+    """The stat of each file (by stored path; files gone since they were listed are
+    left out, as not in the set) and the judge :func:`~shardcat.catalog.sync.sync_shards`
+    asks whether a file is still the version its row indexed."""
+    found: dict[str, tuple[str, os.stat_result]] = {}
+    for path in files:
+        try:
+            found[stored_path(path, catalog_dir)] = (path, os.stat(path))
+        except FileNotFoundError:
+            continue
+
+    def judge(row: Any, stored: str) -> bool | None:
+        path, st = found[stored]
+        return same_file(row, st, path)
+
+    return {k: st for k, (_, st) in found.items()}, judge
+
+
+_engines: dict[tuple[str, int], Engine] = {}
+
+
+def _engine(catalog: str) -> Engine:
+    """One engine per catalog per process (a forked worker makes its own)."""
+    key = (catalog, fork_generation())
+    if key not in _engines:
+        _engines[key] = make_engine(Path(catalog))
+    return _engines[key]
+
+
+def index_claimed(
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    provide: ProvideEntries | None = None,
+) -> ShardOutcome:
+    """Scan a claimed shard and commit it (or record why it failed).
+
+    ``provide`` may hand in the shard's entries instead of a scan (see
+    :data:`ProvideEntries`); they go through the same checks and commit.
+    """
+    path = absolute_path(stored, job.catalog_dir)
+    fmt = get_format(job.format)
+    try:
+        st = os.stat(path)
+        fp = fingerprint_file(path, st.st_size)
+        scanned = None if provide is None else provide(path, st)
+        if scanned is None:
+            scanned = fmt.scan_shard(path, job.options)  # plain or compressed (+ seek points)
+        after = os.stat(path)
+        if (after.st_size, after.st_mtime_ns, after.st_ino) != (
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ino,
+        ) or fingerprint_file(path, after.st_size) != fp:
+            raise ShardcatError(f"{path}: the file changed while it was being indexed")
+        entries = dedupe_within(scanned.entries, stored, job.on_duplicate)
+        within = len(scanned.entries) - len(entries)
+        seek = (
+            None
+            if scanned.seek_kind is None or scanned.seek_index is None
+            else (scanned.seek_kind, scanned.seek_index)
+        )
+        with engine.begin() as conn:
+            if not still_mine(conn, shard_id, owner):
+                return ShardOutcome(stored, 0, CLAIM_LOST)
+            n, dropped = commit_shard(
+                conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek, within
+            )
+        return ShardOutcome(stored, n, duplicates=dropped)
+    except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)
+        try:
+            release(engine, job.dataset_id, shard_id, owner, failed=None)
+        except SQLAlchemyError:
+            pass  # the claim dies with this process; the next ingest takes it over
+        raise catalog_error(job.catalog, exc) from None
+    except (ShardcatError, OSError) as exc:
+        message = str(exc)
+        if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
+            message = f"{path}: {exc.strerror or exc}"
+        release(engine, job.dataset_id, shard_id, owner, failed=message)
+        return ShardOutcome(stored, 0, message)
+    except BaseException:
+        release(
+            engine, job.dataset_id, shard_id, owner, failed=None
+        )  # give it back; caller sees why
+        raise
+
+
+def _work_one(job: IngestJob) -> ShardOutcome | None:
+    """Claim and index one shard in this process; None when nothing was claimable."""
+    engine = _engine(job.catalog)
+    owner = owner_id()
+    claimed = claim_next(engine, job.dataset_id, job.lease, owner)
+    if claimed is None:
+        return None
+    return index_claimed(engine, job, claimed[0], claimed[1], owner)
+
+
+def run_ingest(
+    engine: Engine,
+    job: IngestJob,
+    workers: int,
+    progress: Callable[[ShardOutcome], None] | None = None,
+    provided: Mapping[str, ProvideEntries] | None = None,
+) -> list[ShardOutcome]:
+    """Index every pending shard of the dataset, sharing the work with any other
+    process doing the same; returns once no shard is pending or being indexed.
+
+    ``provided`` maps stored shard paths to where their entries come from
+    instead of a scan: those shards are claimed and committed first, in this
+    process; the rest are scanned by ``workers`` processes as usual.
+    """
+    outcomes: list[ShardOutcome] = []
+
+    def note(outcome: ShardOutcome | None) -> None:
+        if outcome is not None:
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(outcome)
+
+    if provided:
+        owner = owner_id()
+        while (
+            claimed := claim_next(engine, job.dataset_id, job.lease, owner, only=provided)
+        ) is not None:
+            shard_id, stored = claimed
+            note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
+    idle = False
+    while True:
+        open_count = open_shards(engine, job.dataset_id)
+        if open_count == 0:
+            return outcomes
+        done = len(outcomes)
+        if workers > 1 and open_count > 1 and not idle:
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(min(workers, open_count)) as pool:
+                for outcome in pool.imap_unordered(_work_one, [job] * open_count):
+                    note(outcome)
+        else:
+            note(_work_one(job))
+        idle = len(outcomes) == done
+        if idle:
+            time.sleep(POLL_SECONDS)  # other processes hold the remaining claims
+
+
+def raise_for_failures(outcomes: Iterable[ShardOutcome]) -> None:
+    """Raise :class:`IngestError` naming every shard that failed (others stay committed)."""
+    failed = [o for o in outcomes if o.error is not None and o.error != CLAIM_LOST]
+    if failed:
+        more = f" (and {len(failed) - 1} more failed shards)" if len(failed) > 1 else ""
+        raise IngestError(f"{failed[0].error}{more}", failed)

@@ -1,0 +1,75 @@
+"""What every ingest takes: one frozen :class:`IngestOptions`, and the one shape of
+progress callbacks.
+
+``Catalog.ingest(...)``, ``catalog migrate`` (through :func:`shardcat.facade.migrate.migrate`)
+and the drop-in readers build one :class:`IngestOptions` and hand it down as it
+is, instead of threading each option through every signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardcat.catalog.claims import DEFAULT_LEASE
+from shardcat.catalog.commit import DUPLICATE_POLICIES
+from shardcat.errors import CatalogError
+
+__all__ = ["KEEP", "IngestOptions", "Keep", "Progress"]
+
+#: ``progress(done, total)``: called after each unit of work with what was just done
+#: (a shard's :class:`~shardcat.facade.ingest.ShardOutcome`, a verified record count,
+#: a migration step, a converted archive) and how many units there are in all.
+Progress = Callable[[Any, int], None]
+
+
+class Keep:
+    """Default of ``key``: keep the dataset's key rule (new datasets: ``"key"``)."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How shards are indexed (see :meth:`shardcat.Catalog.ingest` for each one).
+
+    ``format`` None or ``"auto"``: detected from the first shard's bytes; ``key``
+    :data:`KEEP`: as the dataset was ingested (None: by position); ``fields`` and
+    ``grouping`` None: as stored; ``options``: further format options (they win
+    over the others); ``workers`` None: one per shard up to the CPU count.
+    """
+
+    format: str | None = None
+    key: str | Keep | None = KEEP
+    fields: bool | None = None
+    grouping: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    workers: int | None = None
+    on_duplicate: str = "error"
+    rescan: bool = False
+    lease: float = DEFAULT_LEASE
+
+    def __post_init__(self) -> None:
+        if self.on_duplicate not in DUPLICATE_POLICIES:
+            raise CatalogError(
+                f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}, "
+                f"not {self.on_duplicate!r}"
+            )
+
+    def explicit(self) -> dict[str, Any]:
+        """The format options these set (what overrides detected and stored ones)."""
+        return {
+            **({} if isinstance(self.key, Keep) else {"key": self.key}),
+            **({} if self.fields is None else {"fields": self.fields}),
+            **({} if self.grouping is None else {"grouping": self.grouping}),
+            **self.options,
+        }
+
+    def with_(self, **changes: Any) -> IngestOptions:
+        """A copy with ``changes``."""
+        return replace(self, **changes)

@@ -1,0 +1,279 @@
+"""Whole tasks as the ``catalog`` commands run them, each one call that returns a
+result to print: open a command's catalog (:func:`open_catalog`), ingest with a
+summary (:func:`ingest`), convert tar archives (:func:`convert`), verify with the
+record count (:func:`verify`), migrate whatever the paths are
+(:func:`migrate_any`: tensorblob directories converted in place, the rest legacy
+indexes imported) and upgrade a catalog's schema (:func:`upgrade_catalog`).
+
+The commands only parse, call one of these and print; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardcat.catalog.engine import (
+    ENV_VAR,
+    cannot_create_in,
+    existing_ancestor,
+    locate,
+    write_problem,
+)
+from shardcat.catalog.versions import upgrade
+from shardcat.convert import ConvertResult, convert_tars, tar_inputs
+from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.facade.catalog import Catalog
+from shardcat.facade.catalog import migrate as migrate_legacy
+from shardcat.facade.options import IngestOptions, Progress
+from shardcat.legacy.report import MigrationReport
+from shardcat.paths import PathsLike, as_patterns, resolve_paths
+from shardcat.storage import convert_tensorblob, is_tensorblob_dir
+
+__all__ = [
+    "Converted",
+    "IngestSummary",
+    "MigrateOutcome",
+    "Upgraded",
+    "VerifyResult",
+    "convert",
+    "ingest",
+    "migrate_any",
+    "open_catalog",
+    "upgrade_catalog",
+    "verify",
+]
+
+
+def open_catalog(
+    where: str | os.PathLike[str],
+    *,
+    readonly: bool = False,
+    immutable: bool = False,
+    create: bool = False,
+) -> Catalog:
+    """The catalog at ``where``; it must exist unless ``create`` (ingest).
+
+    ``readonly=True`` (or ``immutable=True``): the file is never created,
+    upgraded or changed. Without either it is opened for writing (and upgraded
+    when older), after checking that it can be written at all. Each refusal is
+    a :class:`CatalogError` saying why and what to do instead.
+    """
+    where = Path(where)
+    if not create and not where.is_file():
+        ancestor = existing_ancestor(where)
+        why = (
+            f"{ancestor} is not a directory"
+            if not ancestor.is_dir()
+            else f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
+        )
+        raise CatalogError(f"no catalog at {where}: {why}")
+    if not (readonly or immutable):
+        problem = write_problem(where)
+        if problem is not None:
+            read_only = problem.startswith("cannot write")
+            raise CatalogError(
+                problem + (" (commands that only read it work)" if read_only else "")
+            )
+    try:
+        return Catalog(where, readonly=readonly or immutable, immutable=immutable)
+    except CatalogError as exc:
+        # SQLite refuses a read-only open it cannot create the -shm file for when the
+        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
+        blocked = cannot_create_in(where.parent)
+        if (
+            not readonly
+            or immutable
+            or blocked is None
+            or not str(exc).endswith("attempt to write a readonly database")
+        ):
+            raise
+        raise CatalogError(
+            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
+            f"beside it, but {blocked}; --immutable reads it without one"
+        ) from None
+
+
+# -- ingest ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    """What an ingest left: the dataset's name, its records and shards in all, the
+    records this call indexed, and the records dropped as duplicate keys."""
+
+    dataset: str
+    records: int
+    shards: int
+    indexed_now: int
+    duplicates_dropped: int
+
+
+def ingest(
+    catalog: str | os.PathLike[str],
+    paths: PathsLike,
+    dataset: str | None,
+    opts: IngestOptions,
+    *,
+    progress: Progress | None = None,
+) -> IngestSummary:
+    """Ingest ``paths`` into the catalog file ``catalog`` (created when missing:
+    :func:`open_catalog` with ``create=True``), as :meth:`Catalog.ingest_with`;
+    returns an :class:`IngestSummary`.
+
+    No catalog is created when no file matches ``paths`` (:class:`CatalogError`
+    ``no files match ...``). ``progress(outcome, total_shards)`` as for
+    :meth:`Catalog.ingest`; :class:`IngestError` names the shards that failed.
+    """
+    if not resolve_paths(paths):
+        raise CatalogError(f"no files match {as_patterns(paths)}")
+    indexed = 0
+
+    def count(outcome: Any, total: int) -> None:
+        nonlocal indexed
+        indexed += outcome.records
+        if progress is not None:
+            progress(outcome, total)
+
+    with (
+        open_catalog(catalog, create=True) as cat,
+        cat.ingest_with(paths, dataset, opts, progress=count) as reader,
+    ):
+        stats = reader.get_stats()
+        dropped = reader.indexed_duplicates
+    return IngestSummary(
+        stats["dataset"], stats["total_records"], stats["total_files"], indexed, dropped
+    )
+
+
+# -- verify ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What :func:`verify` found: the records checked and one error per bad one."""
+
+    records: int
+    problems: list[CorruptRecordError]
+
+
+def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> VerifyResult:
+    """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`); returns how
+    many records were checked with the problems. ``progress(done, total)``."""
+    checked = 0
+
+    def count(done: Any, total: int) -> None:
+        nonlocal checked
+        checked = total
+        if progress is not None:
+            progress(done, total)
+
+    problems = catalog.verify(dataset, count)
+    return VerifyResult(int(checked), list(problems))
+
+
+# -- convert -----------------------------------------------------------------------
+
+
+def convert(
+    inputs: PathsLike,
+    output_dir: str | os.PathLike[str] | None = None,
+    *,
+    delete: bool = False,
+    workers: int | None = None,
+    grouping: str = "tfd",
+    progress: Progress | None = None,
+) -> list[ConvertResult]:
+    """Convert the tar archives ``inputs`` name (files, directories, globs: see
+    :func:`shardcat.convert.tar_inputs`) to TFRecords with
+    :func:`shardcat.convert.convert_tars`; ``workers`` None: one per CPU.
+    ``progress(result, total_archives)`` after each archive. :class:`CatalogError`
+    when no archive is found."""
+    sources = tar_inputs(inputs)
+    if not sources:
+        raise CatalogError(f"no tar archives found for {' '.join(as_patterns(inputs))}")
+    return convert_tars(
+        sources,
+        output_dir,
+        delete=delete,
+        workers=(os.cpu_count() or 1) if workers is None else workers,
+        grouping=grouping,
+        progress=progress,
+    )
+
+
+# -- migrate -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A tensorblob directory converted in place (``kind`` and ``rows`` None in a dry
+    run, where nothing is converted)."""
+
+    path: str
+    kind: str | None
+    rows: int | None
+
+
+@dataclass(frozen=True)
+class MigrateOutcome:
+    """What :func:`migrate_any` did: the tensorblob directories converted (in the
+    order given), and the report of the legacy import of the other paths (None
+    when every path was a tensorblob directory)."""
+
+    converted: list[Converted] = field(default_factory=list)
+    report: MigrationReport | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.report is not None and self.report.failed
+
+
+def migrate_any(
+    paths: Sequence[str],
+    *,
+    catalog: str | os.PathLike[str] | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    **options: Any,
+) -> MigrateOutcome:
+    """Migrate ``paths`` whatever they are: each directory written by the tensorblob
+    package is converted to a shardcat TensorBlob/TensorDB in place (no block
+    copied; a dry run only lists it), every other path goes to the legacy index
+    import (:func:`shardcat.facade.catalog.migrate` with ``catalog``,
+    ``dry_run``, ``progress`` and ``options``)."""
+    if not paths:
+        raise CatalogError("give the directories or index files to migrate")
+    blobs = [p for p in paths if is_tensorblob_dir(p)]
+    converted = []
+    for directory in blobs:
+        if dry_run:
+            converted.append(Converted(directory, None, None))
+        else:
+            kind, rows = convert_tensorblob(directory)
+            converted.append(Converted(directory, kind, rows))
+    rest = [p for p in paths if p not in blobs]
+    if not rest:
+        return MigrateOutcome(converted)
+    report = migrate_legacy(rest, catalog=catalog, dry_run=dry_run, progress=progress, **options)
+    return MigrateOutcome(converted, report)
+
+
+@dataclass(frozen=True)
+class Upgraded:
+    """A catalog's schema upgrade: the file, the version found and the version now."""
+
+    path: Path
+    found: int
+    now: int
+
+
+def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
+    """Upgrade the schema of the catalog at ``path`` (None: where every command
+    looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
+    where = locate(path)
+    found, now = upgrade(where)
+    return Upgraded(where, found, now)

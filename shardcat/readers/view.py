@@ -1,0 +1,250 @@
+"""The dataset as a reader sees it in one read snapshot: its shards (their indexed
+versions and files), its positions, and the sources open on its shard files.
+
+:class:`DatasetView` is the base of :class:`~shardcat.readers.reader.Reader`:
+every public call takes :meth:`DatasetView._conn` once (a read snapshot of the
+store, with the shard list reloaded when the dataset's ``version`` moved),
+maps positions to ``(shard, ordinal)`` with the layout the reader was opened
+with (pinned until :meth:`refresh`), and opens a shard's source only for its
+indexed version (:func:`~shardcat.readers.source.open_source`), from a pool
+kept per process (:mod:`shardcat.readers.pool`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from shardcat.catalog import engine as _engine
+from shardcat.catalog import lookup
+from shardcat.catalog.sync import DROPPED, absolute_path
+from shardcat.errors import CatalogError, StaleShardError
+from shardcat.readers.formats import get_format
+from shardcat.readers.pool import SourcePool
+from shardcat.readers.source import Identity, Source, open_source
+
+__all__ = ["CatalogLike", "DatasetView", "follows_reindex"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CatalogLike(Protocol):
+    """The catalog as a reader uses it (:class:`shardcat.Catalog`): the store's read
+    connection and dataset rows, SQL queries, and ``ingest`` for ``rebuild_index``."""
+
+    path: Path
+    readonly: bool
+    immutable: bool
+    closed: bool
+    snapshot_serial: int
+
+    @property
+    def directory(self) -> str: ...
+
+    def reader_connection(self, *, snapshot: bool = False) -> sqlite3.Connection: ...
+
+    def dataset_row(self, name: str) -> Any: ...
+
+    def query(self, sql: str, params: Any = None) -> Any: ...
+
+    def ingest(
+        self,
+        paths: Any,
+        dataset: str | None = None,
+        *,
+        format: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        rescan: bool = False,
+    ) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Shard:
+    id: int
+    path: str
+    first: int
+    count: int
+    compression: str | None
+    generation: int
+    identity: Identity
+
+
+def follows_reindex(method: F) -> F:
+    """Repeat a call once when a shard file turned out stale and the catalog has
+    meanwhile committed a newer version of the dataset (the call read a snapshot
+    from just before a re-index)."""
+
+    @functools.wraps(method)
+    def wrapper(self: DatasetView, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StaleShardError:
+            if not self._moved_on():
+                raise
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class DatasetView:
+    """A dataset's shards, positions and open sources for one reader (see the module
+    docstring); the :class:`~shardcat.readers.reader.Reader` reads records through it."""
+
+    def __init__(
+        self,
+        catalog: CatalogLike,
+        dataset: str,
+        *,
+        verify_crc: bool = False,
+        file_pool_size: int = 1024,
+        owns_catalog: bool = False,
+    ) -> None:
+        self.catalog = catalog
+        self.dataset = dataset
+        self.verify_crc = verify_crc
+        self._owns_catalog = owns_catalog
+        self._pool = SourcePool(file_pool_size)
+        self._shards: dict[int, _Shard] = {}
+        self._serial = -1
+        self._version: int | None = None
+        self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
+        self._positions_moved = False
+        self.closed = False
+        #: Records dropped as duplicate keys by the ingest that returned this reader
+        #: (:meth:`Catalog.ingest` sets it; 0 otherwise).
+        self.indexed_duplicates = 0
+        row = catalog.dataset_row(dataset)
+        self._id: int = row[0]
+        self.format = row[2]
+        self.key_rule: str = row[3]
+        self.options: dict[str, Any] = json.loads(row[5])
+        self.options.pop(DROPPED, None)  # bookkeeping (see get_stats), not a format option
+        self._patterns: list[str] = json.loads(row[6])
+        self._fmt = get_format(self.format)
+        self._parts: bool = self._fmt.PARTS
+        self._one_range: bool = self._fmt.ONE_RANGE
+        self._sql = lookup.ONE_RANGE_RECORDS if self._one_range else lookup.RECORDS
+        self._by_position = self.key_rule == "position"
+        self.refresh()
+
+    # -- snapshots, shards and files ---------------------------------------------
+
+    def refresh(self) -> None:
+        """Follow the catalog to its latest version of the dataset, positions included
+        (after a re-ingest moved them; see the module docstring)."""
+        self._serial, self._version, self._pinned = -1, None, None
+        self._positions_moved = False
+        self.catalog.reader_connection()  # end any read snapshot: see the latest commit
+        self._conn()
+        self._pinned = self._layout()
+
+    def _conn(self) -> sqlite3.Connection:
+        """The read snapshot for one call, with this reader's shard list matching it.
+
+        Every public call takes it once and runs all its queries on it.
+        """
+        if self._pool.generation != _engine._fork_generation:  # (inlined: every call)
+            self._pool.for_this_process()  # a forked child never reads its parent's sources
+        catalog = self.catalog
+        conn = catalog.reader_connection(snapshot=True)
+        if catalog.snapshot_serial != self._serial:
+            self._serial = catalog.snapshot_serial
+            version = lookup.dataset_version(conn, self._id)
+            if version is None:
+                raise CatalogError(f"dataset {self.dataset!r} was dropped from {catalog.path}")
+            if version != self._version:
+                self._load_shards(conn, version)
+        return conn
+
+    def _moved_on(self) -> bool:
+        """Whether the catalog now holds a newer version of the dataset than the
+        snapshot the current call read (see :func:`follows_reindex`)."""
+        before = self._version
+        self.catalog.reader_connection()  # end the snapshot
+        self._conn()
+        return self._version != before
+
+    def _load_shards(self, conn: sqlite3.Connection, version: int) -> None:
+        directory = self.catalog.directory
+        shards = {
+            r[0]: _Shard(
+                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:])
+            )
+            for r in lookup.shards(conn, self._id)
+        }
+        self._pool.keep(
+            {i: s.generation for i, s in shards.items()},
+            {i: s.generation for i, s in self._shards.items()},
+        )
+        self._shards = shards
+        self._order = list(shards.values())
+        self._starts = [s.first for s in self._order]
+        self._len = sum(s.count for s in self._order)
+        self._version = version
+        if self._pinned is not None and self._layout() != self._pinned:
+            self._positions_moved = True
+
+    def _layout(self) -> tuple[tuple[int, int, int, int], ...]:
+        return tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+
+    def _source(self, shard_id: int) -> Source:
+        source = self._pool.sources.get(shard_id)
+        if source is None:
+            shard = self._shards[shard_id]
+            source = self._pool.add(
+                shard_id,
+                open_source(
+                    shard.path, shard.identity, shard.compression, lambda: self._seek_index(shard)
+                ),
+            )
+        return source
+
+    def _seek_index(self, shard: _Shard) -> bytes | None:
+        """The stored seek points of a compressed shard's version (None: none stored)."""
+        conn = self.catalog.reader_connection(snapshot=True)
+        return lookup.seek_index(conn, shard.id, shard.generation)
+
+    # -- locating records ------------------------------------------------------
+
+    def _position_of_key(self, key: str) -> int | None:
+        try:
+            position = int(key)
+        except ValueError:
+            return None
+        return position if 0 <= position < self._len and str(position) == key else None
+
+    def _shard_at(self, position: int) -> tuple[_Shard, int]:
+        if self._positions_moved:
+            raise StaleShardError(
+                f"dataset {self.dataset!r} changed since this reader opened: a re-index "
+                "moved its positions (positions and position keys are not stable across "
+                "re-ingest); call reader.refresh() or reopen the reader"
+            )
+        if not -self._len <= position < self._len:
+            raise IndexError(f"position {position} out of range for {self._len} records")
+        position %= self._len
+        shard = self._order[bisect.bisect_right(self._starts, position) - 1]
+        return shard, position - shard.first
+
+    def _row_at(self, conn: sqlite3.Connection, position: int) -> lookup.Row:
+        """The record row (key last) at one position: one point query."""
+        shard, ordinal = self._shard_at(position)
+        row: lookup.Row | None = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()
+        if row is None:
+            raise self._broken()
+        return row
+
+    def _broken(self) -> StaleShardError:
+        """A position the shard list has but the snapshot's records lack: cannot happen
+        within one snapshot, so the catalog changed under it (a broken catalog)."""
+        return StaleShardError(
+            f"dataset {self.dataset!r} changed since this reader opened: reopen it"
+        )

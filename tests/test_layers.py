@@ -1,0 +1,172 @@
+"""The house rules of the package's structure, checked over its import graph (every
+import, function-level and ``TYPE_CHECKING`` ones included), so they stay true:
+
+- no import cycle anywhere in the package;
+- ``shardcat.catalog`` (the store) imports no other shardcat package but ``errors``;
+- format and source modules import nothing from ``shardcat.catalog``;
+- the CLI holds no SQL and no globbing;
+- no module over ~600 lines, and each module's first statement is its docstring.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "shardcat"
+MAX_LINES = 620  # "~600": a module past this is doing more than one job
+
+# readers/ modules that combine store and formats (the rest are formats and sources)
+READERS_ON_THE_STORE = {"reader", "view", "index", "pool", "torch"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(name: str) -> set[str]:
+    """The shardcat modules ``name`` imports (a ``from package import module`` names
+    the module; ``from module import names`` the module)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target.startswith("shardcat") and target != name:
+                found.add(target)
+    # "from shardcat.catalog import lookup" names lookup: drop the package itself then
+    return {t for t in found if not any(o.startswith(t + ".") for o in found) or t == "shardcat"}
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def test_the_graph_sees_the_package():
+    assert "shardcat.catalog.store" in GRAPH["shardcat.facade.catalog"]
+    assert "shardcat.catalog.lookup" in GRAPH["shardcat.readers.reader"]
+    assert "shardcat.readers.formats" in GRAPH["shardcat.readers.tfrecord"]
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+    assert cycles == []
+
+
+def test_the_store_imports_only_itself_and_errors():
+    wrong = {
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("shardcat.catalog")
+        for target in targets
+        if not target.startswith("shardcat.catalog") and target != "shardcat.errors"
+    }
+    assert wrong == set()
+
+
+def test_formats_and_sources_know_nothing_of_the_store():
+    wrong = {
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("shardcat.readers.")
+        and name.rpartition(".")[2] not in READERS_ON_THE_STORE
+        for target in targets
+        if target.startswith("shardcat.catalog")
+        or target.startswith(("shardcat.facade", "shardcat.cli", "shardcat.legacy"))
+    }
+    assert wrong == set()
+
+
+def test_the_legacy_importers_do_not_reach_up_to_the_facade():
+    wrong = {
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("shardcat.legacy")
+        for target in targets
+        if target.startswith(("shardcat.facade", "shardcat.cli"))
+    }
+    assert wrong == set()
+
+
+_SQL = re.compile(r"\b(SELECT\s+\S.*\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b", re.I)
+
+
+def _code_strings(tree: ast.AST) -> list[str]:
+    """String literals that are not docstrings (docstrings may show SQL to users)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("shardcat.cli")))
+def test_the_cli_holds_no_sql_and_no_globbing(name: str):
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    assert [s for s in _code_strings(tree) if _SQL.search(s)] == []
+    calls = {
+        ast.unparse(node.func)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert calls & {"os.listdir", "os.walk", "os.scandir", "glob.glob", "glob.iglob"} == set()
+    assert not {"glob", "fnmatch"} & {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_are_small_and_say_what_they_hold(name: str):
+    source = MODULES[name].read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= MAX_LINES, f"{name} has {len(source.splitlines())} lines"
+    tree = ast.parse(source)
+    if name.startswith("shardcat.") or name == "shardcat":
+        assert ast.get_docstring(tree), f"{name} has no docstring"
