@@ -1,6 +1,6 @@
 """Per-dataset scalar fields and the SQL view named after each dataset.
 
-Field values live in ``fields_<dataset id>``: ``shard_id, ordinal`` (the
+Field values live in ``shardcat_fields_<dataset id>``: ``shard_id, ordinal`` (the
 record) and one column ``v<idx>`` per field, so feature names never have to
 be valid column names. The view renames them to the feature names::
 
@@ -9,18 +9,25 @@ be valid column names. The view renames them to the feature names::
             WHERE r.shard_id = f.shard_id AND r.ordinal = f.ordinal) AS key,
            s.first_position + f.ordinal AS position, s.path AS shard,
            f.v1 AS label, f.v2 AS score
-    FROM fields_1 f JOIN shardcat_shards s ON s.id = f.shard_id
+    FROM shardcat_fields_1 f JOIN shardcat_shards s ON s.id = f.shard_id
 
 The key is a scalar subquery on a unique index, so SQLite skips ``records``
 entirely for queries that do not use ``key`` (``count(*) WHERE label < 10``,
 ``GROUP BY label``). A LEFT JOIN would not be skipped in aggregates: with 1M
 records that made ``count(*) WHERE label < 10`` ~3x and ``GROUP BY`` ~3x slower.
+
+Indexes a user asks for (:func:`create_field_index`) are one per field column,
+``shardcat_fields_<dataset id>_v<idx>`` on ``v<idx>``; SQLite's own
+``sqlite_master`` is the record of which fields have one (no table of ours), a
+re-ingest's deletes and inserts keep them current, and dropping the dataset's
+field table drops them. A WITHOUT ROWID table's index holds its primary key
+too, so ``count(*) WHERE label < 10`` through the view reads the index alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from sqlalchemy import (
     BigInteger,
@@ -34,8 +41,18 @@ from sqlalchemy import (
 )
 
 from shardcat.catalog import schema
+from shardcat.errors import CatalogError
 
-__all__ = ["create_field_table", "drop_dataset_objects", "ensure_field_columns", "sql_type_of"]
+__all__ = [
+    "create_field_index",
+    "create_field_table",
+    "drop_dataset_objects",
+    "drop_field_index",
+    "ensure_field_columns",
+    "field_index_name",
+    "indexed_columns",
+    "sql_type_of",
+]
 
 _SQL_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
@@ -155,3 +172,69 @@ def drop_dataset_objects(conn: Connection, dataset_id: int, dataset_name: str) -
     conn.exec_driver_sql(
         f"DROP TABLE IF EXISTS {_quote(conn, schema.field_table_name(dataset_id))}"
     )
+
+
+def field_index_name(dataset_id: int, idx: int) -> str:
+    """The index on column ``v<idx>`` of the dataset's field table."""
+    return f"{schema.field_table_name(dataset_id)}_v{idx}"
+
+
+def _field_idx(conn: Connection, dataset_id: int, dataset_name: str, field: str) -> int:
+    """``idx`` of the field named ``field`` in the dataset's view (else its feature
+    name); :class:`CatalogError` listing the fields when there is none."""
+    cols = field_columns(conn, dataset_id)
+    for col, _, idx in cols.values():
+        if col == field:
+            return idx
+    if field in cols:
+        return cols[field][2]
+    for col, _, idx in cols.values():  # SQL names are case-insensitive
+        if col.lower() == field.lower():
+            return idx
+    known = ", ".join(col for col, _, _ in cols.values())
+    raise CatalogError(
+        f"dataset {dataset_name!r} has no SQL field {field!r}"
+        + (
+            f" (its fields: {known})"
+            if known
+            else " (it has no SQL fields: ingested with fields=False, or its records have none)"
+        )
+    )
+
+
+def create_field_index(conn: Connection, dataset_id: int, dataset_name: str, field: str) -> bool:
+    """Index the field's column; False when it already had its index."""
+    idx = _field_idx(conn, dataset_id, dataset_name, field)
+    name = field_index_name(dataset_id, idx)
+    if name in _index_names(conn, dataset_id):
+        return False
+    table = _quote(conn, schema.field_table_name(dataset_id))
+    conn.exec_driver_sql(f"CREATE INDEX {_quote(conn, name)} ON {table} (v{idx})")
+    return True
+
+
+def drop_field_index(conn: Connection, dataset_id: int, dataset_name: str, field: str) -> bool:
+    """Drop the field's index; False when it had none."""
+    idx = _field_idx(conn, dataset_id, dataset_name, field)
+    name = field_index_name(dataset_id, idx)
+    if name not in _index_names(conn, dataset_id):
+        return False
+    conn.exec_driver_sql(f"DROP INDEX {_quote(conn, name)}")
+    return True
+
+
+def _index_names(conn: Connection, dataset_id: int) -> set[str]:
+    rows = conn.exec_driver_sql(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+        (schema.field_table_name(dataset_id),),
+    )
+    return {r[0] for r in rows}
+
+
+def indexed_columns(names: Iterable[str], dataset_id: int, columns: Mapping[int, str]) -> list[str]:
+    """The view columns (``idx -> column``) whose index is among the index ``names``,
+    in idx order."""
+    have = set(names)
+    return [
+        col for idx, col in sorted(columns.items()) if field_index_name(dataset_id, idx) in have
+    ]

@@ -18,12 +18,13 @@ import os
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import engine as engine_module
@@ -107,6 +108,8 @@ class DatasetInfo:
     failed_shards: int
     records: int
     fields: dict[str, str]  # view column -> sql type
+    # view columns with an index (create_index), in field order
+    indexed: list[str] = dataclass_field(default_factory=list)
 
     @property
     def key_feature(self) -> str | None:
@@ -350,12 +353,18 @@ class Store:
             "WHERE dataset_id = ? AND state = 'ready'",
             (row[0],),
         ).fetchone()[0]
-        cols = dict(
-            conn.execute(
-                "SELECT column_name, sql_type FROM shardcat_fields WHERE dataset_id = ? "
-                "ORDER BY idx",
-                (row[0],),
-            ).fetchall()
+        registry = conn.execute(
+            "SELECT column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id = ? "
+            "ORDER BY idx",
+            (row[0],),
+        ).fetchall()
+        cols = {col: sql_type for col, sql_type, _ in registry}
+        index_names = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+            (schema.field_table_name(row[0]),),
+        )
+        indexed = field_store.indexed_columns(
+            (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
         )
         return DatasetInfo(
             name=row[1],
@@ -370,6 +379,7 @@ class Store:
             failed_shards=states.get("failed", 0),
             records=int(n),
             fields=cols,
+            indexed=indexed,
         )
 
     def query(
@@ -484,6 +494,33 @@ class Store:
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
         self.reader_connection()  # end any read snapshot
         self.checkpoint(wait=False)  # a finished writer leaves the main file complete
+
+    def create_index(self, dataset: str, field: str) -> bool:
+        """Index the SQL field ``field`` (its name in the dataset's view) of ``dataset``,
+        so that filters and sorts on it (``WHERE label < 10``) read a range of the index
+        instead of every record. Idempotent: False when it was indexed already. The
+        index is kept current by every ingest of the dataset's records (which write
+        it too) and goes with :meth:`drop`.
+        :class:`CatalogError` for an unknown dataset or field (naming the known ones)
+        and on a catalog opened read-only."""
+        return self._field_index(dataset, field, field_store.create_field_index)
+
+    def drop_index(self, dataset: str, field: str) -> bool:
+        """Drop the index :meth:`create_index` made; False when the field had none."""
+        return self._field_index(dataset, field, field_store.drop_field_index)
+
+    def _field_index(
+        self, dataset: str, field: str, change: Callable[[Connection, int, str, str], bool]
+    ) -> bool:
+        if self._engine is None and not self.closed:
+            raise CatalogError(
+                f"cannot change the indexes of {dataset!r}: {self.path} was opened read-only"
+            )
+        dataset_id = self.dataset_row(dataset)[0]
+        with self._transaction() as conn:
+            changed = change(conn, dataset_id, dataset, field)
+        self.reader_connection()  # end any read snapshot: see the change
+        return changed
 
     def checkpoint(self, *, wait: bool = True) -> bool:
         """Copy every commit from the ``-wal`` file back into the main file.

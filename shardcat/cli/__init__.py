@@ -12,7 +12,18 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli import convert, export, info, ingest, migrate, records, skill, sql, verify
+from shardcat.cli import (
+    convert,
+    export,
+    index,
+    info,
+    ingest,
+    migrate,
+    records,
+    skill,
+    sql,
+    verify,
+)
 from shardcat.cli.common import set_debug
 
 app = typer.Typer(
@@ -40,7 +51,7 @@ def _root(
     set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
 
 
-for module in (ingest, migrate, info, records, sql, verify, export, convert, skill):
+for module in (ingest, migrate, info, records, sql, index, verify, export, convert, skill):
     module.register(app)
 
 

@@ -34,7 +34,7 @@ def datasets(
     if not infos:
         typer.echo("no datasets yet (catalog ingest FILES --dataset NAME)")
         return
-    table = Table("dataset", "format", "key", "shards", "records", "fields", "created")
+    table = Table("dataset", "format", "key", "shards", "records", "fields", "indexed", "created")
     for d in infos:
         shards = f"{d.ready_shards}/{d.shards}" + (
             f" ({d.failed_shards} failed)" if d.failed_shards else ""
@@ -46,6 +46,7 @@ def datasets(
             shards,
             f"{d.records:,}",
             cell(", ".join(d.fields)),
+            cell(", ".join(d.indexed)),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
         )
     Console().print(table)
