@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.pool import NullPool
+from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.pool import NullPool, QueuePool
 
 from shardcat.errors import CatalogError
 
@@ -180,14 +181,37 @@ def _on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def make_engine(path: Path) -> Engine:
+def _note_process(_dbapi_conn: sqlite3.Connection, record: Any) -> None:
+    record.info["pid"] = os.getpid()
+
+
+def _refuse_other_process(_dbapi_conn: sqlite3.Connection, record: Any, proxy: Any) -> None:
+    # A kept connection inherited across fork belongs to the parent: drop it
+    # unclosed (closing it here would touch the parent's locks) and let the
+    # pool open this process's own.
+    if record.info.get("pid") != os.getpid():
+        record.dbapi_connection = proxy.dbapi_connection = None
+        raise DisconnectionError("connection opened by another process")
+
+
+def make_engine(path: Path, *, keep_connection: bool = False) -> Engine:
     """A SQLAlchemy engine on the SQLite catalog at ``path`` (WAL, busy timeout).
 
-    ``NullPool``: every transaction opens its own connection, so an engine
-    never carries a pooled connection across ``fork``.
+    By default ``NullPool``: every transaction opens its own connection, so an
+    engine never carries a connection across ``fork`` and nothing stays open
+    between calls. ``keep_connection`` (the ingest's claims and commits) keeps
+    one connection open between transactions instead of reconnecting and
+    re-running the pragmas each time; its owner disposes of it before forking
+    and when done, and a connection opened by another process is never used.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(f"sqlite+pysqlite:///{path}", poolclass=NullPool)
+    url = f"sqlite+pysqlite:///{path}"
+    if keep_connection:
+        engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1)
+        event.listen(engine, "connect", _note_process)
+        event.listen(engine, "checkout", _refuse_other_process)
+    else:
+        engine = create_engine(url, poolclass=NullPool)
     event.listen(engine, "connect", _on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine

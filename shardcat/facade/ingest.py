@@ -95,11 +95,24 @@ _engines: dict[tuple[str, int], Engine] = {}
 
 
 def _engine(catalog: str) -> Engine:
-    """One engine per catalog per process (a forked worker makes its own)."""
+    """One engine per catalog per process (a forked worker makes its own), keeping
+    one connection open across this process's claims, commits and releases."""
     key = (catalog, fork_generation())
-    if key not in _engines:
-        _engines[key] = make_engine(Path(catalog))
-    return _engines[key]
+    engine = _engines.get(key)
+    if engine is None:
+        engine = _engines.setdefault(key, make_engine(Path(catalog), keep_connection=True))
+    return engine
+
+
+def _close_engines() -> None:
+    """Close the connections this process keeps (before forking workers, so that
+    none crosses the fork, and when an ingest ends). Engines inherited from a
+    parent process are left alone: their connections were closed before the fork."""
+    generation = fork_generation()
+    for key in [key for key in _engines if key[1] == generation]:
+        engine = _engines.pop(key, None)
+        if engine is not None:
+            engine.dispose()
 
 
 def index_claimed(
@@ -202,13 +215,29 @@ def run_ingest(
         ) is not None:
             shard_id, stored = claimed
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
+    try:
+        _share_work(engine, job, workers, note, outcomes)
+    finally:
+        _close_engines()
+    return outcomes
+
+
+def _share_work(
+    engine: Engine,
+    job: IngestJob,
+    workers: int,
+    note: Callable[[ShardOutcome | None], None],
+    outcomes: list[ShardOutcome],
+) -> None:
+    """Claim and index shards, here or in forked workers, until none is open."""
     idle = False
     while True:
         open_count = open_shards(engine, job.dataset_id)
         if open_count == 0:
-            return outcomes
+            return
         done = len(outcomes)
         if workers > 1 and open_count > 1 and not idle:
+            _close_engines()  # no kept connection crosses the fork
             ctx = multiprocessing.get_context("fork")
             with ctx.Pool(min(workers, open_count)) as pool:
                 for outcome in pool.imap_unordered(_work_one, [job] * open_count):

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, ClassVar
 
+import numpy as np
+
 from shardcat.errors import CatalogError
 from shardcat.readers.compressed import IndexingStream, detect_compression, read_head
 from shardcat.readers.rawio import Source
@@ -362,18 +364,26 @@ def detect_format(path: str) -> str:
 
 
 _F32 = struct.Struct("<f")
+_F32_PACK, _F32_UNPACK = _F32.pack, _F32.unpack
+_isfinite = math.isfinite
+_np_float32 = np.float32
 
 
 def float32_shortest(value: float) -> float:
     """The shortest decimal that rounds to the same float32 (0.1 for float32(0.1)).
 
-    A float32 has 6 to 9 significant decimal digits; ``g`` formatting drops
-    trailing zeros, so 6 digits already give ``0.1`` or ``3.1``.
+    ``value`` is a float32 widened to a Python float. Integers, infinities and
+    NaN come back unchanged. Most values people type have at most 6 significant
+    digits, so one ``%.6g`` round trip settles them (``g`` drops trailing zeros:
+    ``0.1``, ``3.1``); the others take numpy's shortest float32 repr (Dragon4),
+    one call instead of trying 7, 8 and 9 digits. The one difference from
+    trying 6..9 digits: at a power of two the interval that rounds back is
+    narrower below than above, and numpy finds the shorter decimal above
+    (``2**-96`` is stored as ``1.2621775e-29``, not ``1.26217745e-29``).
     """
-    if value.is_integer() or not math.isfinite(value):
+    if value.is_integer() or not _isfinite(value):
         return value
-    for digits in (6, 7, 8, 9):
-        text = float(f"{value:.{digits}g}")
-        if _F32.unpack(_F32.pack(text))[0] == value:
-            return text
-    return value
+    text = float(f"{value:.6g}")
+    if _F32_UNPACK(_F32_PACK(text))[0] == value:
+        return text
+    return float(str(_np_float32(value)))

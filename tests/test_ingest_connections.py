@@ -1,0 +1,85 @@
+"""The ingest keeps one writer connection per process, and never uses one across fork."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+import shardcat.catalog.engine as engine_mod
+from shardcat import Catalog, TFRecordWriter, make_example
+
+
+def _shards(directory: Path, count: int) -> str:
+    directory.mkdir(parents=True)
+    for s in range(count):
+        with TFRecordWriter(directory / f"part-{s:05d}.tfrecord") as writer:
+            for i in range(5):
+                writer.write(make_example({"key": f"k{s}_{i}", "label": i}).SerializeToString())
+    return str(directory / "*.tfrecord")
+
+
+def _connections_to_ingest(tmp_path: Path, shards: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    pattern = _shards(tmp_path / f"ds{shards}", shards)
+    with Catalog(tmp_path / f"c{shards}.sqlite") as cat:
+        opened: list[int] = []
+        real = engine_mod._on_connect
+
+        def counting(conn: Any, record: Any) -> None:
+            opened.append(os.getpid())
+            real(conn, record)
+
+        monkeypatch.setattr(engine_mod, "_on_connect", counting)
+        with cat.ingest(pattern, "train", workers=1) as reader:
+            assert len(reader) == 5 * shards
+        monkeypatch.setattr(engine_mod, "_on_connect", real)
+    return len(opened)
+
+
+def test_connections_do_not_grow_with_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every claim, commit and release used to open its own connection: 2 + 2 per shard.
+    two = _connections_to_ingest(tmp_path, 2, monkeypatch)
+    eight = _connections_to_ingest(tmp_path, 8, monkeypatch)
+    assert eight == two
+
+
+def test_kept_connection_is_closed_when_the_ingest_ends(tmp_path: Path) -> None:
+    from shardcat.facade import ingest
+
+    pattern = _shards(tmp_path / "ds", 3)
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(pattern, "train", workers=1).close()
+        assert [k for k in ingest._engines if k[1] == engine_mod.fork_generation()] == []
+        assert cat.checkpoint()
+        assert os.path.getsize(tmp_path / "c.sqlite-wal") == 0  # truncated: nothing pins it
+
+
+def test_forked_child_never_uses_the_parents_kept_connection(tmp_path: Path) -> None:
+    engine = engine_mod.make_engine(tmp_path / "f.sqlite", keep_connection=True)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (pid INTEGER, conn INTEGER)"))
+        parent_conn = id(conn.connection.dbapi_connection)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, the parent's left untouched
+        code = 1
+        try:
+            with engine.begin() as conn:
+                mine = id(conn.connection.dbapi_connection)
+                conn.execute(text("INSERT INTO t VALUES (:p, :c)"), {"p": os.getpid(), "c": mine})
+            os.write(write, b"ok" if mine != parent_conn else b"reused")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    assert os.read(read, 16) == b"ok"
+    assert os.waitpid(pid, 0)[1] == 0
+    with engine.begin() as conn:  # the parent's kept connection still works
+        assert id(conn.connection.dbapi_connection) == parent_conn
+        assert conn.execute(text("SELECT pid FROM t")).scalars().all() == [pid]
+    engine.dispose()
