@@ -23,9 +23,8 @@ from shardcat.cli import app
 from shardcat.facade.records import safe_name
 from shardcat.readers import compressed
 from shardcat.readers.formats import Location
-from shardcat.readers.rawio import pread_exact, read_full
+from shardcat.readers.rawio import Source, pread_exact, read_full
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
-from shardcat.readers.source import Source
 from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordFormat, masked_crc
 

@@ -21,7 +21,7 @@ from shardcat import Catalog, CorruptRecordError
 from shardcat.readers import tar, tar_headers
 from shardcat.readers.compressed import IndexingStream
 from shardcat.readers.formats import Entry, Location
-from shardcat.readers.source import Source
+from shardcat.readers.rawio import Source
 from shardcat.readers.tar import TarFormat
 
 TAR = TarFormat()

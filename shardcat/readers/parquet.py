@@ -55,7 +55,7 @@ from shardcat.readers.compressed import detect_compression
 from shardcat.readers.formats import Entry, Format, Location, Scalar, float32_shortest
 
 if TYPE_CHECKING:
-    from shardcat.readers.source import Source
+    from shardcat.readers.rawio import Source
 
 __all__ = ["INSTALL_HINT", "ParquetFormat"]
 

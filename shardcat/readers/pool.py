@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardcat.catalog import engine as _engine
-from shardcat.readers.source import Source
+from shardcat.readers.rawio import Source
 
 __all__ = ["SourcePool"]
 

@@ -7,8 +7,7 @@ allocate a length read off damaged data, and the lines of text index files.
 that every source (the local file and the checked wrapper in
 :mod:`shardcat.readers.source`, the decompressed stream in
 :mod:`shardcat.readers.compressed`) and every format can use it without
-importing one another; :mod:`shardcat.readers.source` exports it too, with the
-sources themselves.
+importing one another (the one place to import it from).
 """
 
 from __future__ import annotations

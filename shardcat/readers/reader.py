@@ -54,7 +54,7 @@ from shardcat.errors import (
 )
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
-from shardcat.readers.source import Source
+from shardcat.readers.rawio import Source
 from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
 
 __all__ = ["CatalogLike", "Reader"]

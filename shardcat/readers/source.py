@@ -52,7 +52,6 @@ __all__ = [
     "CheckedSource",
     "FileSource",
     "Identity",
-    "Source",
     "fingerprint_fd",
     "fingerprint_file",
     "mismatch",

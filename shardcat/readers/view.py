@@ -27,7 +27,8 @@ from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, StaleShardError
 from shardcat.readers.formats import get_format
 from shardcat.readers.pool import SourcePool
-from shardcat.readers.source import Identity, Source, open_source
+from shardcat.readers.rawio import Source
+from shardcat.readers.source import Identity, open_source
 
 __all__ = ["CatalogLike", "DatasetView", "follows_reindex"]
 
