@@ -1,9 +1,9 @@
 """A shard's commit: its records, members, field values, identity and ``ready``
 state in one transaction, replacing the version it had.
 
-The store receives the entries a format's scan produced (objects with ``key``,
-``offset``, ``length``, ``extents``, ``item``, ``fields`` and ``members``, see
-:class:`Entry`); it never scans. The commit increments the shard's
+The store receives what a format's scan produced, column by column (keys,
+offsets, lengths, fields, members, extents, items: see :class:`Batch`); it
+never scans. The commit increments the shard's
 ``generation`` and the dataset's ``version`` (what open readers watch) and
 recomputes positions, so a reader never sees half a shard.
 
@@ -15,11 +15,10 @@ order); the records dropped that way are counted (:data:`~shardcat.catalog.sync.
 from __future__ import annotations
 
 import json
-import operator
 import os
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +34,7 @@ from shardcat.errors import CatalogError, DuplicateKeyError
 
 __all__ = [
     "DUPLICATE_POLICIES",
-    "Entry",
+    "Batch",
     "IngestJob",
     "catalog_error",
     "commit_shard",
@@ -45,16 +44,21 @@ __all__ = [
 DUPLICATE_POLICIES = ("error", "first", "last")
 
 
-class Entry(Protocol):
-    """What the store needs of one scanned record (a format's ``Entry``)."""
+class Batch(Protocol):
+    """What the store needs of one scanned shard: its records column by column
+    (a format's :class:`~shardcat.readers.formats.Columns`)."""
 
-    key: str | None
-    offset: int
-    length: int
-    extents: Sequence[Sequence[int]] | None
-    item: int | None
-    fields: Mapping[str, Any]
-    members: Sequence[tuple[Any, ...]]
+    keys: list[str | None]
+    offsets: list[int]
+    lengths: list[int]
+    fields: dict[str, list[Any]]
+    members: list[tuple[Any, ...]]
+    extents: list[Any] | None
+    items: list[int | None] | None
+
+    def __len__(self) -> int: ...
+
+    def select(self, keep: Sequence[int]) -> Batch: ...
 
 
 @dataclass(frozen=True)
@@ -89,23 +93,24 @@ def catalog_error(catalog: str, exc: SQLAlchemyError) -> CatalogError:
     return CatalogError(f"cannot write the catalog {catalog}: {orig}")
 
 
-def dedupe_within(entries: list[Entry], path: str, policy: str) -> list[Entry]:
-    distinct = set(map(_key, entries))
-    if len(distinct) == len(entries) or distinct == {None}:  # the common case, at C speed
-        return entries
+def dedupe_within(batch: Batch, path: str, policy: str) -> Batch:
+    keys = batch.keys
+    distinct = set(keys)
+    if len(distinct) == len(keys) or distinct == {None}:  # the common case, at C speed
+        return batch
     winner: dict[str, int] = {}
-    for i, e in enumerate(entries):
-        if e.key is None:
+    for i, key in enumerate(keys):
+        if key is None:
             continue
-        j = winner.get(e.key)
+        j = winner.get(key)
         if j is None or policy == "last":
-            winner[e.key] = i
+            winner[key] = i
         elif policy == "error":
             raise DuplicateKeyError(
-                f"duplicate key {e.key!r} in {path}: records at bytes {entries[j].offset} "
-                f"and {e.offset} (use on_duplicate='first' or 'last' to keep one)"
+                f"duplicate key {key!r} in {path}: records at bytes {batch.offsets[j]} "
+                f"and {batch.offsets[i]} (use on_duplicate='first' or 'last' to keep one)"
             )
-    return [e for i, e in enumerate(entries) if e.key is None or winner[e.key] == i]
+    return batch.select([i for i, key in enumerate(keys) if key is None or winner[key] == i])
 
 
 def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: list[int]) -> None:
@@ -154,16 +159,16 @@ def conflicts(
 
 
 def resolve_across(
-    conn: Connection, job: IngestJob, stored: str, entries: list[Entry]
-) -> tuple[list[Entry], dict[str, int]]:
-    """Settle keys this shard shares with shards already committed: the entries to
+    conn: Connection, job: IngestJob, stored: str, batch: Batch
+) -> tuple[Batch, dict[str, int]]:
+    """Settle keys this shard shares with shards already committed: the records to
     insert, and how many records each other shard (by path) lost to this one."""
-    clash = conflicts(conn, job.dataset_id, [e.key for e in entries if e.key is not None])
+    clash = conflicts(conn, job.dataset_id, [k for k in batch.keys if k is not None])
     if not clash:
-        return entries, {}
+        return batch, {}
     if job.on_duplicate == "error":
         key, (_, other, _, other_offset) = next(iter(clash.items()))
-        mine = next(e.offset for e in entries if e.key == key)
+        mine = batch.offsets[batch.keys.index(key)]
         more = f" ({len(clash) - 1} more keys are duplicated too)" if len(clash) > 1 else ""
         raise DuplicateKeyError(
             f"duplicate key {key!r}: in {other} at byte {other_offset} and in {stored} at "
@@ -187,62 +192,55 @@ def resolve_across(
         conn.execute(
             update(s).where(s.c.id == shard_id).values(num_records=s.c.num_records - len(ordinals))
         )
-    return [e for e in entries if e.key is None or new_wins.get(e.key, True)], dict(lost)
+    keep = [i for i, k in enumerate(batch.keys) if k is None or new_wins.get(k, True)]
+    return batch.select(keep), dict(lost)
 
 
-def insert_fields(conn: Connection, job: IngestJob, shard_id: int, entries: list[Entry]) -> None:
+def insert_fields(conn: Connection, job: IngestJob, shard_id: int, batch: Batch) -> None:
     """One row per record in the dataset's field table, adding columns for new fields
     (and for the fields the format declares every dataset has, NULL where absent)."""
     types = dict(job.field_types)
-    for e in entries:
-        for name, value in e.fields.items():
-            if name not in types and value is not None:
-                types[name] = field_store.sql_type_of(value)
+    for name, values in batch.fields.items():
+        if name not in types:
+            first = next((v for v in values if v is not None), None)
+            if first is not None:
+                types[name] = field_store.sql_type_of(first)
     cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
-    values = {f"v{cols[name][2]}": [e.fields.get(name) for e in entries] for name in cols}
-    insert_columns(
-        conn,
-        schema.field_table_name(job.dataset_id),
-        {"shard_id": shard_id, "ordinal": range(len(entries)), **values},
-    )
+    n = len(batch)
+    columns: dict[str, Any] = {"shard_id": shard_id, "ordinal": range(n)}
+    for name in cols:
+        columns[f"v{cols[name][2]}"] = batch.fields.get(name) or [None] * n
+    insert_columns(conn, schema.field_table_name(job.dataset_id), columns)
 
 
-def insert_records(conn: Connection, job: IngestJob, shard_id: int, entries: list[Entry]) -> None:
-    n = len(entries)
+def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch) -> None:
+    n = len(batch)
     columns: dict[str, Any] = {
         "dataset_id": job.dataset_id,
         # position keys are placeholders: a position is first_position + ordinal
         "key": (
-            [f"#{shard_id}:{i}" for i in range(n)]
-            if job.key_rule == "position"
-            else [*map(_key, entries)]
+            [f"#{shard_id}:{i}" for i in range(n)] if job.key_rule == "position" else batch.keys
         ),
         "shard_id": shard_id,
         "ordinal": range(n),
-        "offset": [*map(_offset, entries)],
-        "length": [*map(_length, entries)],
+        "offset": batch.offsets,
+        "length": batch.lengths,
     }
     # locations of more than one plain range (schema version 5): only when some have them
-    extents = [*map(_extents, entries)]
-    items = [*map(_item, entries)]
-    several = any(e is not None for e in extents) or any(i is not None for i in items)
-    if several and job.one_range:
+    extents = batch.extents if batch.extents and any(e is not None for e in batch.extents) else None
+    items = batch.items if batch.items and any(i is not None for i in batch.items) else None
+    if (extents or items) and job.one_range:
         raise CatalogError(
             f"format {job.format} declares every record one byte range (ONE_RANGE), "
             "but its scan gave locations with extents or items: refusing to index them"
         )
-    if any(e is not None for e in extents):
+    if extents:
         columns["extents"] = [
             None if e is None else json.dumps([list(p) for p in e]) for e in extents
         ]
-    if any(i is not None for i in items):
+    if items:
         columns["item"] = items
     insert_columns(conn, schema.records.name, columns)
-
-
-_key, _offset, _length, _extents, _item = (
-    operator.attrgetter(a) for a in ("key", "offset", "length", "extents", "item")
-)
 
 
 def commit_shard(
@@ -250,33 +248,32 @@ def commit_shard(
     job: IngestJob,
     shard_id: int,
     stored: str,
-    entries: list[Entry],
+    batch: Batch,
     st: os.stat_result,
     fp: str,
     compression: str | None = None,
     seek_index: tuple[str, bytes] | None = None,
     dropped: int = 0,
 ) -> tuple[int, int]:
-    """Replace the shard's indexed version with ``entries``; returns the records
+    """Replace the shard's indexed version with ``batch``; returns the records
     committed and the records dropped as duplicates (``dropped`` of them within the
     shard already, before this call)."""
     clear_shards(conn, job.dataset_id, [shard_id])  # the version this one replaces
     lost: dict[str, int] = {}
     try:
         with conn.begin_nested():
-            insert_records(conn, job, shard_id, entries)
+            insert_records(conn, job, shard_id, batch)
     except IntegrityError:  # keys already in other shards: settle them, then insert
-        before = len(entries)
-        entries, lost = resolve_across(conn, job, stored, entries)
-        dropped += before - len(entries)
-        insert_records(conn, job, shard_id, entries)
+        before = len(batch)
+        batch, lost = resolve_across(conn, job, stored, batch)
+        dropped += before - len(batch)
+        insert_records(conn, job, shard_id, batch)
     note_dropped(conn, job.dataset_id, {stored: dropped}, lost)
-    members = [(i, *member) for i, e in enumerate(entries) for member in e.members]
+    members = batch.members
     if members:  # tar samples: one row per member
-        ordinal = [m[0] for m in members]
         columns: dict[str, Any] = {
             "shard_id": shard_id,
-            "ordinal": ordinal,
+            "ordinal": [m[0] for m in members],
             "name": [m[1] for m in members],
             "offset": [m[2] for m in members],
             "length": [m[3] for m in members],
@@ -288,7 +285,7 @@ def commit_shard(
             ]
         insert_columns(conn, schema.members.name, columns)
     if job.options.get("fields", True):  # without fields the view reads records alone
-        insert_fields(conn, job, shard_id, entries)
+        insert_fields(conn, job, shard_id, batch)
     s = schema.shards
     conn.execute(
         update(s)
@@ -296,7 +293,7 @@ def commit_shard(
         .values(
             state="ready",
             generation=func.coalesce(s.c.generation, 0) + 1,
-            num_records=len(entries),
+            num_records=len(batch),
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
             ino=st.st_ino,
@@ -319,4 +316,4 @@ def commit_shard(
         )
     bump_version(conn, job.dataset_id)
     recompute_positions(conn, job.dataset_id)
-    return len(entries), dropped + sum(lost.values())
+    return len(batch), dropped + sum(lost.values())

@@ -143,8 +143,8 @@ def index_claimed(
             st.st_ino,
         ) or fingerprint_file(path, after.st_size) != fp:
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
-        entries = dedupe_within(scanned.entries, stored, job.on_duplicate)
-        within = len(scanned.entries) - len(entries)
+        columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
+        within = len(scanned.columns) - len(columns)
         seek = (
             None
             if scanned.seek_kind is None or scanned.seek_index is None
@@ -154,7 +154,7 @@ def index_claimed(
             if not still_mine(conn, shard_id, owner):
                 return ShardOutcome(stored, 0, CLAIM_LOST)
             n, dropped = commit_shard(
-                conn, job, shard_id, stored, entries, st, fp, scanned.compression, seek, within
+                conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
             )
         return ShardOutcome(stored, n, duplicates=dropped)
     except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)

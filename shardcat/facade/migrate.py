@@ -51,7 +51,7 @@ from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
 from shardcat.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
 from shardcat.readers import mxnet_idx
-from shardcat.readers.formats import Entry, Mismatch, ShardScan, get_format
+from shardcat.readers.formats import Columns, Entry, Mismatch, ShardScan, get_format
 
 __all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
 
@@ -155,7 +155,7 @@ def _provider(st: os.stat_result, entries: list[Entry], report: ShardReport) -> 
             report.reason = "the shard changed while it was being migrated"
             return None
         report.action = "imported"
-        return ShardScan(entries)
+        return ShardScan(Columns.of(entries))
 
     return provide
 

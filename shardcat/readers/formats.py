@@ -41,7 +41,7 @@ import importlib
 import math
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, ClassVar
@@ -54,6 +54,7 @@ from shardcat.readers.rawio import Source
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "Columns",
     "Entry",
     "Format",
     "Location",
@@ -116,12 +117,100 @@ class Mismatch(Exception):
     how); the importer then re-indexes the shard from its data."""
 
 
+@dataclass(slots=True)
+class Columns:
+    """A shard's scanned records column by column: what ingest commits.
+
+    Each list has one item per record, in file order. ``keys``: None items
+    for datasets keyed by position. ``fields``: one list per field name, in
+    the order the names were first seen, None where a record has no value.
+    ``members``: one row per member of a PARTS record, ``(ordinal, name,
+    offset, length)`` plus the member's extents when it is stored in pieces.
+    ``extents``/``items``: None when no record has any (the common case).
+    A native scanner fills these lists directly; :meth:`of` builds them from
+    a format's :class:`Entry` objects.
+    """
+
+    keys: list[str | None]
+    offsets: list[int]
+    lengths: list[int]
+    fields: dict[str, list[Scalar | None]] = field(default_factory=dict)
+    members: list[tuple[Any, ...]] = field(default_factory=list)
+    extents: list[Extents | None] | None = None
+    items: list[int | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry]) -> Columns:
+        entries = entries if isinstance(entries, list) else list(entries)
+        n = len(entries)
+        fields: dict[str, list[Scalar | None]] = {}
+        members: list[tuple[Any, ...]] = []
+        extents: list[Extents | None] | None = None
+        items: list[int | None] | None = None
+        for i, e in enumerate(entries):
+            for name, value in e.fields.items():
+                column = fields.get(name)
+                if column is None:
+                    column = fields[name] = [None] * n
+                column[i] = value
+            if e.members:
+                members.extend((i, *m) for m in e.members)
+            if e.extents is not None:
+                if extents is None:
+                    extents = [None] * n
+                extents[i] = e.extents
+            if e.item is not None:
+                if items is None:
+                    items = [None] * n
+                items[i] = e.item
+        return cls(
+            [e.key for e in entries],
+            [e.offset for e in entries],
+            [e.length for e in entries],
+            fields,
+            members,
+            extents,
+            items,
+        )
+
+    def entry(self, i: int) -> Entry:
+        """Record ``i`` as an :class:`Entry` (for messages and legacy code paths)."""
+        return Entry(
+            self.keys[i],
+            self.offsets[i],
+            self.lengths[i],
+            {name: v for name, column in self.fields.items() if (v := column[i]) is not None},
+            [m[1:] for m in self.members if m[0] == i],
+            None if self.extents is None else self.extents[i],
+            None if self.items is None else self.items[i],
+        )
+
+    def entries(self) -> list[Entry]:
+        return [self.entry(i) for i in range(len(self))]
+
+    def select(self, keep: Sequence[int]) -> Columns:
+        """The records at the ordinals ``keep`` (ascending), renumbered from 0."""
+        renumber = {old: new for new, old in enumerate(keep)}
+        return Columns(
+            [self.keys[i] for i in keep],
+            [self.offsets[i] for i in keep],
+            [self.lengths[i] for i in keep],
+            {name: [column[i] for i in keep] for name, column in self.fields.items()},
+            [(renumber[m[0]], *m[1:]) for m in self.members if m[0] in renumber],
+            None if self.extents is None else [self.extents[i] for i in keep],
+            None if self.items is None else [self.items[i] for i in keep],
+        )
+
+
 @dataclass
 class ShardScan:
-    """What ingest stores for one shard: its entries and, for a compressed shard,
-    the seek points of its decompressed stream."""
+    """What ingest stores for one shard: its records as :class:`Columns` and, for a
+    compressed shard, the seek points of its decompressed stream."""
 
-    entries: list[Any]
+    columns: Columns
     compression: str | None = None
     seek_kind: str | None = None
     seek_index: bytes | None = field(default=None, repr=False)
@@ -239,14 +328,14 @@ class Format(ABC):
         records seek points (returned with the entries)."""
         compression = detect_compression(path)
         if compression is None:
-            return ShardScan(list(self.scan(path, options)))
+            return ShardScan(Columns.of(self.scan(path, options)))
         if not self.STREAMS:
             raise CatalogError(f"{path}: {self.TITLE} shards cannot be {compression}-compressed")
         with IndexingStream(path, compression) as stream:
-            entries = list(self.scan_stream(stream, path, options))
+            columns = Columns.of(self.scan_stream(stream, path, options))
             index = stream.seek_index()
         kind, blob = index if index is not None else (None, None)
-        return ShardScan(entries, compression, kind, blob)
+        return ShardScan(columns, compression, kind, blob)
 
     def __repr__(self) -> str:
         return f"<format {self.NAME}>"
