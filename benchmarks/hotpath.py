@@ -53,7 +53,10 @@ DATASET = "train"
 TFRECORD_HEADER = 12  # uint64 length + uint32 CRC of the length
 KEY_FORMAT = "rec_%09d"
 BY_KEY = 'SELECT shard_id, "offset", length FROM shardcat_records WHERE dataset_id=? AND key=?'
+# schema version 6 on: one records table per dataset
+BY_KEY_6 = 'SELECT shard_id, "offset", length FROM "shardcat_records_{}" WHERE key=?'
 BY_POSITION = 'SELECT "offset", length FROM shardcat_records WHERE shard_id=? AND ordinal=?'
+BY_POSITION_6 = 'SELECT "offset", length FROM "shardcat_records_{}" WHERE shard_id=? AND ordinal=?'
 SHARDS = (
     "SELECT id, path, first_position FROM shardcat_shards "
     "WHERE dataset_id=? ORDER BY first_position"
@@ -165,6 +168,13 @@ class RawLookup:
         (self.dataset_id,) = self.conn.execute(
             "SELECT id FROM shardcat_datasets WHERE name = ?", (DATASET,)
         ).fetchone()
+        table = f"shardcat_records_{self.dataset_id}"
+        per_dataset = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = ?", (table,)
+        ).fetchone()
+        self.by_key = BY_KEY_6.format(self.dataset_id) if per_dataset else BY_KEY
+        self.key_args: tuple[int, ...] = () if per_dataset else (self.dataset_id,)
+        self.by_position = BY_POSITION_6.format(self.dataset_id) if per_dataset else BY_POSITION
         rows = self.conn.execute(SHARDS, (self.dataset_id,)).fetchall()
         self.fds = {
             sid: os.open(path if os.path.isabs(path) else catalog.parent / path, os.O_RDONLY)
@@ -174,7 +184,7 @@ class RawLookup:
         self.ids = [sid for sid, _, _ in rows]
 
     def get_feature(self, key: str, name: str) -> Any:
-        shard_id, offset, length = self.conn.execute(BY_KEY, (self.dataset_id, key)).fetchone()
+        shard_id, offset, length = self.conn.execute(self.by_key, (*self.key_args, key)).fetchone()
         raw = os.pread(self.fds[shard_id], length, offset + TFRECORD_HEADER)
         feature = self.parse(raw).features.feature[name]
         return getattr(feature, feature.WhichOneof("kind")).value[0]
@@ -183,7 +193,7 @@ class RawLookup:
         i = bisect.bisect_right(self.starts, position) - 1
         shard_id = self.ids[i]
         offset, length = self.conn.execute(
-            BY_POSITION, (shard_id, position - self.starts[i])
+            self.by_position, (shard_id, position - self.starts[i])
         ).fetchone()
         return self.parse(os.pread(self.fds[shard_id], length, offset + TFRECORD_HEADER))
 

@@ -41,6 +41,8 @@ from shardcat import Catalog
 from shardcat.pb2 import Example
 
 BY_KEY = 'SELECT shard_id, "offset", length FROM shardcat_records WHERE dataset_id=? AND key=?'
+# schema version 6 on: one records table per dataset
+BY_KEY_6 = 'SELECT shard_id, "offset", length FROM "shardcat_records_{}" WHERE key=?'
 COUNT_SQL = f"SELECT count(*) FROM {DATASET} WHERE label < 10"
 TFRECORD_HEADER = 12  # uint64 length + uint32 length CRC
 U64 = struct.Struct("<Q")
@@ -299,6 +301,12 @@ class RawLookup:
         (self.dataset_id,) = self.conn.execute(
             "SELECT id FROM shardcat_datasets WHERE name = ?", (DATASET,)
         ).fetchone()
+        table = f"shardcat_records_{self.dataset_id}"
+        per_dataset = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = ?", (table,)
+        ).fetchone()
+        self.by_key = BY_KEY_6.format(self.dataset_id) if per_dataset else BY_KEY
+        self.key_args: tuple[int, ...] = () if per_dataset else (self.dataset_id,)
         self.fds = {
             sid: os.open(path if os.path.isabs(path) else catalog.parent / path, os.O_RDONLY)
             for sid, path in self.conn.execute(
@@ -307,7 +315,7 @@ class RawLookup:
         }
 
     def get_feature(self, key: str, name: str) -> Any:
-        shard_id, offset, length = self.conn.execute(BY_KEY, (self.dataset_id, key)).fetchone()
+        shard_id, offset, length = self.conn.execute(self.by_key, (*self.key_args, key)).fetchone()
         raw = os.pread(self.fds[shard_id], length, offset + TFRECORD_HEADER)
         feature = Example.FromString(raw).features.feature[name]
         return getattr(feature, feature.WhichOneof("kind")).value[0]

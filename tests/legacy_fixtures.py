@@ -191,10 +191,9 @@ def dump(catalog: Path, dataset: str) -> dict[str, Any]:
             (dataset_id,),
         ).fetchall()
         records = conn.execute(
-            'SELECT s.path, r.key, r.ordinal, r."offset", r.length FROM shardcat_records r '
-            "JOIN shardcat_shards s ON s.id = r.shard_id WHERE r.dataset_id = ? ORDER BY "
-            "s.path, r.ordinal",
-            (dataset_id,),
+            'SELECT s.path, r.key, r.ordinal, r."offset", r.length '
+            f'FROM "shardcat_records_{int(dataset_id)}" r '
+            "JOIN shardcat_shards s ON s.id = r.shard_id ORDER BY s.path, r.ordinal",
         ).fetchall()
         members = conn.execute(
             'SELECT s.path, m.ordinal, m.name, m."offset", m.length FROM shardcat_members m '

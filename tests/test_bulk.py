@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.exc import IntegrityError
 
+from shardcat.catalog import bulk
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.engine import make_engine
 
@@ -49,7 +50,8 @@ def insert(engine: Engine, columns: dict[str, Any]) -> int:
     [
         ([1, -(2**63), 2**63 - 1, 0, 7, 8, 9, 10], True),
         (["x", None, "ü", "", "\\", '"', "9", "10"], True),
-        ([1.5, 2.0, 0.1, -0.0, 1e300, 5e-324, 3.0, 4.0], False),  # floats: executemany
+        ([1.5, 2.0, 0.1, -0.0, 1e300, 5e-324, 3.0, 4.0], True),  # floats: read back, checked
+        ([1.5, float("inf"), 0.1, 2.0, 3.0, 4.0, 5.0, 6.0], False),  # inf: executemany
         ([b"\x00\xff", b"", b"a", b"b", b"c", b"d", b"e", b"f"], False),  # bytes: executemany
         (["a\x00b", "x", "y", "z", "1", "2", "3", "4"], False),  # NUL: executemany
         ([True, 1, 0, 2, 3, 4, 5, 6], False),  # bool is no JSON int here: executemany
@@ -61,6 +63,28 @@ def test_values_read_back_exactly(engine: Engine, values: list[Any], via_json: b
         (k, 7, 10 + n, v) for n, (k, v) in enumerate(zip(KEYS, values, strict=True))
     ]
     assert used_json(engine) == via_json
+
+
+def test_floats_sqlite_parsed_differently_are_set_again(engine: Engine) -> None:
+    """The float column is read back before the insert and every value SQLite's JSON
+    parse got wrong is bound again: here the parse is made wrong on purpose."""
+    values = [0.967, 0.1, 1e-7, 3.0]
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMP TABLE probe(v)")
+        conn.exec_driver_sql(
+            "INSERT INTO temp.probe(v) VALUES (0.967), (0.1000000000000001), (1e-7), (3.5)"
+        )
+        STATEMENTS.clear()
+        bulk._exact_floats(conn, "probe", values)
+        got = [v for (v,) in conn.exec_driver_sql("SELECT v FROM temp.probe ORDER BY rowid")]
+    assert got == values
+    assert sum(s.startswith("UPDATE") for s in STATEMENTS) == 1  # one executemany, 2 rows
+    with engine.begin() as conn:  # nothing to correct: no UPDATE at all
+        conn.exec_driver_sql("CREATE TEMP TABLE probe2(v)")
+        conn.exec_driver_sql("INSERT INTO temp.probe2(v) VALUES (1.5), (2.0)")
+        STATEMENTS.clear()
+        bulk._exact_floats(conn, "probe2", [1.5, 2.0])
+    assert not any(s.startswith("UPDATE") for s in STATEMENTS)
 
 
 @pytest.mark.parametrize("key", ["a\x00b", "\\u0000 is six characters"])

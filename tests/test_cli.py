@@ -140,12 +140,12 @@ def test_query_table_json_csv_params(ingested: Path, tmp_path: Path):
 
 
 def test_query_refuses_writes(ingested: Path):
-    result = run("query", "DELETE FROM shardcat_records", "-c", ingested, ok=False)
+    result = run("query", "DELETE FROM shardcat_records_1", "-c", ingested, ok=False)
     assert result.exit_code == 1
     assert "error: " in result.output and "read-only" in result.output
     assert "Traceback" not in result.output
     with sqlite3.connect(ingested) as conn:
-        assert conn.execute("SELECT count(*) FROM shardcat_records").fetchone()[0] == 300
+        assert conn.execute("SELECT count(*) FROM shardcat_records_1").fetchone()[0] == 300
 
 
 def test_get_writes_exact_bytes(ingested: Path, tmp_path: Path):

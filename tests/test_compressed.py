@@ -236,7 +236,7 @@ def test_gzip_tfrecord_ingests_and_reads(tmp_path: Path):
         with Catalog(tmp_path / "plain.sqlite") as other, other.ingest(plain_path, "p") as p:
             conn_a = reader.catalog.reader_connection()
             conn_b = other.reader_connection()
-            query = 'SELECT key, "offset", length FROM shardcat_records ORDER BY key'
+            query = 'SELECT key, "offset", length FROM shardcat_records_1 ORDER BY key'
             assert conn_a.execute(query).fetchall() == conn_b.execute(query).fetchall()
             assert len(p) == 300
 

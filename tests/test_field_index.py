@@ -72,7 +72,7 @@ def _indexes(db: Path) -> list[tuple[str, str]]:
     try:
         rows = conn.execute(
             "SELECT name, tbl_name FROM sqlite_master WHERE type = 'index' "
-            "AND tbl_name LIKE 'shardcat_fields_%' ORDER BY name"
+            "AND name GLOB 'shardcat_records_*_v*' ORDER BY name"
         )
         return [(r[0], r[1]) for r in rows]
     finally:
@@ -96,7 +96,8 @@ def test_create_index_is_idempotent_and_described(db: Path) -> None:
     names = _indexes(db)
     assert len(names) == 2
     assert all(
-        name.startswith("shardcat_fields_") and table == names[0][1] for name, table in names
+        name.startswith("shardcat_records_1_v") and table == "shardcat_records_1"
+        for name, table in names
     )
 
 
@@ -105,11 +106,11 @@ def test_the_view_query_plan_uses_the_index(db: Path) -> None:
     with Catalog(db) as cat:
         cat.create_index("train", "label")
     plan = _plan(db, COUNT)
-    assert "SEARCH f USING COVERING INDEX shardcat_fields_" in plan
+    assert "SEARCH r USING COVERING INDEX shardcat_records_1_v" in plan
     assert "(v" in plan and "<?)" in plan  # a range of the index, not a scan of it
-    assert "SCAN f" not in plan
+    assert "SCAN r" not in plan and "SEARCH s" not in plan  # nor a shard lookup per row
     plan = _plan(db, "SELECT key FROM train WHERE label = 7")
-    assert "SEARCH f USING COVERING INDEX shardcat_fields_" in plan
+    assert "SEARCH r USING INDEX shardcat_records_1_v" in plan  # then the row for its key
 
 
 def test_results_equal_the_unindexed_ones(db: Path) -> None:
@@ -228,9 +229,10 @@ def test_read_only_catalogs_refuse(db: Path) -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        "CREATE INDEX shardcat_mine ON shardcat_fields_1 (v1)",
-        'CREATE INDEX "x" ON shardcat_records (length)',
-        "DROP INDEX shardcat_fields_1_v1",
+        "CREATE INDEX shardcat_mine ON shardcat_records_1 (v1)",
+        'CREATE INDEX "x" ON shardcat_records_1 (length)',
+        "DROP INDEX shardcat_records_1_v1",
+        "DROP INDEX shardcat_records_1_key",
         "REINDEX",
     ],
 )
@@ -256,7 +258,7 @@ def test_cli_round_trip(db: Path) -> None:
     listed = json.loads(run("datasets", "--json"))
     assert [d["indexed"] for d in listed] == [["label"]]
     assert "label" in run("datasets").split("indexed")[-1]
-    assert "SEARCH f USING COVERING INDEX" in _plan(db, COUNT)
+    assert "SEARCH r USING COVERING INDEX" in _plan(db, COUNT)
     assert "index dropped" in run("index", "train", "label", "--drop")
     assert "no index" in run("index", "train", "label", "--drop")
     assert json.loads(run("datasets", "--json"))[0]["indexed"] == []

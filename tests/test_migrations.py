@@ -106,9 +106,100 @@ def _new_name(old: str) -> str:
     return "shardcat_meta" if old == "catalog_meta" else f"shardcat_{old}"
 
 
+# The DDL text of version 5 (as SQLAlchemy wrote it): one records table for every dataset.
+V5_RECORDS = (
+    'CREATE TABLE shardcat_records (\n\tdataset_id INTEGER NOT NULL, \n\t"key" TEXT NOT NULL, '
+    '\n\tshard_id INTEGER NOT NULL, \n\tordinal BIGINT NOT NULL, \n\t"offset" BIGINT NOT NULL, '
+    "\n\tlength BIGINT NOT NULL, \n\textents TEXT, \n\titem BIGINT, \n\tPRIMARY KEY (dataset_id, "
+    '"key"), \n\tFOREIGN KEY(dataset_id) REFERENCES shardcat_datasets (id) ON DELETE CASCADE, '
+    "\n\tFOREIGN KEY(shard_id) REFERENCES shardcat_shards (id) ON DELETE CASCADE\n)\n WITHOUT ROWID"
+    "\n\n"
+)
+V5_FIELDS = (
+    "CREATE TABLE shardcat_fields_{} (\n\tshard_id INTEGER NOT NULL, \n\tordinal BIGINT NOT "
+    "NULL, \n\tPRIMARY KEY (shard_id, ordinal)\n)\n WITHOUT ROWID\n\n"
+)
+V5_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
+
+
+def downgrade_to_v5(db: Path) -> None:
+    """What a version-5 catalog of the same data is: one ``shardcat_records`` table
+    keyed by (dataset, key) with a unique (shard, ordinal) index, field values in
+    ``shardcat_fields_<id>``, the views over them, version 5."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        for (view,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'"):
+            conn.execute(f'DROP VIEW "{view}"')
+        conn.execute(V5_RECORDS)
+        datasets = conn.execute("SELECT id, name, key_rule, options FROM shardcat_datasets")
+        for dataset_id, name, key_rule, options in datasets.fetchall():
+            table = f"shardcat_records_{dataset_id}"
+            conn.execute(
+                'INSERT INTO shardcat_records SELECT ?, key, shard_id, ordinal, "offset", '
+                f"length, extents, item FROM {table}",
+                (dataset_id,),
+            )
+            fields = conn.execute(
+                "SELECT column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id = ? "
+                "ORDER BY idx",
+                (dataset_id,),
+            ).fetchall()
+            ftable = f"shardcat_fields_{dataset_id}"
+            conn.execute(V5_FIELDS.format(dataset_id))
+            for _, sql_type, idx in fields:
+                conn.execute(f"ALTER TABLE {ftable} ADD COLUMN v{idx} {V5_TYPES[sql_type]}")
+            with_fields = '"fields": false' not in options
+            if with_fields:
+                vs = "".join(f", v{idx}" for _, _, idx in fields)
+                conn.execute(
+                    f"INSERT INTO {ftable} (shard_id, ordinal{vs}) "
+                    f"SELECT shard_id, ordinal{vs} FROM {table}"
+                )
+                cols = "".join(f', f.v{idx} AS "{col}"' for col, _, idx in fields)
+                key = (
+                    "CAST(s.first_position + f.ordinal AS TEXT)"
+                    if key_rule == "position"
+                    else "(SELECT r.key FROM shardcat_records r WHERE r.shard_id = f.shard_id "
+                    "AND r.ordinal = f.ordinal)"
+                )
+                conn.execute(
+                    f'CREATE VIEW "{name}" AS SELECT {key} AS key, s.first_position + f.ordinal '
+                    f'AS position, s.path AS shard{cols} FROM "{ftable}" f JOIN shardcat_shards '
+                    "s ON s.id = f.shard_id"
+                )
+            else:
+                key = (
+                    "CAST(s.first_position + r.ordinal AS TEXT)"
+                    if key_rule == "position"
+                    else "r.key"
+                )
+                conn.execute(
+                    f'CREATE VIEW "{name}" AS SELECT {key} AS key, s.first_position + r.ordinal '
+                    "AS position, s.path AS shard FROM shardcat_records r JOIN shardcat_shards s "
+                    f"ON s.id = r.shard_id WHERE r.dataset_id = {dataset_id}"
+                )
+            for (index,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? "
+                "AND sql IS NOT NULL AND name LIKE '%\\_v%' ESCAPE '\\'",
+                (table,),
+            ).fetchall():
+                idx = index.rsplit("_v", 1)[1]
+                conn.execute(f"CREATE INDEX {ftable}_v{idx} ON {ftable} (v{idx})")
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute(
+            "CREATE UNIQUE INDEX shardcat_records_by_shard ON shardcat_records (shard_id, ordinal)"
+        )
+        conn.execute("UPDATE shardcat_meta SET value = '5' WHERE name = 'schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 def downgrade_to_v4(db: Path) -> None:
     """What a version-4 catalog of the same data is: records without the location
     columns of version 5 (``extents``, ``item``), version 4."""
+    downgrade_to_v5(db)
     with sqlite3.connect(db) as conn:
         for column in ("extents", "item"):
             conn.execute(f"ALTER TABLE shardcat_records DROP COLUMN {column}")
@@ -232,7 +323,7 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 5  # 5: records' extents and item (issue 11)
+    assert migrations.SCHEMA_VERSION == 6  # 6: one records table per dataset (issue 12)
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"
@@ -292,7 +383,44 @@ def test_upgrade_from_version_4_adds_the_record_locations(tmp_path: Path):
     assert lookups(db) == lookups(fresh)
     with sqlite3.connect(db) as conn:
         assert conn.execute(
-            "SELECT count(*) FROM shardcat_records WHERE extents IS NOT NULL OR item IS NOT NULL"
+            "SELECT count(*) FROM shardcat_records_1 WHERE extents IS NOT NULL OR item IS NOT NULL"
         ).fetchone() == (0,)
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
-        assert version.fetchone() == ("5",)
+        assert version.fetchone() == ("6",)
+
+
+def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: Path):
+    """5 -> 6: the shared ``shardcat_records`` and the ``shardcat_fields_<id>`` tables
+    become one ``shardcat_records_<id>`` per dataset (fields in the same rows, one
+    unique key index); a field index moves with its column; readers and SQL find
+    the same records."""
+    fresh = build(tmp_path / "fresh")
+    with Catalog(fresh) as cat:
+        cat.create_index("tf", "label")
+    db = build(tmp_path / "v5")
+    with Catalog(db) as cat:
+        cat.create_index("tf", "label")
+    downgrade_to_v5(db)
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert {"shardcat_records", "shardcat_fields_1", "shardcat_fields_2"} <= tables
+        assert not {"shardcat_records_1", "shardcat_records_2"} & tables
+        assert conn.execute("SELECT count(*) FROM shardcat_records").fetchone() == (30 + 10,)
+        assert conn.execute(
+            "SELECT name FROM sqlite_master WHERE name LIKE 'shardcat_fields_1_v%'"
+        ).fetchall() == [("shardcat_fields_1_v2",)]  # label is its second field column
+    with Catalog(db):
+        pass
+    assert schema_shape(db) == schema_shape(fresh)
+    assert lookups(db) == lookups(fresh)
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "shardcat_records" not in tables and "shardcat_fields_1" not in tables
+        assert conn.execute("SELECT count(*) FROM shardcat_records_1").fetchone() == (30,)
+        plan = " ".join(
+            str(r[3])
+            for r in conn.execute("EXPLAIN QUERY PLAN SELECT count(*) FROM tf WHERE label = 1")
+        )
+        assert "USING COVERING INDEX shardcat_records_1_v" in plan
+        version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
+        assert version.fetchone() == ("6",)

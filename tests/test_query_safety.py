@@ -185,7 +185,7 @@ def test_functions_inside_views_are_checked(built: Path, tmp_path: Path) -> None
         "SELECT name FROM pragma_function_list",
         "SELECT * FROM pragma_compile_options",
         "SELECT * FROM pragma_database_list",
-        "SELECT count(*) FROM shardcat_records WHERE EXISTS (SELECT 1 FROM "
+        "SELECT count(*) FROM shardcat_records_1 WHERE EXISTS (SELECT 1 FROM "
         "pragma_index_list('records'))",
     ],
 )

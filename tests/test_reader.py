@@ -831,11 +831,12 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "d").close()
         conn = cat.reader_connection()
+        every, one_range = (reader_module.statements(1, r, p) for r, p in ((0, 0), (1, 1)))
         for sql, params in [
-            (reader_module.RECORDS.many_by_key, ("[]", 1)),
-            (reader_module.RECORDS.many_at, ("[]",)),
-            (reader_module.ONE_RANGE_RECORDS.many_by_key, ("[]", 1)),
-            (reader_module.ONE_RANGE_RECORDS.many_at, ("[]",)),
+            (every.many_by_key, ("[]",)),
+            (every.many_at, ("[]",)),
+            (one_range.many_by_key, ("[]",)),
+            (one_range.many_at, ("[]",)),
             (reader_module._MEMBERS_AT, ("[]",)),
         ]:
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]

@@ -326,7 +326,7 @@ def test_cli_immutable_option_and_checkpoint_command(tmp_path: Path) -> None:
             assert result.exit_code == 0, result.output
             assert json.loads(result.output)[0]["created_at"] == 86400
         holder.execute("BEGIN")
-        holder.execute("SELECT count(*) FROM shardcat_records").fetchone()
+        holder.execute("SELECT count(*) FROM shardcat_records_1").fetchone()
         with Catalog(db) as cat:
             cat.drop("train")
         result = runner.invoke(app, ["checkpoint", "-c", str(db)])

@@ -5,8 +5,12 @@ here, more than SQLite then spends inserting it. :func:`insert_columns`
 hands SQLite each column as one JSON array instead: the first list column is
 read with ``json_each`` and the others from temporary tables filled the same
 way, joined by position (rowid lookups), so a million ``records`` rows
-commit in about 0.6x the time. Values JSON cannot carry exactly (floats, bytes,
-strings with NUL, which SQLite's JSON truncates) take ``executemany``.
+commit in about 0.6x the time. Floats take the same path through a temporary
+table that is read back and corrected before the insert (SQLite's own
+text-to-double conversion is not guaranteed to round correctly everywhere;
+correcting the rare difference keeps every stored float exactly the scan's).
+Values JSON cannot carry (bytes, infinities and NaN, strings with NUL, which
+SQLite's JSON truncates) take ``executemany``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from sqlalchemy import table as sql_table
 __all__ = ["insert_columns"]
 
 _INT64 = (-(2**63), 2**63 - 1)
-_JSON_EXACT = frozenset({str, int, type(None)})
+_JSON_FLOAT = frozenset({str, int, float, type(None)})
 
 
 def _insert_rows(
@@ -42,18 +46,33 @@ def _insert_rows(
     conn.exec_driver_sql(compiled.string, rows)
 
 
-def _as_json(values: Sequence[Any]) -> str | None:
-    """``values`` as a JSON array SQLite reads back exactly, else None."""
+def _as_json(values: Sequence[Any]) -> tuple[str, bool] | None:
+    """``values`` as a JSON array SQLite reads back (and whether it holds floats,
+    which must be checked after SQLite parsed them), else None."""
     kinds = set(map(type, values))
-    if not kinds <= _JSON_EXACT:
+    if not kinds <= _JSON_FLOAT:
         return None
     if int in kinds:
         ints = values if len(kinds) == 1 else [v for v in values if type(v) is int]
         if min(ints) < _INT64[0] or max(ints) > _INT64[1]:
             return None
-    text = json.dumps(values, ensure_ascii=False)
+    floats = float in kinds
+    try:
+        text = json.dumps(values, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # inf or NaN
+        return None
     # NUL (JSON-escaped; a literal backslash-u0000 matches too and just takes executemany)
-    return None if "\\u0000" in text else text
+    return None if "\\u0000" in text else (text, floats)
+
+
+def _exact_floats(conn: Connection, temp: str, values: Sequence[Any]) -> None:
+    """Make the temporary column ``temp`` hold exactly ``values`` (read back in rowid
+    order; the rows SQLite parsed differently are set again as bound parameters)."""
+    got = [v for (v,) in conn.exec_driver_sql(f"SELECT v FROM temp.{temp} ORDER BY rowid")]
+    if got == list(values):
+        return
+    fixes = [(v, i + 1) for i, (v, g) in enumerate(zip(values, got, strict=True)) if v != g]
+    conn.exec_driver_sql(f"UPDATE temp.{temp} SET v = ? WHERE rowid = ?", fixes)
 
 
 def insert_columns(conn: Connection, table: str, columns: Mapping[str, Any]) -> int:
@@ -82,7 +101,8 @@ def insert_columns(conn: Connection, table: str, columns: Mapping[str, Any]) -> 
         _insert_rows(conn, table, names, list(zip(*values, strict=False)))
         return n
     quote = conn.dialect.identifier_preparer.quote
-    driver = next(iter(texts), None)
+    # the column json_each reads directly: one without floats (those need checking)
+    driver = next((c for c, t in texts.items() if t is not None and not t[1]), None)
     params: list[Any] = []
     temps: list[str] = []
     exprs: list[str] = []
@@ -97,13 +117,16 @@ def insert_columns(conn: Connection, table: str, columns: Mapping[str, Any]) -> 
             elif c == driver:
                 exprs.append("d.value")
             else:
+                text, floats = texts[c]  # type: ignore[misc]
                 temps.append(temp := f"_bulk_{len(temps)}")
                 conn.exec_driver_sql(f"CREATE TEMP TABLE {temp}(v)")
                 conn.exec_driver_sql(
-                    f"INSERT INTO temp.{temp}(v) SELECT value FROM json_each(?)", (texts[c],)
+                    f"INSERT INTO temp.{temp}(v) SELECT value FROM json_each(?)", (text,)
                 )
+                if floats:
+                    _exact_floats(conn, temp, value)
                 exprs.append(f"{temp}.v")
-        source = texts[driver] if driver else json.dumps([None] * n)
+        source = texts[driver][0] if driver else json.dumps([None] * n)  # type: ignore[index]
         joins = "".join(f" JOIN temp.{t} ON {t}.rowid = d.key + 1" for t in temps)
         conn.exec_driver_sql(
             f"INSERT INTO {quote(table)} ({', '.join(map(quote, names))}) "

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from shardcat.catalog import fields as field_store
@@ -39,6 +39,8 @@ __all__ = [
     "catalog_error",
     "commit_shard",
     "dedupe_within",
+    "defer_key_index",
+    "finish_key_index",
 ]
 
 DUPLICATE_POLICIES = ("error", "first", "last")
@@ -122,8 +124,8 @@ def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: l
     never sees a collision.
     """
     removed = sorted(removed)
-    ftable = conn.dialect.identifier_preparer.quote_identifier(schema.field_table_name(dataset_id))
-    for table in (schema.records.name, schema.members.name, ftable):
+    quote = conn.dialect.identifier_preparer.quote_identifier
+    for table in (quote(schema.records_table_name(dataset_id)), schema.members.name):
         conn.exec_driver_sql(
             f"DELETE FROM {table} "
             "WHERE shard_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
@@ -145,17 +147,28 @@ def conflicts(
     conn: Connection, dataset_id: int, keys: list[str]
 ) -> dict[str, tuple[int, str, int, int]]:
     """key -> (shard_id, shard path, ordinal, offset) of keys already in the dataset."""
-    r, s = schema.records, schema.shards
+    table = conn.dialect.identifier_preparer.quote_identifier(schema.records_table_name(dataset_id))
     found = {}
     for i in range(0, len(keys), 500):
-        rows = conn.execute(
-            select(r.c.key, r.c.shard_id, s.c.path, r.c.ordinal, r.c.offset)
-            .join(s, s.c.id == r.c.shard_id)
-            .where(r.c.dataset_id == dataset_id, r.c.key.in_(keys[i : i + 500]))
+        chunk = keys[i : i + 500]
+        rows = conn.exec_driver_sql(
+            f'SELECT r.key, r.shard_id, s.path, r.ordinal, r."offset" FROM {table} r '
+            "JOIN shardcat_shards s ON s.id = r.shard_id "
+            f"WHERE r.key IN ({', '.join('?' * len(chunk))})",
+            tuple(chunk),
         )
         for row in rows:
-            found[row.key] = (row.shard_id, row.path, row.ordinal, row.offset)
+            found[row[0]] = (row[1], row[2], row[3], row[4])
     return found
+
+
+def _across(key: str, other: str, other_offset: int, stored: str, mine: int, more: int) -> str:
+    """The message for a key held by two shards."""
+    also = f" ({more} more keys are duplicated too)" if more else ""
+    return (
+        f"duplicate key {key!r}: in {other} at byte {other_offset} and in {stored} at "
+        f"byte {mine}{also} (use on_duplicate='first' or 'last' to keep one)"
+    )
 
 
 def resolve_across(
@@ -169,11 +182,7 @@ def resolve_across(
     if job.on_duplicate == "error":
         key, (_, other, _, other_offset) = next(iter(clash.items()))
         mine = batch.offsets[batch.keys.index(key)]
-        more = f" ({len(clash) - 1} more keys are duplicated too)" if len(clash) > 1 else ""
-        raise DuplicateKeyError(
-            f"duplicate key {key!r}: in {other} at byte {other_offset} and in {stored} at "
-            f"byte {mine}{more} (use on_duplicate='first' or 'last' to keep one)"
-        )
+        raise DuplicateKeyError(_across(key, other, other_offset, stored, mine, len(clash) - 1))
     # "first"/"last" mean first/last in position order, i.e. by shard path.
     new_wins = {
         key: (stored < other) == (job.on_duplicate == "first")
@@ -196,33 +205,16 @@ def resolve_across(
     return batch.select(keep), dict(lost)
 
 
-def insert_fields(conn: Connection, job: IngestJob, shard_id: int, batch: Batch) -> None:
-    """One row per record in the dataset's field table, adding columns for new fields
-    (and for the fields the format declares every dataset has, NULL where absent)."""
-    types = dict(job.field_types)
-    for name, values in batch.fields.items():
-        if name not in types:
-            first = next((v for v in values if v is not None), None)
-            if first is not None:
-                types[name] = field_store.sql_type_of(first)
-    cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
-    n = len(batch)
-    columns: dict[str, Any] = {"shard_id": shard_id, "ordinal": range(n)}
-    for name in cols:
-        columns[f"v{cols[name][2]}"] = batch.fields.get(name) or [None] * n
-    insert_columns(conn, schema.field_table_name(job.dataset_id), columns)
-
-
 def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch) -> None:
+    """The shard's rows in the dataset's records table, fields included, adding
+    columns for new fields (and for the fields the format declares every dataset
+    has, NULL where absent)."""
     n = len(batch)
     columns: dict[str, Any] = {
-        "dataset_id": job.dataset_id,
-        # position keys are placeholders: a position is first_position + ordinal
-        "key": (
-            [f"#{shard_id}:{i}" for i in range(n)] if job.key_rule == "position" else batch.keys
-        ),
         "shard_id": shard_id,
         "ordinal": range(n),
+        # position keys are placeholders: a position is first_position + ordinal
+        "key": [f"#{shard_id}:{i}" for i in range(n)] if job.key_rule == "position" else batch.keys,
         "offset": batch.offsets,
         "length": batch.lengths,
     }
@@ -240,7 +232,19 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
         ]
     if items:
         columns["item"] = items
-    insert_columns(conn, schema.records.name, columns)
+    if job.options.get("fields", True):  # without fields the records have no field columns
+        types = dict(job.field_types)
+        for name, values in batch.fields.items():
+            if name not in types:
+                first = next((v for v in values if v is not None), None)
+                if first is not None:
+                    types[name] = field_store.sql_type_of(first)
+        cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
+        for name in cols:
+            column = batch.fields.get(name)
+            if column is not None and any(v is not None for v in column):
+                columns[f"v{cols[name][2]}"] = column
+    insert_columns(conn, schema.records_table_name(job.dataset_id), columns)
 
 
 def commit_shard(
@@ -284,8 +288,6 @@ def commit_shard(
                 for m in members
             ]
         insert_columns(conn, schema.members.name, columns)
-    if job.options.get("fields", True):  # without fields the view reads records alone
-        insert_fields(conn, job, shard_id, batch)
     s = schema.shards
     conn.execute(
         update(s)
@@ -317,3 +319,102 @@ def commit_shard(
     bump_version(conn, job.dataset_id)
     recompute_positions(conn, job.dataset_id)
     return len(batch), dropped + sum(lost.values())
+
+
+# -- the key index of a first ingest ------------------------------------------------
+
+
+def defer_key_index(engine: Engine, dataset_id: int) -> bool:
+    """At the start of an ingest: drop the key index of a dataset that has no records
+    yet, so that its shards commit without a random insert per key; the index is
+    built once the rows are in (:func:`finish_key_index`, a sort). Returns whether
+    the index is (now) deferred."""
+    table = schema.records_table_name(dataset_id)
+    with engine.begin() as conn:
+        if not field_store.has_key_index(conn, dataset_id):
+            return True
+        quoted = conn.dialect.identifier_preparer.quote_identifier(table)
+        if conn.exec_driver_sql(f"SELECT 1 FROM {quoted} LIMIT 1").first() is not None:
+            return False
+        field_store.drop_key_index(conn, dataset_id)
+        return True
+
+
+def finish_key_index(engine: Engine, job: IngestJob) -> tuple[dict[str, str], dict[str, int]]:
+    """Build the dataset's key index if it is missing (after a first ingest, or one
+    that was interrupted), settling the keys that several shards hold by the
+    duplicate policy as a commit would have in position order: ``error`` fails
+    every shard holding a key of a shard before it (its records go), ``first`` /
+    ``last`` drop the other records. Returns ``{stored path: error}`` of the shards
+    that failed that way and ``{stored path: records dropped}`` of the shards that
+    lost records."""
+    with engine.begin() as conn:
+        if field_store.has_key_index(conn, job.dataset_id):
+            return {}, {}
+        try:
+            with conn.begin_nested():
+                field_store.create_key_index(conn, job.dataset_id)
+            return {}, {}
+        except IntegrityError:
+            pass  # keys held by more than one shard
+        failed = _settle_duplicates(conn, job)
+        field_store.create_key_index(conn, job.dataset_id)
+        return failed
+
+
+def _settle_duplicates(conn: Connection, job: IngestJob) -> tuple[dict[str, str], dict[str, int]]:
+    table = conn.dialect.identifier_preparer.quote_identifier(
+        schema.records_table_name(job.dataset_id)
+    )
+    rows = conn.exec_driver_sql(
+        f'SELECT r.key, s.path, r.shard_id, r.ordinal, r."offset" FROM {table} r '
+        "JOIN shardcat_shards s ON s.id = r.shard_id WHERE r.key IN "
+        f"(SELECT key FROM {table} GROUP BY key HAVING count(*) > 1) ORDER BY s.path"
+    ).all()
+    by_shard: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_shard[row[1]].append(row)
+    failed: dict[int, tuple[str, str]] = {}  # shard id -> (path, why)
+    losers: dict[int, list[int]] = defaultdict(list)
+    lost: dict[str, int] = defaultdict(int)
+    if job.on_duplicate == "error":  # shards in position order, as commits would have been
+        held: dict[str, Any] = {}
+        for path, mine in by_shard.items():
+            clash = [r for r in mine if r[0] in held]
+            if not clash:
+                held.update((r[0], r) for r in mine)
+                continue
+            key, _, shard_id, _, offset = clash[0]
+            other = held[key]
+            failed[shard_id] = (
+                path,
+                _across(key, other[1], other[4], path, offset, len(clash) - 1),
+            )
+    else:
+        groups: dict[str, list[Any]] = defaultdict(list)
+        for row in rows:
+            groups[row[0]].append(row)
+        for group in groups.values():  # in path order
+            keep = group[0] if job.on_duplicate == "first" else group[-1]
+            for row in group:
+                if row is not keep:
+                    losers[row[2]].append(row[3])
+                    lost[row[1]] += 1
+    s = schema.shards
+    for shard_id, (_, why) in failed.items():  # no indexed version: as if never committed
+        clear_shards(conn, job.dataset_id, [shard_id])
+        conn.execute(
+            update(s)
+            .where(s.c.id == shard_id)
+            .values(state="failed", generation=None, num_records=0, error=why)
+        )
+    for shard_id, ordinals in losers.items():
+        remove_ordinals(conn, job.dataset_id, shard_id, ordinals)
+        conn.execute(
+            update(s).where(s.c.id == shard_id).values(num_records=s.c.num_records - len(ordinals))
+        )
+    if lost:
+        note_dropped(conn, job.dataset_id, {}, lost)
+    bump_version(conn, job.dataset_id)
+    recompute_positions(conn, job.dataset_id)
+    return dict(failed.values()), dict(lost)

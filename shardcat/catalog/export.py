@@ -10,13 +10,14 @@ from typing import Any
 __all__ = ["members_of", "records_of", "shards_of"]
 
 _SHARDS = (
-    "SELECT s.id, s.path, s.state, s.size, s.mtime_ns, s.compression, s.first_position "
+    "SELECT s.id, s.path, s.state, s.size, s.mtime_ns, s.compression, s.first_position, "
+    "s.dataset_id "
     "FROM shardcat_shards s JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = "
     "? ORDER BY s.path"
 )
 _RECORDS = (
-    'SELECT key, ordinal, "offset", length FROM shardcat_records WHERE shard_id = ? ORDER BY '
-    "ordinal"
+    'SELECT key, ordinal, "offset", length FROM "shardcat_records_{}" WHERE shard_id = ? '
+    "ORDER BY ordinal"
 )
 _MEMBERS = (
     'SELECT ordinal, name, "offset", length, extents FROM shardcat_members WHERE shard_id = ? '
@@ -25,14 +26,14 @@ _MEMBERS = (
 
 
 def shards_of(conn: sqlite3.Connection, dataset: str) -> list[Any]:
-    """``(id, stored path, state, size, mtime_ns, compression, first_position)`` of
-    every shard of ``dataset``, in path order."""
+    """``(id, stored path, state, size, mtime_ns, compression, first_position,
+    dataset_id)`` of every shard of ``dataset``, in path order."""
     return conn.execute(_SHARDS, (dataset,)).fetchall()
 
 
-def records_of(conn: sqlite3.Connection, shard_id: int) -> list[Any]:
+def records_of(conn: sqlite3.Connection, dataset_id: int, shard_id: int) -> list[Any]:
     """``(key, ordinal, offset, length)`` of every record of a shard, in file order."""
-    return conn.execute(_RECORDS, (shard_id,)).fetchall()
+    return conn.execute(_RECORDS.format(int(dataset_id)), (shard_id,)).fetchall()
 
 
 def members_of(conn: sqlite3.Connection, shard_id: int) -> list[Any]:

@@ -1,26 +1,33 @@
-"""Per-dataset scalar fields and the SQL view named after each dataset.
+"""Per-dataset records tables, their scalar field columns, the key index, and the
+SQL view named after each dataset.
 
-Field values live in ``shardcat_fields_<dataset id>``: ``shard_id, ordinal`` (the
-record) and one column ``v<idx>`` per field, so feature names never have to
-be valid column names. The view renames them to the feature names::
+A dataset's records live in ``shardcat_records_<dataset id>`` (schema version
+6): ``shard_id, ordinal`` (the record; the primary key), ``key``, ``offset``,
+``length``, ``extents``, ``item``, and one column ``v<idx>`` per scalar field,
+so feature names never have to be valid column names. The view renames them
+to the feature names::
 
     CREATE VIEW train AS
-    SELECT (SELECT r.key FROM shardcat_records r
-            WHERE r.shard_id = f.shard_id AND r.ordinal = f.ordinal) AS key,
-           s.first_position + f.ordinal AS position, s.path AS shard,
-           f.v1 AS label, f.v2 AS score
-    FROM shardcat_fields_1 f JOIN shardcat_shards s ON s.id = f.shard_id
+    SELECT r.key AS key,
+           (SELECT s.first_position FROM shardcat_shards s WHERE s.id = r.shard_id)
+             + r.ordinal AS position,
+           (SELECT s.path FROM shardcat_shards s WHERE s.id = r.shard_id) AS shard,
+           r.v1 AS label, r.v2 AS score
+    FROM shardcat_records_1 r
 
-The key is a scalar subquery on a unique index, so SQLite skips ``records``
-entirely for queries that do not use ``key`` (``count(*) WHERE label < 10``,
-``GROUP BY label``). A LEFT JOIN would not be skipped in aggregates: with 1M
-records that made ``count(*) WHERE label < 10`` ~3x and ``GROUP BY`` ~3x slower.
+Position and shard are scalar subqueries on the shards' primary key, so SQLite
+drops them from every query that does not use them (``count(*) WHERE label <
+10``, ``GROUP BY label`` read the records table or a field index alone); a join
+would be kept (it could change the row count).
 
-Indexes a user asks for (:func:`create_field_index`) are one per field column,
-``shardcat_fields_<dataset id>_v<idx>`` on ``v<idx>``; SQLite's own
+The key index (``shardcat_records_<dataset id>_key``, unique) is made with the
+table; a dataset's first ingest drops it and builds it after the rows are in
+(:func:`drop_key_index`, :func:`create_key_index`). Indexes a user asks for
+(:func:`create_field_index`) are one per field column,
+``shardcat_records_<dataset id>_v<idx>`` on ``v<idx>``; SQLite's own
 ``sqlite_master`` is the record of which fields have one (no table of ours), a
 re-ingest's deletes and inserts keep them current, and dropping the dataset's
-field table drops them. A WITHOUT ROWID table's index holds its primary key
+records table drops them. A WITHOUT ROWID table's index holds its primary key
 too, so ``count(*) WHERE label < 10`` through the view reads the index alone.
 """
 
@@ -28,33 +35,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    Integer,
-    MetaData,
-    PrimaryKeyConstraint,
-    Table,
-    select,
-)
+from sqlalchemy import Connection, select
 
 from shardcat.catalog import schema
 from shardcat.errors import CatalogError
 
 __all__ = [
     "create_field_index",
-    "create_field_table",
+    "create_key_index",
+    "create_records_table",
     "drop_dataset_objects",
     "drop_field_index",
+    "drop_key_index",
+    "duplicate_keys",
     "ensure_field_columns",
     "field_index_name",
+    "has_key_index",
     "indexed_columns",
     "sql_type_of",
 ]
 
-_SQL_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
+SQL_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
 
 def sql_type_of(value: object) -> str:
@@ -69,15 +72,49 @@ def _quote(conn: Connection, name: str) -> str:
     return conn.dialect.identifier_preparer.quote_identifier(name)
 
 
-def create_field_table(conn: Connection, dataset_id: int) -> None:
-    Table(
-        schema.field_table_name(dataset_id),
-        MetaData(),
-        Column("shard_id", Integer, nullable=False),
-        Column("ordinal", BigInteger, nullable=False),
-        PrimaryKeyConstraint("shard_id", "ordinal"),
-        sqlite_with_rowid=False,
-    ).create(conn)
+def create_records_table(conn: Connection, dataset_id: int, key_index: bool = True) -> None:
+    """The dataset's records table and (``key_index``) its key index (see the module
+    docstring)."""
+    table = _quote(conn, schema.records_table_name(dataset_id))
+    rowid = " WITHOUT ROWID" if conn.dialect.name == "sqlite" else ""
+    conn.exec_driver_sql(
+        f"CREATE TABLE {table} (shard_id INTEGER NOT NULL "
+        "REFERENCES shardcat_shards (id) ON DELETE CASCADE, ordinal BIGINT NOT NULL, "
+        'key TEXT NOT NULL, "offset" BIGINT NOT NULL, length BIGINT NOT NULL, extents TEXT, '
+        f"item BIGINT, PRIMARY KEY (shard_id, ordinal)){rowid}"
+    )
+    if key_index:
+        create_key_index(conn, dataset_id)
+
+
+def create_key_index(conn: Connection, dataset_id: int) -> None:
+    """The unique index on the dataset's keys (IntegrityError when two records share
+    a key; see :func:`duplicate_keys`)."""
+    conn.exec_driver_sql(
+        f"CREATE UNIQUE INDEX IF NOT EXISTS {_quote(conn, schema.key_index_name(dataset_id))} "
+        f"ON {_quote(conn, schema.records_table_name(dataset_id))} (key)"
+    )
+
+
+def drop_key_index(conn: Connection, dataset_id: int) -> None:
+    conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_quote(conn, schema.key_index_name(dataset_id))}")
+
+
+def has_key_index(conn: Connection, dataset_id: int) -> bool:
+    return schema.key_index_name(dataset_id) in _index_names(conn, dataset_id)
+
+
+def duplicate_keys(conn: Connection, dataset_id: int, limit: int = 1000) -> list[tuple[Any, ...]]:
+    """``(key, shard_id, ordinal)`` of up to ``limit`` keys held by more than one record
+    (a sort of the table: what building the unique key index would refuse)."""
+    table = _quote(conn, schema.records_table_name(dataset_id))
+    rows = conn.exec_driver_sql(
+        f"SELECT r.key, r.shard_id, r.ordinal FROM {table} r WHERE r.key IN "
+        f"(SELECT key FROM {table} GROUP BY key HAVING count(*) > 1 LIMIT ?) "
+        "ORDER BY r.key, r.shard_id, r.ordinal",
+        (limit,),
+    )
+    return [tuple(r) for r in rows]
 
 
 def field_columns(conn: Connection, dataset_id: int) -> dict[str, tuple[str, str, int]]:
@@ -108,13 +145,13 @@ def ensure_field_columns(
         return existing
     taken = {col.lower() for col, _, _ in existing.values()} | set(schema.VIEW_COLUMNS)
     idx = max((i for _, _, i in existing.values()), default=0)
-    table = _quote(conn, schema.field_table_name(dataset_id))
+    table = _quote(conn, schema.records_table_name(dataset_id))
     for name in new:
         idx += 1
         col = _view_name_for(name, taken)
         taken.add(col.lower())
         sql_type = wanted[name]
-        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN v{idx} {_SQL_TYPES[sql_type]}")
+        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN v{idx} {SQL_TYPES[sql_type]}")
         conn.execute(
             schema.fields.insert().values(
                 dataset_id=dataset_id, name=name, column_name=col, sql_type=sql_type, idx=idx
@@ -126,57 +163,38 @@ def ensure_field_columns(
 
 
 def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
-    """(Re)create the view named after the dataset.
-
-    A dataset ingested without fields has no rows in its field table (half the
-    inserts); its view reads ``records`` instead.
-    """
+    """(Re)create the view named after the dataset (see the module docstring); a
+    dataset ingested without fields shows none."""
     d = schema.datasets
     row = conn.execute(select(d.c.key_rule, d.c.options).where(d.c.id == dataset_id)).one()
-    by_position = row.key_rule == "position"
     q = _quote(conn, dataset_name)
     conn.exec_driver_sql(f"DROP VIEW IF EXISTS {q}")
-    if not json.loads(row.options).get("fields", True):
-        key = "CAST(s.first_position + r.ordinal AS TEXT)" if by_position else "r.key"
-        conn.exec_driver_sql(
-            f"CREATE VIEW {q} AS SELECT {key} AS key, s.first_position + r.ordinal AS position, "
-            "s.path AS shard FROM shardcat_records r JOIN shardcat_shards s ON s.id = r.shard_id "
-            f"WHERE r.dataset_id = {int(dataset_id)}"
-        )
-        return
-    cols = ", ".join(
-        f"f.v{idx} AS {_quote(conn, col)}"
-        for col, _, idx in field_columns(conn, dataset_id).values()
+    with_fields = json.loads(row.options).get("fields", True)
+    cols = "".join(
+        f", r.v{idx} AS {_quote(conn, col)}"
+        for col, _, idx in (field_columns(conn, dataset_id).values() if with_fields else ())
     )
-    # A correlated scalar subquery, not a LEFT JOIN: SQLite drops an unused
-    # subquery column in every query, but keeps an unused LEFT JOIN in
-    # aggregates (count(*), GROUP BY), one records lookup per row.
-    key = (
-        "CAST(s.first_position + f.ordinal AS TEXT)"
-        if by_position
-        else (
-            "(SELECT r.key FROM shardcat_records r WHERE r.shard_id = f.shard_id AND "
-            "r.ordinal = f.ordinal)"
-        )
-    )
+    shard = "FROM shardcat_shards s WHERE s.id = r.shard_id)"
+    position = f"(SELECT s.first_position {shard} + r.ordinal"
+    key = f"CAST({position} AS TEXT)" if row.key_rule == "position" else "r.key"
     conn.exec_driver_sql(
-        f"CREATE VIEW {q} AS SELECT {key} AS key, s.first_position + f.ordinal AS position, "
-        f"s.path AS shard{', ' + cols if cols else ''} "
-        f"FROM {_quote(conn, schema.field_table_name(dataset_id))} f "
-        "JOIN shardcat_shards s ON s.id = f.shard_id"
+        f"CREATE VIEW {q} AS SELECT {key} AS key, {position} AS position, "
+        f"(SELECT s.path {shard} AS shard{cols} "
+        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r"
     )
 
 
 def drop_dataset_objects(conn: Connection, dataset_id: int, dataset_name: str) -> None:
+    """The dataset's view and records table (with every index on it)."""
     conn.exec_driver_sql(f"DROP VIEW IF EXISTS {_quote(conn, dataset_name)}")
     conn.exec_driver_sql(
-        f"DROP TABLE IF EXISTS {_quote(conn, schema.field_table_name(dataset_id))}"
+        f"DROP TABLE IF EXISTS {_quote(conn, schema.records_table_name(dataset_id))}"
     )
 
 
 def field_index_name(dataset_id: int, idx: int) -> str:
     """The index on column ``v<idx>`` of the dataset's field table."""
-    return f"{schema.field_table_name(dataset_id)}_v{idx}"
+    return f"{schema.records_table_name(dataset_id)}_v{idx}"
 
 
 def _field_idx(conn: Connection, dataset_id: int, dataset_name: str, field: str) -> int:
@@ -208,7 +226,7 @@ def create_field_index(conn: Connection, dataset_id: int, dataset_name: str, fie
     name = field_index_name(dataset_id, idx)
     if name in _index_names(conn, dataset_id):
         return False
-    table = _quote(conn, schema.field_table_name(dataset_id))
+    table = _quote(conn, schema.records_table_name(dataset_id))
     conn.exec_driver_sql(f"CREATE INDEX {_quote(conn, name)} ON {table} (v{idx})")
     return True
 
@@ -226,7 +244,7 @@ def drop_field_index(conn: Connection, dataset_id: int, dataset_name: str, field
 def _index_names(conn: Connection, dataset_id: int) -> set[str]:
     rows = conn.exec_driver_sql(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-        (schema.field_table_name(dataset_id),),
+        (schema.records_table_name(dataset_id),),
     )
     return {r[0] for r in rows}
 

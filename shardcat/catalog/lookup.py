@@ -1,6 +1,7 @@
-"""Every SQL statement the readers run, each one constant text on the store's
-read-only DBAPI connection (so ``sqlite3`` prepares it once per connection and
-reuses it: a single lookup is one cached point query, no SQLAlchemy in the way).
+"""Every SQL statement the readers run, each one constant text per dataset (its
+records table is named in it) on the store's read-only DBAPI connection (so
+``sqlite3`` prepares it once per connection and reuses it: a single lookup is
+one cached point query, no SQLAlchemy in the way).
 
 The single lookups by key and by position (:class:`RecordStatements`) are also
 run as they are by the readers' hot path, without a function call around them.
@@ -16,6 +17,7 @@ random order).
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -23,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "ONE_RANGE_RECORDS",
-    "RECORDS",
     "RecordStatements",
     "Row",
     "dataset_options",
@@ -41,6 +41,7 @@ __all__ = [
     "records_of_shard",
     "seek_index",
     "shards",
+    "statements",
 ]
 
 Row = tuple[Any, ...]
@@ -48,53 +49,86 @@ Row = tuple[Any, ...]
 
 @dataclass(frozen=True)
 class RecordStatements:
-    """The record lookups of one kind of dataset. Rows are ``(batch index, shard_id,
-    ordinal, offset, length[, extents, item][, key])``: ``extents`` and ``item``
-    only where records may have them (every column a row carries costs the
-    hot path about as much as the point query's own search, so datasets of
-    formats whose records are always one byte range do not read them)."""
+    """The record lookups of one dataset (its records table is in the text). Rows are
+    ``(batch index, shard_id[, ordinal], offset, length[, extents, item][, key])``:
+    ``ordinal`` only for formats whose records have parts (their members are
+    found by it), ``extents`` and ``item`` only where records may have them
+    (every column a row carries costs the hot path about as much as the point
+    query's own search). ``offset`` is the column the location starts at.
+    ``one``: the single lookup by key of datasets of one-range records,
+    ``(shard_id, offset, length)`` only: every read by key runs it."""
 
+    offset: int
+    one: str
     by_key: str
     at: str
     many_by_key: str
     many_at: str
+    member_by_key: str
+    members_by_key: str
+    keys_of_shard: str
+    records_of_shard: str
+    page_of_records: str
+    page_of_members: str
 
 
-def _statements(location: str) -> RecordStatements:
+@functools.lru_cache(maxsize=256)
+def statements(dataset_id: int, one_range: bool, parts: bool) -> RecordStatements:
+    """The statements of dataset ``dataset_id`` (``one_range``: its format's records
+    are always one byte range; ``parts``: they are made of members)."""
+    t = f'"shardcat_records_{int(dataset_id)}"'
+    location = (
+        "r.shard_id"
+        + (", r.ordinal" if parts else "")
+        + ', r."offset", r.length'
+        + ("" if one_range else ", r.extents, r.item")
+    )
     return RecordStatements(
-        by_key=f"SELECT 0, {location} FROM shardcat_records r WHERE dataset_id = ? AND key = ?",
-        at=f"SELECT 0, {location}, key FROM shardcat_records r WHERE shard_id = ? AND ordinal = ?",
+        offset=3 if parts else 2,
+        one=f'SELECT shard_id, "offset", length FROM {t} WHERE key = ?',
+        by_key=f"SELECT 0, {location} FROM {t} r WHERE key = ?",
+        at=f"SELECT 0, {location}, key FROM {t} r WHERE shard_id = ? AND ordinal = ?",
         many_by_key=(
-            f"SELECT j.key, {location} FROM json_each(?) j CROSS JOIN shardcat_records r "
-            "ON r.dataset_id = ? AND r.key = j.value"
+            f"SELECT j.key, {location} FROM json_each(?) j CROSS JOIN {t} r ON r.key = j.value"
         ),
         many_at=(
-            f"SELECT j.key, {location}, r.key FROM json_each(?) j CROSS JOIN shardcat_records r "
+            f"SELECT j.key, {location}, r.key FROM json_each(?) j CROSS JOIN {t} r "
             "ON r.shard_id = json_extract(j.value, '$[0]') "
             "AND r.ordinal = json_extract(j.value, '$[1]')"
+        ),
+        member_by_key=(
+            f'SELECT r.shard_id, m."offset", m.length, m.extents FROM {t} r '
+            "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+            "WHERE r.key = ? AND m.name = ?"
+        ),
+        members_by_key=(
+            f'SELECT r.shard_id, m.name, m."offset", m.length FROM {t} r '
+            "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+            'WHERE r.key = ? ORDER BY m."offset"'
+        ),
+        keys_of_shard=f"SELECT key FROM {t} WHERE shard_id = ? ORDER BY ordinal",
+        records_of_shard=(
+            f'SELECT "offset", length, extents, item FROM {t} WHERE shard_id = ? ORDER BY "offset"'
+        ),
+        page_of_records=(
+            f'SELECT ordinal, key, "offset", length FROM {t} '
+            "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
+        ),
+        page_of_members=(
+            f'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM shardcat_members m '
+            f"JOIN {t} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+            "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
+            'ORDER BY m.ordinal, m."offset"'
         ),
     )
 
 
-#: records of any location; records that are always one byte range
-RECORDS = _statements('r.shard_id, r.ordinal, r."offset", r.length, r.extents, r.item')
-ONE_RANGE_RECORDS = _statements('r.shard_id, r.ordinal, r."offset", r.length')
 # Members of records (formats whose records have parts):
 # (batch index, name, offset, length, extents), in file order.
 _MEMBERS_AT = (
     'SELECT j.key, m.name, m."offset", m.length, m.extents FROM json_each(?) j '
     "CROSS JOIN shardcat_members m ON m.shard_id = json_extract(j.value, '$[0]') "
     "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
-)
-_MEMBER_BY_KEY = (
-    'SELECT r.shard_id, m."offset", m.length, m.extents FROM shardcat_records r '
-    "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
-    "WHERE r.dataset_id = ? AND r.key = ? AND m.name = ?"
-)
-_MEMBERS_BY_KEY = (
-    'SELECT r.shard_id, m.name, m."offset", m.length FROM shardcat_records r '
-    "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
-    'WHERE r.dataset_id = ? AND r.key = ? ORDER BY m."offset"'
 )
 _SHARDS = (
     "SELECT id, path, first_position, num_records, compression, generation, "
@@ -107,24 +141,9 @@ _SEEK_INDEX = (
     "SELECT i.data FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = i.shard_id "
     "WHERE i.shard_id = ? AND s.generation = ?"
 )
-_KEYS_OF_SHARD = "SELECT key FROM shardcat_records WHERE shard_id = ? ORDER BY ordinal"
-_RECORDS_OF_SHARD = (
-    'SELECT "offset", length, extents, item FROM shardcat_records WHERE shard_id = ? '
-    'ORDER BY "offset"'
-)
 _MEMBERS_OF_SHARD = (
     'SELECT "offset", length, extents, NULL FROM shardcat_members WHERE shard_id = ? '
     'ORDER BY "offset"'
-)
-_PAGE_OF_RECORDS = (
-    'SELECT ordinal, key, "offset", length FROM shardcat_records '
-    "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
-)
-_PAGE_OF_MEMBERS = (
-    'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM shardcat_members m '
-    "JOIN shardcat_records r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
-    "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
-    'ORDER BY m.ordinal, m."offset"'
 )
 
 
@@ -138,17 +157,17 @@ def _batch(
     return [(order[r[0]], *r[1:]) for r in rows]
 
 
-def record_by_key(conn: sqlite3.Connection, dataset_id: int, key: str) -> Row | None:
-    """The record row of one key (batch index 0, no extents), or None."""
-    row: Row | None = conn.execute(ONE_RANGE_RECORDS.by_key, (dataset_id, key)).fetchone()
+def record_by_key(conn: sqlite3.Connection, sql: RecordStatements, key: str) -> Row | None:
+    """The record row of one key (batch index 0), or None."""
+    row: Row | None = conn.execute(sql.by_key, (key,)).fetchone()
     return row
 
 
 def records_by_key(
-    conn: sqlite3.Connection, sql: RecordStatements, dataset_id: int, keys: Sequence[str]
+    conn: sqlite3.Connection, sql: RecordStatements, keys: Sequence[str]
 ) -> list[Row]:
     """Record rows of the keys found (batch index: the key's place in ``keys``)."""
-    return _batch(conn, sql.many_by_key, keys, (dataset_id,))
+    return _batch(conn, sql.many_by_key, keys, ())
 
 
 def records_at(
@@ -166,18 +185,18 @@ def members_at(conn: sqlite3.Connection, pairs: Sequence[tuple[int, int]]) -> li
 
 
 def member_by_key(
-    conn: sqlite3.Connection, dataset_id: int, key: str, name: str
+    conn: sqlite3.Connection, sql: RecordStatements, key: str, name: str
 ) -> tuple[int, int, int, str | None] | None:
     """``(shard_id, offset, length, extents)`` of one member of one record, or None."""
     row: tuple[int, int, int, str | None] | None = conn.execute(
-        _MEMBER_BY_KEY, (dataset_id, key, name)
+        sql.member_by_key, (key, name)
     ).fetchone()
     return row
 
 
-def members_by_key(conn: sqlite3.Connection, dataset_id: int, key: str) -> list[Row]:
+def members_by_key(conn: sqlite3.Connection, sql: RecordStatements, key: str) -> list[Row]:
     """``(shard_id, name, offset, length)`` of every member of one record."""
-    rows: list[Row] = conn.execute(_MEMBERS_BY_KEY, (dataset_id, key)).fetchall()
+    rows: list[Row] = conn.execute(sql.members_by_key, (key,)).fetchall()
     return rows
 
 
@@ -206,27 +225,33 @@ def seek_index(conn: sqlite3.Connection, shard_id: int, generation: int) -> byte
     return None if row is None else bytes(row[0])
 
 
-def keys_of_shard(conn: sqlite3.Connection, shard_id: int) -> list[str]:
-    return [key for (key,) in conn.execute(_KEYS_OF_SHARD, (shard_id,)).fetchall()]
+def keys_of_shard(conn: sqlite3.Connection, sql: RecordStatements, shard_id: int) -> list[str]:
+    return [key for (key,) in conn.execute(sql.keys_of_shard, (shard_id,)).fetchall()]
 
 
-def records_of_shard(conn: sqlite3.Connection, shard_id: int, parts: bool) -> list[Row]:
+def records_of_shard(
+    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, parts: bool
+) -> list[Row]:
     """``(offset, length, extents, item)`` of every record of a shard (of every member,
     for formats whose records have parts), in file order."""
     rows: list[Row] = conn.execute(
-        _MEMBERS_OF_SHARD if parts else _RECORDS_OF_SHARD, (shard_id,)
+        _MEMBERS_OF_SHARD if parts else sql.records_of_shard, (shard_id,)
     ).fetchall()
     return rows
 
 
-def page_of_records(conn: sqlite3.Connection, shard_id: int, start: int, size: int) -> list[Row]:
+def page_of_records(
+    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, start: int, size: int
+) -> list[Row]:
     """``(ordinal, key, offset, length)`` of up to ``size`` records from ordinal ``start``."""
-    rows: list[Row] = conn.execute(_PAGE_OF_RECORDS, (shard_id, start, size)).fetchall()
+    rows: list[Row] = conn.execute(sql.page_of_records, (shard_id, start, size)).fetchall()
     return rows
 
 
-def page_of_members(conn: sqlite3.Connection, shard_id: int, start: int, stop: int) -> list[Row]:
+def page_of_members(
+    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, start: int, stop: int
+) -> list[Row]:
     """``(ordinal, key, name, offset, length)`` of the members of ordinals ``start``
     to ``stop`` (exclusive), by ordinal then file order."""
-    rows: list[Row] = conn.execute(_PAGE_OF_MEMBERS, (shard_id, start, stop)).fetchall()
+    rows: list[Row] = conn.execute(sql.page_of_members, (shard_id, start, stop)).fetchall()
     return rows

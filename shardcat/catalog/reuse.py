@@ -251,13 +251,17 @@ def _copy_shard(
         raise CatalogError(f"cannot copy shard {row.path}: no id for its new row")
     new_id = inserted[0]
     # position keys name their shard (see commit.insert_records)
-    key = "'#' || shard_id_new || ':' || ordinal" if by_position else "key"
+    key = "'#' || ? || ':' || ordinal" if by_position else "key"
+    quote = conn.dialect.identifier_preparer.quote_identifier
+    pairs = columns or []
+    target = "".join(f", v{new}" for _, new in pairs)
+    source = "".join(f", v{old}" for old, _ in pairs)
     conn.exec_driver_sql(
-        "INSERT INTO shardcat_records "
-        '(dataset_id, key, shard_id, ordinal, "offset", length, extents, item) '
-        f'SELECT ?, {key}, shard_id_new, ordinal, "offset", length, extents, item '
-        "FROM (SELECT ? AS shard_id_new, * FROM shardcat_records WHERE shard_id = ?)",
-        (dataset_id, new_id, row.id),
+        f"INSERT INTO {quote(schema.records_table_name(dataset_id))} "
+        f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
+        f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
+        f"FROM {quote(schema.records_table_name(donor_id))} WHERE shard_id = ?",
+        (new_id, new_id, row.id) if by_position else (new_id, row.id),
     )
     conn.exec_driver_sql(
         'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
@@ -268,16 +272,5 @@ def _copy_shard(
     conn.exec_driver_sql(
         "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
         "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
-        (new_id, row.id),
-    )
-    if columns is None:
-        return
-    quote = conn.dialect.identifier_preparer.quote_identifier
-    target = "".join(f", v{new}" for _, new in columns)
-    source = "".join(f", v{old}" for old, _ in columns)
-    conn.exec_driver_sql(
-        f"INSERT INTO {quote(schema.field_table_name(dataset_id))} (shard_id, ordinal{target}) "
-        f"SELECT ?, ordinal{source} FROM {quote(schema.field_table_name(donor_id))} "
-        "WHERE shard_id = ?",
         (new_id, row.id),
     )

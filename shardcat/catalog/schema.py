@@ -15,23 +15,29 @@ dataset, named after the dataset, may take any other name.
   64 KiB), ``num_records`` and ``first_position``, the dataset position of its
   first record. A changed shard keeps its indexed version (and records) until
   the re-index commits, so readers see the old or the new version, never none.
-- ``records``: one row per record: key, shard, ``ordinal`` (index within the
-  shard), byte offset and length. A record's dataset position is
-  ``shards.first_position + records.ordinal``, so re-indexing one shard never
-  rewrites the rows of the others. ``extents`` and ``item`` (schema version 5;
-  NULL for one plain range): a location the format describes as several byte
-  ranges (JSON ``[[offset, length], ...]``) and/or as one record inside those
-  bytes (chunk + index formats: the row of a Parquet row group). The catalog
-  stores them as the scan gave them and never interprets them.
+- ``records_<dataset id>`` (schema version 6; before it one ``records`` table
+  for every dataset and a separate ``fields_<dataset id>``): one table per
+  dataset, one row per record, addressed by ``(shard_id, ordinal)`` (index
+  within the shard; the primary key, WITHOUT ROWID), with its key, byte
+  offset and length, and one column ``v<idx>`` per scalar field. The one
+  index on ``key`` (unique, ``records_<dataset id>_key``) holds each key once
+  beside its (shard, ordinal). A record's dataset position is
+  ``shards.first_position + ordinal``, so re-indexing one shard never
+  rewrites the rows of the others. ``extents`` and ``item`` (schema version
+  5; NULL for one plain range): a location the format describes as several
+  byte ranges (JSON ``[[offset, length], ...]``) and/or as one record inside
+  those bytes (chunk + index formats: the row of a Parquet row group). The
+  catalog stores them as the scan gave them and never interprets them. A
+  dataset's first ingest builds the key index once its rows are in (a sort,
+  not a random insert per row); until then the dataset has no key index.
 - ``members``: per-feature byte ranges of records stored as several parts
   (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
   one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
   up the member's content in order, ``offset`` -1 for a run of zeros (sparse
   tar members).
-- ``fields``: the scalar field columns of each dataset. The values live in one
-  table per dataset, ``shardcat_fields_<dataset id>`` (``shard_id, ordinal`` + one
-  column per field), exposed with the key and position through a view named
-  after the dataset.
+- ``fields``: the scalar field columns of each dataset (feature name, view
+  column, SQL type, ``idx`` of its column ``v<idx>`` in ``records_<id>``),
+  exposed with the key and position through a view named after the dataset.
 - ``seek_indexes`` (schema version 2): seek points into the decompressed
   stream of each gzip/bz2-compressed shard; record and member offsets of
   compressed shards are decompressed-stream offsets.
@@ -48,7 +54,6 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
-    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -111,32 +116,6 @@ shards = Table(
     UniqueConstraint("dataset_id", "path"),
 )
 
-records = Table(
-    "shardcat_records",
-    metadata,
-    Column(
-        "dataset_id",
-        Integer,
-        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
-    Column("key", Text, nullable=False),
-    Column(
-        "shard_id", Integer, ForeignKey("shardcat_shards.id", ondelete="CASCADE"), nullable=False
-    ),
-    Column("ordinal", BigInteger, nullable=False),
-    Column("offset", BigInteger, nullable=False),
-    Column("length", BigInteger, nullable=False),
-    # schema version 5: a location that is not the one range offset/length: the
-    # ranges that make the record (JSON [[offset, length], ...]) and which record
-    # inside them it is (chunk + index formats); NULL for one plain range
-    Column("extents", Text),
-    Column("item", BigInteger),
-    PrimaryKeyConstraint("dataset_id", "key"),
-    Index("shardcat_records_by_shard", "shard_id", "ordinal", unique=True),
-    sqlite_with_rowid=False,
-)
-
 members = Table(
     "shardcat_members",
     metadata,
@@ -180,7 +159,7 @@ fields = Table(
     Column("name", Text, nullable=False),  # the feature's name in the data
     Column("column_name", Text, nullable=False),  # its column in the dataset's view
     Column("sql_type", String(16), nullable=False),  # integer, real or text
-    Column("idx", Integer, nullable=False),  # column "v<idx>" of shardcat_fields_<dataset id>
+    Column("idx", Integer, nullable=False),  # column "v<idx>" of shardcat_records_<dataset id>
     PrimaryKeyConstraint("dataset_id", "name"),
 )
 
@@ -203,8 +182,14 @@ def first_free(base: str, taken: set[str]) -> str:
     return name
 
 
-def field_table_name(dataset_id: int) -> str:
-    return f"{PREFIX}fields_{dataset_id}"
+def records_table_name(dataset_id: int) -> str:
+    """The dataset's records table (schema version 6)."""
+    return f"{PREFIX}records_{dataset_id}"
+
+
+def key_index_name(dataset_id: int) -> str:
+    """The unique index on the keys of the dataset's records table."""
+    return f"{PREFIX}records_{dataset_id}_key"
 
 
 def is_dataset_name(name: str) -> bool:

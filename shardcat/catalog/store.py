@@ -361,7 +361,7 @@ class Store:
         cols = {col: sql_type for col, sql_type, _ in registry}
         index_names = conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-            (schema.field_table_name(row[0]),),
+            (schema.records_table_name(row[0]),),
         )
         indexed = field_store.indexed_columns(
             (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
@@ -453,7 +453,7 @@ class Store:
                         created_at=time.time(),
                     )
                 ).inserted_primary_key[0]
-                field_store.create_field_table(conn, dataset_id)
+                field_store.create_records_table(conn, dataset_id)
                 field_store.create_view(conn, dataset_id, name)
                 if seed:  # rows another dataset already holds
                     reuse.seed(conn, dataset_id, name, opts, files, same_file)

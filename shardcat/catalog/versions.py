@@ -28,7 +28,7 @@ from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -78,18 +78,15 @@ def _prefix_names(conn: Connection) -> None:
         conn.execute(text(f'ALTER TABLE "{old}" RENAME TO "{new}"'))
     for dataset_id in ids:
         conn.execute(
-            text(
-                f'ALTER TABLE "fields_{dataset_id}" RENAME TO '
-                f'"{schema.field_table_name(dataset_id)}"'
-            )
+            text(f'ALTER TABLE "fields_{dataset_id}" RENAME TO "shardcat_fields_{dataset_id}"')
         )
     conn.execute(text("DROP INDEX records_by_shard"))
-    for index in schema.records.indexes:
-        index.create(conn)
-    for dataset_id, name in conn.execute(
-        select(schema.datasets.c.id, schema.datasets.c.name)
-    ).all():
-        field_store.create_view(conn, dataset_id, name)
+    conn.execute(
+        text(
+            "CREATE UNIQUE INDEX shardcat_records_by_shard ON shardcat_records (shard_id, ordinal)"
+        )
+    )
+    # the views come back with the last step (a catalog always upgrades to the end)
 
 
 def _add_locations(conn: Connection) -> None:
@@ -100,12 +97,60 @@ def _add_locations(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE shardcat_records ADD COLUMN {column}"))
 
 
+def _records_per_dataset(conn: Connection) -> None:
+    """5 -> 6: each dataset's records and field values move into one table of its own,
+    ``shardcat_records_<id>`` keyed by (shard, ordinal) with one unique index on the
+    key (built after the rows, a sort); field indexes follow their columns; the shared
+    ``shardcat_records`` and the ``shardcat_fields_<id>`` tables go; every view is
+    made again."""
+    for (view,) in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'view'")).all():
+        conn.execute(text(f'DROP VIEW "{view}"'))
+    indexes = {
+        r[0]
+        for r in conn.execute(
+            text("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+        ).all()
+    }
+    datasets = conn.execute(select(schema.datasets.c.id, schema.datasets.c.name)).all()
+    for dataset_id, _ in datasets:
+        field_store.create_records_table(conn, dataset_id, key_index=False)
+        table = f'"{schema.records_table_name(dataset_id)}"'
+        cols = field_store.field_columns(conn, dataset_id)
+        for _, sql_type, idx in cols.values():
+            conn.execute(
+                text(f"ALTER TABLE {table} ADD COLUMN v{idx} {field_store.SQL_TYPES[sql_type]}")
+            )
+        target = "".join(f", v{idx}" for _, _, idx in cols.values())
+        source = "".join(f", f.v{idx}" for _, _, idx in cols.values())
+        old_fields = f'"shardcat_fields_{dataset_id}"'
+        conn.execute(
+            text(
+                f'INSERT INTO {table} (shard_id, ordinal, key, "offset", length, extents, '
+                f'item{target}) SELECT r.shard_id, r.ordinal, r.key, r."offset", r.length, '
+                f"r.extents, r.item{source} FROM shardcat_records r LEFT JOIN {old_fields} f "
+                "ON f.shard_id = r.shard_id AND f.ordinal = r.ordinal "
+                "WHERE r.dataset_id = :id ORDER BY r.shard_id, r.ordinal"
+            ),
+            {"id": dataset_id},
+        )
+        field_store.create_key_index(conn, dataset_id)
+        for _, _, idx in cols.values():
+            if f"shardcat_fields_{dataset_id}_v{idx}" in indexes:
+                name = field_store.field_index_name(dataset_id, idx)
+                conn.execute(text(f'CREATE INDEX "{name}" ON {table} (v{idx})'))
+        conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
+    conn.execute(text("DROP TABLE shardcat_records"))
+    for dataset_id, name in datasets:
+        field_store.create_view(conn, dataset_id, name)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
     2: _add_versions,
     3: _prefix_names,
     4: _add_locations,
+    5: _records_per_dataset,
 }
 
 

@@ -94,7 +94,7 @@ def export_index(
     for row, target in zip(shards, targets, strict=True):
         entries = [
             Entry(str(row[6] + ordinal) if by_position else key, offset, length)
-            for key, ordinal, offset, length in rows.records_of(conn, row[0])
+            for key, ordinal, offset, length in rows.records_of(conn, row[7], row[0])
         ]
         if fmt.PARTS:
             for ordinal, name, offset, length, extents in rows.members_of(conn, row[0]):

@@ -32,7 +32,14 @@ from shardcat.catalog.claims import (
     release,
     still_mine,
 )
-from shardcat.catalog.commit import IngestJob, catalog_error, commit_shard, dedupe_within
+from shardcat.catalog.commit import (
+    IngestJob,
+    catalog_error,
+    commit_shard,
+    dedupe_within,
+    defer_key_index,
+    finish_key_index,
+)
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, ShardcatError
@@ -201,6 +208,7 @@ def run_ingest(
     process; the rest are scanned by ``workers`` processes as usual.
     """
     outcomes: list[ShardOutcome] = []
+    defer_key_index(engine, job.dataset_id)  # a first ingest builds it after the rows
 
     def note(outcome: ShardOutcome | None) -> None:
         if outcome is not None:
@@ -217,9 +225,23 @@ def run_ingest(
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     try:
         _share_work(engine, job, workers, note, outcomes)
-    finally:
+    except BaseException:
         _close_engines()
-    return outcomes
+        try:
+            finish_key_index(engine, job)  # whatever is in, the next ingest goes on from
+        except Exception:
+            pass  # the error being raised says more; the next ingest builds the index
+        raise
+    _close_engines()
+    failed, lost = finish_key_index(engine, job)  # the key index, if this was a first ingest
+    return [
+        ShardOutcome(o.path, 0, failed[o.path])
+        if o.path in failed
+        else ShardOutcome(o.path, o.records - lost[o.path], o.error, o.duplicates + lost[o.path])
+        if o.path in lost
+        else o
+        for o in outcomes
+    ]
 
 
 def _share_work(

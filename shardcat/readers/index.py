@@ -37,6 +37,7 @@ class _Reader(Protocol):
 
     dataset: str
     _id: int
+    _sql: lookup.RecordStatements
     _by_position: bool
     _parts: bool
 
@@ -155,12 +156,13 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
             real = None
             key = str(reader._row_at(conn, position)[-1])
         if reader._parts:
-            rows = lookup.members_by_key(conn, reader._id, key)
+            rows = lookup.members_by_key(conn, reader._sql, key)
             if not rows:
                 return None
             return {name: self._member(sid, real, name, o, n) for sid, name, o, n in rows}
-        row = lookup.record_by_key(conn, reader._id, key)
-        return None if row is None else self._record(row[1], row[3], row[4])
+        row = lookup.record_by_key(conn, reader._sql, key)
+        at = reader._sql.offset
+        return None if row is None else self._record(row[1], row[at], row[at + 1])
 
     def _file(self, shard_id: int) -> str:
         return self._reader._shards[shard_id].path
@@ -188,13 +190,13 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
             for start in range(0, shard.count, PAGE):
                 conn = reader._conn()  # one page per snapshot: as every public call
                 if not reader._parts:
-                    rows = lookup.page_of_records(conn, shard.id, start, PAGE)
+                    rows = lookup.page_of_records(conn, reader._sql, shard.id, start, PAGE)
                     for ordinal, key, offset, length in rows:
                         name = str(shard.first + ordinal) if by_position else key
                         yield name, self._record(shard.id, offset, length)
                     continue
                 samples: dict[int, tuple[str, dict[str, Any]]] = {}
-                members = lookup.page_of_members(conn, shard.id, start, start + PAGE)
+                members = lookup.page_of_members(conn, reader._sql, shard.id, start, start + PAGE)
                 for ordinal, key, feature, offset, size in members:
                     real = None if by_position else key
                     name = str(shard.first + ordinal) if by_position else key

@@ -59,8 +59,6 @@ from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
 
 __all__ = ["CatalogLike", "Reader"]
 
-_LOCATION = operator.itemgetter(1, 3)  # (shard_id, offset): read shards front to back
-
 
 def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
     """A stored location's extents (JSON ``[[offset, length], ...]``)."""
@@ -107,15 +105,18 @@ class Reader(DatasetView):
         if self._by_position:
             position = self._position_of_key(key)
             return None if position is None else self._row_at(conn, position)
-        row: lookup.Row | None = conn.execute(self._sql.by_key, (self._id, key)).fetchone()
+        row: lookup.Row | None = conn.execute(self._sql.by_key, (key,)).fetchone()
         return row
 
     def _location(self, row: lookup.Row) -> Location:
         """The location of a record row (see :mod:`shardcat.catalog.lookup`)."""
+        at = self._at
         if self._one_range:
-            return Location(row[3], row[4])
-        extents = row[5]
-        return Location(row[3], row[4], None if extents is None else _extents(extents), row[6])
+            return Location(row[at], row[at + 1])
+        extents = row[at + 2]
+        return Location(
+            row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 3]
+        )
 
     def _rows_at(self, conn: sqlite3.Connection, positions: Sequence[int]) -> list[lookup.Row]:
         """Record rows (with the key last) for positions, in the order given; one query."""
@@ -147,24 +148,24 @@ class Reader(DatasetView):
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
         conn = self._conn()
-        if self._by_position:
-            row = self._locate(conn, key)
-        else:  # _locate inlined: this is every single read
-            row = conn.execute(self._sql.by_key, (self._id, str(key))).fetchone()
+        if self._plain:  # every single read by key: the shortest lookup, _decoded inlined
+            found = conn.execute(self._sql.one, (str(key),)).fetchone()
+            if found is None:
+                return None
+            shard_id = found[0]
+            try:
+                data = self._fmt.read(
+                    self._pool.sources.get(shard_id) or self._source(shard_id),
+                    Location(found[1], found[2]),
+                    self.verify_crc,
+                )
+                return self._fmt.decode(data, self.options)
+            except Exception as exc:  # bad bytes for the format, or a failed read
+                raise self._failed(exc, shard_id, found[1]) from None
+        row = self._locate(conn, key)
         if row is None:
             return None
-        if self._parts:
-            return self._load_parts(conn, [row])[0]
-        shard_id = row[1]  # _decoded inlined: this is every single read
-        try:
-            data = self._fmt.read(
-                self._pool.sources.get(shard_id) or self._source(shard_id),
-                Location(row[3], row[4]) if self._one_range else self._location(row),
-                self.verify_crc,
-            )
-            return self._fmt.decode(data, self.options)
-        except Exception as exc:  # bad bytes for the format, or a failed read
-            raise self._failed(exc, shard_id, row[3]) from None
+        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, False)
 
     def _decoded(self, row: lookup.Row, raw: bool) -> Any:
         """One record of a row (not a PARTS format): read, checked, decoded unless ``raw``."""
@@ -177,7 +178,7 @@ class Reader(DatasetView):
             )
             return data if raw else self._fmt.decode(data, self.options)
         except Exception as exc:  # bad bytes for the format, or a failed read
-            raise self._failed(exc, shard_id, row[3]) from None
+            raise self._failed(exc, shard_id, row[self._at]) from None
 
     def get_feature(self, key: Any, feature_name: str) -> Any:
         """The first value of one feature, or None when the key or feature is missing.
@@ -194,7 +195,7 @@ class Reader(DatasetView):
 
     @follows_reindex
     def _member(self, key: Any, feature_name: str) -> bytes | None:
-        found = lookup.member_by_key(self._conn(), self._id, str(key), feature_name)
+        found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
         shard_id, offset, length, extents = found
@@ -223,7 +224,7 @@ class Reader(DatasetView):
                 raise KeyNotFoundError(self._missing_message(missing))
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
         conn = self._conn()
-        rows = lookup.records_by_key(conn, self._sql, self._id, keys)
+        rows = lookup.records_by_key(conn, self._sql, keys)
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
@@ -276,7 +277,8 @@ class Reader(DatasetView):
         # the location they read: see Format.read); its fields are set per record
         plain = Location(0, 0) if self._one_range else None
         touched: dict[int, tuple[Source, Source]] = {}  # shard -> (source, its unchecked)
-        for row in sorted(rows, key=_LOCATION):
+        at = self._at
+        for row in sorted(rows, key=operator.itemgetter(1, at)):  # shards front to back
             shard_id = row[1]
             opened = touched.get(shard_id)
             if opened is None:
@@ -287,11 +289,11 @@ class Reader(DatasetView):
                     where = location(row)
                 else:
                     where = plain
-                    where.offset, where.length = row[3], row[4]
+                    where.offset, where.length = row[at], row[at + 1]
                 data = read(opened[1], where, verify)
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
-                raise self._failed(exc, shard_id, row[3]) from None
+                raise self._failed(exc, shard_id, row[at]) from None
         for source, _ in touched.values():  # one file check per shard covers its reads
             source.check()
         return out
@@ -322,7 +324,7 @@ class Reader(DatasetView):
         conn = self._conn()
         for shard in list(self._order):
             # one shard's keys at a time: lookups between two keys may renew the snapshot
-            yield from lookup.keys_of_shard(conn, shard.id)
+            yield from lookup.keys_of_shard(conn, self._sql, shard.id)
 
     def get_keys(self) -> list[str]:
         """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
@@ -399,7 +401,7 @@ class Reader(DatasetView):
                 done += shard.count
                 continue
             for offset, length, extents, item in lookup.records_of_shard(
-                conn, shard.id, self._parts
+                conn, self._sql, shard.id, self._parts
             ):
                 location = Location(offset, length, _extents(extents), item)
                 try:

@@ -132,8 +132,11 @@ class DatasetView:
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._one_range: bool = self._fmt.ONE_RANGE
-        self._sql = lookup.ONE_RANGE_RECORDS if self._one_range else lookup.RECORDS
+        self._sql = lookup.statements(self._id, self._one_range, self._parts)
+        self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
+        #: records found by key with the shortest lookup (one range, no parts)
+        self._plain = self._one_range and not self._parts and not self._by_position
         self.refresh()
 
     # -- snapshots, shards and files ---------------------------------------------
