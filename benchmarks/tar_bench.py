@@ -1,6 +1,7 @@
 """tar and .tar.gz side by side with tfd-utils' TarRandomAccess, in one run.
 
-``python -m benchmarks.tar_bench [--mb 100] [--reads 300] [--gz-reads-tfd 8] [--data DIR]``
+``python -m benchmarks.tar_bench [--mb 100] [--reads 300] [--gz-reads-tfd 8] [--data DIR]
+[--gz-rounds 3] [--ratarmount-python PY]``
 
 Measures: ingest of a tar shard set (4 shards) against tfd-utils' index build;
 random ``get_feature`` on one ~100 MB ``.tar`` and on the same archive as
@@ -8,6 +9,15 @@ random ``get_feature`` on one ~100 MB ``.tar`` and on the same archive as
 tools). tfd-utils reads a ``.tar.gz`` through ``tarfile``/``gzip``, which
 decompresses from the start of the file for every backward seek, so its
 ``.tar.gz`` reads are sampled fewer times (``--gz-reads-tfd``).
+
+Then the ``.tar.gz`` index build: shardcat's ingest of ``big.tar.gz`` (one
+worker) with the one-pass ``_inflate`` extension and with the two-pass
+fallback (Python's gzip, then indexed_gzip's ``build_full_index``), against
+ratarmount's index build (``SQLiteIndexedTar``, its default backend and
+``parallelization=1``, and its indexed_gzip backend) at the same 1 MiB
+seek-point spacing; rounds interleaved, the file warmed first, medians.
+ratarmount runs in the interpreter ``--ratarmount-python`` (a venv with
+``ratarmountcore``; it is not one of shardcat's extras), timed inside it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -152,6 +164,88 @@ def run(
     return rows
 
 
+_RATARMOUNT = """
+import sys, time
+from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
+path, index, backend = sys.argv[1:4]
+options = {} if backend == "default" else {"prioritizedBackends": [backend]}
+start = time.perf_counter()
+tar = SQLiteIndexedTar(path, gzipSeekPointSpacing=1 << 20, indexFilePath=index, **options)
+print(time.perf_counter() - start)
+tar.__exit__(None, None, None)
+"""
+
+
+def _ratarmount_s(python: str, path: Path, index: Path, backend: str) -> float:
+    index.unlink(missing_ok=True)
+    out = subprocess.run(
+        [python, "-c", _RATARMOUNT, str(path), str(index), backend],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(out.split()[-1])
+
+
+def _shardcat_s(path: Path, catalog: Path, one_pass: bool) -> float:
+    from shardcat.readers import compressed
+
+    native = compressed._INFLATE
+    if one_pass and native is None:
+        raise RuntimeError("the _inflate extension is not built: python setup.py build_ext")
+    compressed._INFLATE = native if one_pass else None
+    try:
+        catalog.unlink(missing_ok=True)
+        return timed(lambda: Catalog(catalog).ingest(str(path), "gz", workers=1).close())
+    finally:
+        compressed._INFLATE = native
+
+
+def gzip_index_rows(
+    data: Path, rounds: int, ratarmount_python: str
+) -> list[tuple[str, str, str, str]]:
+    """The ``.tar.gz`` index build, interleaved rounds, medians and ratios."""
+    path = data / "big.tar.gz"
+    path.read_bytes()  # warm the page cache
+    contenders: dict[str, Callable[[Path], float]] = {
+        "shardcat, one pass (_inflate)": lambda w: _shardcat_s(path, w / "a.sqlite", True),
+        "shardcat, two passes (fallback)": lambda w: _shardcat_s(path, w / "b.sqlite", False),
+        "ratarmount, default backend": lambda w: _ratarmount_s(
+            ratarmount_python, path, w / "r.sqlite", "default"
+        ),
+        "ratarmount, indexed_gzip backend": lambda w: _ratarmount_s(
+            ratarmount_python, path, w / "r.sqlite", "indexed_gzip"
+        ),
+    }
+    found = subprocess.run([ratarmount_python, "-c", "import ratarmountcore"], check=False)
+    if found.returncode:
+        print(f"(no ratarmountcore in {ratarmount_python}: shardcat only)")
+        contenders = {k: v for k, v in contenders.items() if not k.startswith("ratarmount")}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    work = Path(tempfile.mkdtemp(prefix="tar_bench_gz_"))
+    try:
+        for i in range(rounds + 1):  # round 0 warms up and is not counted
+            for name, run_one in contenders.items():
+                seconds = run_one(work)
+                if i:
+                    times[name].append(seconds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    ratarmount = median.get("ratarmount, default backend")
+    ours = median["shardcat, one pass (_inflate)"]
+    size = f"{os.path.getsize(path) / 1e6:.0f} MB"
+    return [
+        (
+            f"{name}, big.tar.gz ({size})",
+            f"{seconds:.2f} s",
+            "-" if ratarmount is None else f"{seconds / ratarmount:.2f}x",
+            f"{seconds / ours:.2f}x",
+        )
+        for name, seconds in median.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tar_bench", description=__doc__)
     parser.add_argument("--mb", type=int, default=100, help="archive size (MB)")
@@ -160,10 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data", type=Path, default=Path(__file__).parent / "data" / "tar", help="data directory"
     )
+    parser.add_argument("--gz-rounds", type=int, default=3, help=".tar.gz index build rounds")
+    parser.add_argument(
+        "--ratarmount-python", default=sys.executable, help="interpreter with ratarmountcore"
+    )
+    parser.add_argument("--gz-only", action="store_true", help="only the .tar.gz index build")
     args = parser.parse_args(argv)
-    rows = run(args.data / f"{args.mb}mb", args.mb, args.reads, args.gz_reads_tfd)
-    header = ("what", "shardcat", "tfd-utils 1.3.0", "shardcat / tfd-utils")
-    print_table(header, rows)
+    data = args.data / f"{args.mb}mb"
+    if not args.gz_only:
+        rows = run(data, args.mb, args.reads, args.gz_reads_tfd)
+        header = ("what", "shardcat", "tfd-utils 1.3.0", "shardcat / tfd-utils")
+        print_table(header, rows)
+    elif not (data / "big.tar.gz").exists():
+        make_archives(data, args.mb)
+    if args.gz_rounds > 0:
+        header = (".tar.gz index build, 1 MiB spacing", "median", "/ ratarmount", "/ one pass")
+        print_table(header, gzip_index_rows(data, args.gz_rounds, args.ratarmount_python))
     return 0
 
 
