@@ -80,9 +80,30 @@ def _tensorblob() -> Any:
     return tensorblob
 
 
-def round_robin(contenders: dict[str, Contender], repeats: int) -> dict[str, float]:
-    """Median seconds of each contender's call, interleaved (rotating the start, gc first)."""
-    return util.round_robin(contenders, repeats, gc.collect, rotate=True)
+def round_robin(
+    contenders: dict[str, Contender], repeats: int, made: list[Path] | None = None
+) -> dict[str, float]:
+    """Median seconds of each contender's call, interleaved (rotating the start, gc first).
+
+    With ``made`` (paths the contenders write), each call starts untimed by
+    deleting them and syncing, so no contender pays for another's dirty pages
+    (the kernel throttles writers once enough are waiting for the disk).
+    """
+
+    def before_each() -> None:
+        gc.collect()
+        if made:
+            _remove(made)
+            os.sync()
+
+    return util.round_robin(contenders, repeats, before_each, rotate=True)
+
+
+def _remove(made: list[Path]) -> None:
+    """Delete the files and directories in ``made``, and empty it."""
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+    made.clear()
 
 
 class Bench:
@@ -138,7 +159,7 @@ class Bench:
 
         contenders = {n: blob(c, n) for n, c in self.classes().items()}
         contenders["memmap"] = memmap
-        seconds = round_robin(contenders, self.cfg.repeats)
+        seconds = round_robin(contenders, self.cfg.repeats, made)
         mb = self.cfg.rows * self.row_bytes / 1e6
         self.results.append(
             Result(
@@ -148,8 +169,7 @@ class Bench:
                 1e3,
             )
         )
-        for path in made:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+        _remove(made)
 
     def single_row_writes(self) -> None:
         n, cfg = self.cfg.single_writes, self.cfg
@@ -370,9 +390,8 @@ class Bench:
         if self.tb is not None:
             writers["tensorblob"] = theirs_write
         writers["memmap"] = memmap_write
-        setup = round_robin(writers, cfg.db_writes)
-        for path in made:
-            shutil.rmtree(path)
+        setup = round_robin(writers, cfg.db_writes, made)
+        _remove(made)
         ours_write()
         db = TensorDB.open(made[-1], "r")
         theirs = None

@@ -408,9 +408,12 @@ class TensorDB(Storage):
     def _mirror(self, conn: sqlite3.Connection) -> None:
         """Upsert the rows written and the keys given since the last commit; drop rows past the end.
 
-        Values are read back from the blocks, so they are the latest ones. Keys
-        of committed rows that get new ones are cleared first: keys may move
-        between rows, and no intermediate state may repeat one.
+        Values are read back from the blocks, so they are the latest ones (a
+        row written twice is mirrored once). Rows past the table's last one
+        are inserted, the others upserted. Keys of committed rows that get new
+        ones are cleared first: keys may move between rows, and no
+        intermediate state may repeat one. Readers see none of it before the
+        commit (indexes dropped for a bulk append included).
         """
         length, committed, pos_key = self._length, self._meta.length, self._pos_key
         conn.executemany(
