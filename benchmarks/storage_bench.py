@@ -17,7 +17,6 @@ import gc
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ class Config:
     open_blocks: int = 10_000
     open_repeats: int = 15
     where_rows: int = 1_000_000
+    db_writes: int = 5  # interleaved TensorDB writes of `where_rows` rows per contender
     repeats: int = 7
 
 
@@ -58,6 +58,7 @@ QUICK = Config(
     open_blocks=1_000,
     open_repeats=5,
     where_rows=100_000,
+    db_writes=3,
     repeats=3,
 )
 
@@ -79,9 +80,30 @@ def _tensorblob() -> Any:
     return tensorblob
 
 
-def round_robin(contenders: dict[str, Contender], repeats: int) -> dict[str, float]:
-    """Median seconds of each contender's call, interleaved (rotating the start, gc first)."""
-    return util.round_robin(contenders, repeats, gc.collect, rotate=True)
+def round_robin(
+    contenders: dict[str, Contender], repeats: int, made: list[Path] | None = None
+) -> dict[str, float]:
+    """Median seconds of each contender's call, interleaved (rotating the start, gc first).
+
+    With ``made`` (paths the contenders write), each call starts untimed by
+    deleting them and syncing, so no contender pays for another's dirty pages
+    (the kernel throttles writers once enough are waiting for the disk).
+    """
+
+    def before_each() -> None:
+        gc.collect()
+        if made:
+            _remove(made)
+            os.sync()
+
+    return util.round_robin(contenders, repeats, before_each, rotate=True)
+
+
+def _remove(made: list[Path]) -> None:
+    """Delete the files and directories in ``made``, and empty it."""
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+    made.clear()
 
 
 class Bench:
@@ -137,7 +159,7 @@ class Bench:
 
         contenders = {n: blob(c, n) for n, c in self.classes().items()}
         contenders["memmap"] = memmap
-        seconds = round_robin(contenders, self.cfg.repeats)
+        seconds = round_robin(contenders, self.cfg.repeats, made)
         mb = self.cfg.rows * self.row_bytes / 1e6
         self.results.append(
             Result(
@@ -147,8 +169,7 @@ class Bench:
                 1e3,
             )
         )
-        for path in made:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+        _remove(made)
 
     def single_row_writes(self) -> None:
         n, cfg = self.cfg.single_writes, self.cfg
@@ -342,31 +363,43 @@ class Bench:
         gen = torch.Generator().manual_seed(3)
         price = (torch.rand(n, 1, generator=gen) * 200).to(torch.float32)
         label = torch.randint(0, 10, (n, 1), generator=gen)
-        ours = self.fresh("shardcat-db")
         schema = {
             "price": ("float32", 1, {"index": True}),
             "label": ("int64", 1, {"index": True}),
         }
         plain = {"price": ("float32", 1), "label": ("int64", 1)}
-        setup: dict[str, float] = {}
-        start = time.perf_counter()
-        with TensorDB.open(ours, "w", schema=schema) as db:
-            db.write({"price": price, "label": label})
-        setup["shardcat"] = time.perf_counter() - start
-        db = TensorDB.open(ours, "r")
+        made: list[Path] = []
+
+        def ours_write() -> None:
+            made.append(self.fresh("shardcat-db"))
+            with TensorDB.open(made[-1], "w", schema=schema) as db:
+                db.write({"price": price, "label": label})
+
+        def theirs_write() -> None:
+            made.append(self.fresh("tensorblob-db"))
+            with self.tb.TensorDB.open(made[-1], "w", schema=plain) as t:
+                t.write({"price": price, "label": label})
+
+        def memmap_write() -> None:
+            made.append(self.fresh("memmap"))
+            made[-1].mkdir()
+            price.numpy().tofile(made[-1] / "price")
+            label.numpy().tofile(made[-1] / "label")
+
+        writers: dict[str, Contender] = {"shardcat": ours_write}
+        if self.tb is not None:
+            writers["tensorblob"] = theirs_write
+        writers["memmap"] = memmap_write
+        setup = round_robin(writers, cfg.db_writes, made)
+        _remove(made)
+        ours_write()
+        db = TensorDB.open(made[-1], "r")
         theirs = None
         if self.tb is not None:
-            path = self.fresh("tensorblob-db")
-            start = time.perf_counter()
-            with self.tb.TensorDB.open(path, "w", schema=plain) as t:
-                t.write({"price": price, "label": label})
-            setup["tensorblob"] = time.perf_counter() - start
-            theirs = self.tb.TensorDB.open(path, "r")
-        start = time.perf_counter()
-        flat = {k: self.fresh(k) for k in ("price", "label")}
-        price.numpy().tofile(flat["price"])
-        label.numpy().tofile(flat["label"])
-        setup["memmap"] = time.perf_counter() - start
+            theirs_write()
+            theirs = self.tb.TensorDB.open(made[-1], "r")
+        memmap_write()
+        flat = {k: made[-1] / k for k in ("price", "label")}
         self.results.append(
             Result(
                 f"write {n:,} rows of 2 scalar fields",

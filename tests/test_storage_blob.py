@@ -1332,3 +1332,51 @@ def test_catalog_migrate_converts_tensorblob_directories(tmp_path: Path) -> None
 
     with TensorDB.open(tmp_path / "d") as db:
         assert torch.equal(db[:]["x"], torch.arange(8).reshape(4, 2))
+
+
+# -- the two write paths: os.pwrite into the block file, or a copy into its mapping -------
+
+
+@pytest.fixture(params=["pwrite", "mapped"])
+def write_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every write goes through os.pwrite (threshold 0) or through the mapping (never pwrite)."""
+    from shardcat.storage import column
+
+    monkeypatch.setattr(column, "PWRITE_BYTES", 0 if request.param == "pwrite" else 1 << 62)
+    return str(request.param)
+
+
+def test_both_write_paths_store_the_same_rows(tmp_path: Path, write_path: str) -> None:
+    path = make(tmp_path / "b", 6)
+    with TensorBlob.open(path, "r+") as b:
+        assert torch.equal(b[5], rows(1, 5)[0])  # block 1 mapped before it is written
+        b.seek(3)
+        b.write(-rows(9, 3))  # committed rows (block copies), the mapped block, new blocks
+        b.seek(10)
+        b.write(rows(1, 77))  # rows written twice before the commit: the last one wins
+        expected = torch.cat([rows(3), -rows(7, 3), rows(1, 77), -rows(1, 11)])
+        assert torch.equal(b[:], expected)  # this object reads its writes at once
+        with TensorBlob.open(path) as reader:  # other objects: the committed rows only
+            assert torch.equal(reader[:], rows(6))
+    with TensorBlob.open(path) as b:
+        assert torch.equal(b[:], expected)
+        assert torch.equal(b[[11, 0, 10]], expected[[11, 0, 10]])
+
+
+def test_a_failed_commit_after_large_writes_keeps_the_previous_commit(
+    tmp_path: Path, write_path: str
+) -> None:
+    shape = (64, 256)  # 64 KB rows: every piece of a write is large
+    path = make(tmp_path / "b", 5, shape=shape)
+    with TensorBlob.open(path, "r+") as b:
+        b.seek(1)
+        b.write(-rows(9, 1, shape=shape))
+        b._meta.version += 1  # as if another writer had committed
+        with pytest.raises(StaleWriterError):
+            b.flush()
+        assert (len(b), b.tell()) == (5, 5)
+        assert torch.equal(b[:], rows(5, shape=shape))
+        assert len(block_files(path)) == 2
+        b._meta.version -= 1
+    with TensorBlob.open(path) as b:
+        assert torch.equal(b[:], rows(5, shape=shape))

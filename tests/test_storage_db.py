@@ -974,3 +974,59 @@ def test_readme_db_examples_run_unchanged(
     assert not (tmp_path / "events.db").exists()
     assert final["length"] == 10_700 and final["mirror"] == []
     assert torch.equal(final["rows"]["price"][10:], torch.full((700, 1), 7.0))
+
+
+def test_bulk_writes_mirror_exact_values_and_stay_queryable(tmp_path: Path) -> None:
+    """Floats reach SQL exactly; rows written twice before a commit mirror their last values."""
+    n = 3000
+    gen = torch.Generator().manual_seed(5)
+    price = (torch.rand(n, 1, generator=gen) * 200).to(torch.float32)
+    price[:4, 0] = torch.tensor([0.967, 1e-40, -3.4e38, 199.75])  # a subnormal, an extreme
+    label = torch.randint(0, 7, (n,), generator=gen)
+    embed = torch.zeros(n, 2, 3, dtype=torch.float16)
+    with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA, block_size=256) as db:
+        db.write({"price": price, "label": label, "embed": embed}, keys=keys(n))
+        db.seek(100)
+        db.write(batch(50, 9000))  # overwritten before the commit, keys kept
+        db.seek(n)
+        db.write(batch(10, n), keys=keys(10, n))
+        db.seek(n - 5)
+        db.write(batch(10, 7000))  # over both writes and past them
+        db.flush()
+        assert_mirror_matches(db)
+        data = db[:]
+        values = data["price"].view(-1)
+        assert [r[0] for r in db.query("SELECT price FROM rows ORDER BY position")] == (
+            values.tolist()
+        )
+        assert db.where("price = ?", [float(torch.tensor(0.967))]) == [0]
+        assert db.where("price > 199.75") == (values > 199.75).nonzero().view(-1).tolist()
+        mask = (values < 50) & (data["label"] == 3)
+        assert db.where("price < 50 AND label = 3") == mask.nonzero().view(-1).tolist()
+        assert db.position("k00120") == 120 and db.position(f"k{n + 3:05d}") == n + 3
+        assert len(db) == n + 10 and db.query("SELECT count(*) FROM rows") == [(n + 10,)]
+
+
+def test_a_failed_bulk_commit_leaves_the_previous_sql_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make(tmp_path / "db", 6)
+    real = TensorDB._insert_rows
+
+    def insert_then_fail(self: Any, conn: Any, start: int, stop: int) -> None:
+        real(self, conn, start, stop)
+        raise OSError("disk full")
+
+    with TensorDB.open(path, "r+") as db:
+        db.seek(6)
+        db.write(batch(20, 6), keys=keys(20, 6))
+        monkeypatch.setattr(TensorDB, "_insert_rows", insert_then_fail)
+        with pytest.raises(OSError, match="disk full"):
+            db.flush()
+        monkeypatch.undo()
+        assert len(db) == 6 and db.where("label >= 0") == list(range(6))
+        assert db.get("k00010") is None
+        assert_mirror_matches(db)
+    with TensorDB.open(path) as db:
+        assert_rows(db[:], batch(6))
+        assert_mirror_matches(db)

@@ -408,9 +408,12 @@ class TensorDB(Storage):
     def _mirror(self, conn: sqlite3.Connection) -> None:
         """Upsert the rows written and the keys given since the last commit; drop rows past the end.
 
-        Values are read back from the blocks, so they are the latest ones. Keys
-        of committed rows that get new ones are cleared first: keys may move
-        between rows, and no intermediate state may repeat one.
+        Values are read back from the blocks, so they are the latest ones (a
+        row written twice is mirrored once). Rows past the table's last one
+        are inserted, the others upserted. Keys of committed rows that get new
+        ones are cleared first: keys may move between rows, and no
+        intermediate state may repeat one. Readers see none of it before the
+        commit (indexes dropped for a bulk append included).
         """
         length, committed, pos_key = self._length, self._meta.length, self._pos_key
         conn.executemany(
@@ -423,21 +426,54 @@ class TensorDB(Storage):
         for field in bulk:
             conn.execute(f"DROP INDEX {index_name(field)}")
         if self.filterable:
-            for start, stop in self._written:
+            # rows from `top` on have no SQL row yet: a plain INSERT (no conflict
+            # handling, the key column only when keys were given) instead of the upsert
+            top = conn.execute("SELECT coalesce(max(position) + 1, 0) FROM rows").fetchone()[0]
+            for start, stop in _union(self._written):
                 stop = min(stop, length)
-                if start >= stop:
-                    continue
-                values = [
-                    self._columns[f].read(start, stop).reshape(-1).tolist() for f in self.filterable
-                ]
-                positions = range(start, stop)
-                keys = [pos_key.get(p) for p in positions] if pos_key else repeat(None)
-                conn.executemany(self._upsert, zip(positions, keys, *values, strict=False))
+                if start < min(stop, top):
+                    self._upsert_rows(conn, start, min(stop, top))
+                if max(start, top) < stop:
+                    self._insert_rows(conn, max(start, top), stop)
         else:
             conn.executemany(self._upsert, [(p, k) for p, k in pos_key.items() if p < length])
         conn.execute("DELETE FROM rows WHERE position >= ?", (length,))
         for field in bulk:
             conn.execute(create_index(field))
+
+    def _values(self, start: int, stop: int) -> list[list[Any]]:
+        """The filterable fields' values of rows ``start ... stop`` (as Python numbers)."""
+        return [self._columns[f].read(start, stop).reshape(-1).tolist() for f in self.filterable]
+
+    def _upsert_rows(self, conn: sqlite3.Connection, start: int, stop: int) -> None:
+        """Insert or update the SQL rows ``start ... stop`` (some of them exist)."""
+        pos_key = self._pos_key
+        positions = range(start, stop)
+        keys = [pos_key.get(p) for p in positions] if pos_key else repeat(None)
+        rows = zip(positions, keys, *self._values(start, stop), strict=False)
+        conn.executemany(self._upsert, rows)
+
+    def _insert_rows(self, conn: sqlite3.Connection, start: int, stop: int) -> None:
+        """Insert the SQL rows ``start ... stop`` (none exists): one statement, rows in one pass.
+
+        Values are bound as they are (floats exactly; a JSON array would go
+        through SQLite's decimal parser), without the key column when none
+        of these rows was given a key.
+        """
+        pos_key = self._pos_key
+        positions = range(start, stop)
+        columns = [quote(f) for f in self.filterable]
+        keys = [pos_key.get(p) for p in positions] if pos_key else None
+        if keys is not None and any(k is not None for k in keys):
+            columns.insert(0, "key")
+            values = [keys, *self._values(start, stop)]
+        else:
+            values = self._values(start, stop)
+        marks = ", ".join("?" * (len(columns) + 1))
+        conn.executemany(
+            f"INSERT INTO rows (position, {', '.join(columns)}) VALUES ({marks})",
+            zip(positions, *values, strict=True),
+        )
 
     def _keys_below(self, length: int) -> dict[int, str]:
         self._sync()
@@ -476,6 +512,17 @@ class TensorDB(Storage):
                 self._written.append([full, length + other_length])
 
         return mirror
+
+
+def _union(spans: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """Row ranges ``[start, stop)`` merged sorted and merged (a row may be written twice)."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted((a, b) for a, b in spans if a < b):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
 def _check_keys(keys: Sequence[str], n: int) -> list[str]:
