@@ -8,7 +8,7 @@ DEMO_DIR ?= demo-data
 
 .PHONY: demo test lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/readers/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
 # which tfd-utils pins): proves shardcat.pb2 works on both ends of the range.
-$(CORE_VENV)/.installed: pyproject.toml
+$(CORE_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/readers/*.c)
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CORE_VENV)/bin/python -m pip install -q -e . 'protobuf>=7' pytest hypothesis

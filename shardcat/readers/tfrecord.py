@@ -40,8 +40,17 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
+from shardcat.readers import native
 from shardcat.readers.compressed import detect_compression, open_stream
-from shardcat.readers.formats import Entry, Format, Location, Mismatch, Scalar, float32_shortest
+from shardcat.readers.formats import (
+    Entry,
+    Format,
+    Location,
+    Mismatch,
+    Scalar,
+    ShardScan,
+    float32_shortest,
+)
 from shardcat.readers.rawio import Source, pread_exact, read_full, unreadable
 from shardcat.readers.source import FileSource
 
@@ -237,6 +246,13 @@ class TFRecordFormat(Format):
         """
         with open(path, "rb", buffering=_SCAN_BUFFER) as f:
             yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
+
+    def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
+        """One shard's records: a plain file through the native scanner when it is
+        built and enabled (:mod:`shardcat.readers.native`), else as every format does."""
+        if native.enabled() and detect_compression(path) is None:
+            return ShardScan(native.scan_tfrecord(path, options, _scan))
+        return super().scan_shard(path, options)
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         """:meth:`scan` over a binary stream read sequentially: a plain file, or the
