@@ -144,6 +144,30 @@ static PyObject *f32_shortest(float f, PyObject *fallback) {
     return out;
 }
 
+/* float32_shortest through a direct-mapped cache by bit pattern (fields repeat
+ * their values: labels, scores rounded to a few digits); entries hold references
+ * for the life of the process */
+#define F32_CACHE 4096
+static struct {
+    uint32_t bits;
+    PyObject *value;
+} f32_cache[F32_CACHE];
+
+static PyObject *f32_cached(float f, PyObject *fallback) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint32_t slot = (bits * 2654435761u) >> 20; /* 12 bits */
+    if (f32_cache[slot].value != NULL && f32_cache[slot].bits == bits) {
+        Py_INCREF(f32_cache[slot].value);
+        return f32_cache[slot].value;
+    }
+    PyObject *value = f32_shortest(f, fallback);
+    if (value == NULL) return NULL;
+    Py_XSETREF(f32_cache[slot].value, Py_NewRef(value));
+    f32_cache[slot].bits = bits;
+    return value;
+}
+
 /* -- protobuf wire walk ------------------------------------------------------- */
 
 enum { OK = 0, DEFER = 1 };
@@ -606,7 +630,7 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
                 } else if (f->kind == K_INT64) {
                     value = PyLong_FromLongLong((long long)(int64_t)f->ival);
                 } else if (f->kind == K_FLOAT) {
-                    value = f32_shortest(f->fval, fallback);
+                    value = f32_cached(f->fval, fallback);
                 } else {
                     continue;
                 }
