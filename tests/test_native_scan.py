@@ -5,6 +5,7 @@ float32 rule against ``float32_shortest``; the ``SHARDCAT_NATIVE=0`` fallback.""
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import random
@@ -30,7 +31,7 @@ from shardcat.pb2 import (
     SequenceExample,
 )
 from shardcat.readers import native, tfrecord
-from shardcat.readers.formats import Columns, float32_shortest
+from shardcat.readers.formats import Columns, Format, float32_shortest
 from shardcat.readers.tfrecord import TFRecordFormat, TFRecordWriter, masked_crc
 from shardcat.sample import make_sample
 
@@ -305,3 +306,53 @@ def test_reference_used_without_the_extension(
     files = make_sample(tmp_path, shards=1, records=5, image_bytes=8)
     scan = FMT.scan_shard(files[0], {})
     assert scan.columns.keys == [f"rec_{i:09d}" for i in range(5)]
+
+
+# -- GZIP TFRecords: the decompressed stream in chunks ------------------------------
+
+
+def same_shard(path: Path, options: dict[str, Any]) -> None:
+    """``scan_shard`` with the extension against the reference's (Format's own)."""
+
+    def outcome(scan: Any) -> Any:
+        try:
+            s = scan(str(path), options)
+        except CorruptRecordError as exc:
+            return (type(exc), str(exc), exc.offset)
+        c = s.columns
+        return (
+            c.keys,
+            c.offsets,
+            c.lengths,
+            repr(sorted(c.fields.items())),
+            s.compression,
+            s.seek_kind,
+        )
+
+    want = outcome(lambda p, o: Format.scan_shard(FMT, p, o))
+    assert outcome(FMT.scan_shard) == want
+
+
+@needs_native
+@pytest.mark.parametrize("options", OPTIONS)
+def test_gzip_stream(
+    tmp_path: Path, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("indexed_gzip", reason="install shardcat[compressed]")
+    monkeypatch.setattr(native, "_CHUNK", 1000)  # records straddle reads
+    payloads = varied() * 20
+    raw = b"".join(frame(p) for p in payloads)
+    path = tmp_path / "v.tfrecord.gz"
+    path.write_bytes(gzip.compress(raw))
+    same_shard(path, options)
+    for cut in (len(raw) - 3, len(raw) - 200, 5):  # truncated records
+        path.write_bytes(gzip.compress(raw[:cut]))
+        same_shard(path, options)
+    damaged = bytearray(raw)
+    damaged[2000] ^= 4
+    path.write_bytes(gzip.compress(bytes(damaged)))
+    same_shard(path, options)
+    packed = gzip.compress(raw)
+    for cut in (len(packed) - 10, len(packed) // 2):  # a broken gzip stream
+        path.write_bytes(packed[:cut])
+        same_shard(path, options)

@@ -12,15 +12,18 @@
  * reference's by construction) and calls back in after it.
  *
  * Python API (see shardcat/readers/native.py):
- *   tfrecord(buf, pos, key, fields, keys, offsets, lengths, columns, f32)
+ *   tfrecord(buf, pos, base, key, fields, keys, offsets, lengths, columns, f32)
  *       -> (pos, done)
- *   buf: any contiguous buffer (bytes, mmap, memoryview); pos: where to start;
+ *   buf: any contiguous buffer (bytes, mmap, memoryview; a whole file, or a
+ *   chunk of a decompressed stream); pos: where to start in it; base: the
+ *   stream offset of buf[0] (offsets appended are base + position in buf);
  *   key: feature name or None; fields: bool; keys/offsets/lengths: lists the
  *   records are appended to; columns: dict name -> list (padded with None up to
  *   the record's ordinal before appending); f32: the Python float32_shortest,
  *   called for the rare floats this module does not settle itself.
  *   done: True when pos reached the end of buf; False when the record at pos
- *   must be handled by the reference.
+ *   is not settled here: it runs past the end of buf (a stream reads more),
+ *   or the reference must handle it.
  *   masked_crc(data) -> int; float32_shortest(x) -> float (for tests).
  */
 #define PY_SSIZE_T_CLEAN
@@ -473,8 +476,9 @@ static int record(const uint8_t *p, const uint8_t *end, Record *r) {
 /* -- columns ------------------------------------------------------------------- */
 
 typedef struct {
-    const char *name;
+    const char *name; /* the UTF-8 of key */
     Py_ssize_t nlen;
+    PyObject *key;  /* a reference, dropped at the end of the call */
     PyObject *list; /* borrowed from the columns dict */
 } Column;
 
@@ -513,10 +517,9 @@ static PyObject *column(Columns *c, const uint8_t *name, size_t nlen) {
         c->cap = cap;
     }
     Py_ssize_t len;
-    const char *utf8 = PyUnicode_AsUTF8AndSize(key, &len); /* owned by key, kept by the dict */
+    const char *utf8 = PyUnicode_AsUTF8AndSize(key, &len); /* lives as long as key */
     if (utf8 == NULL) goto fail;
-    c->cols[c->n++] = (Column){utf8, len, list};
-    Py_DECREF(key);
+    c->cols[c->n++] = (Column){utf8, len, key, list};
     return list;
 fail:
     Py_DECREF(key);
@@ -548,10 +551,10 @@ static inline int append_new(PyObject *list, PyObject *value) {
 static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
-    Py_ssize_t pos;
+    Py_ssize_t pos, base;
     PyObject *key_obj, *keys, *offsets, *lengths, *dict, *fallback;
     int want_fields;
-    if (!PyArg_ParseTuple(args, "y*nOpO!O!O!O!O", &view, &pos, &key_obj, &want_fields,
+    if (!PyArg_ParseTuple(args, "y*nnOpO!O!O!O!O", &view, &pos, &base, &key_obj, &want_fields,
                           &PyList_Type, &keys, &PyList_Type, &offsets, &PyList_Type, &lengths,
                           &PyDict_Type, &dict, &fallback))
         return NULL;
@@ -611,7 +614,7 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
             k = fl == NULL ? NULL : PyObject_Str(fl);
             Py_XDECREF(fl);
         }
-        if (append_new(keys, k) < 0 || append_new(offsets, PyLong_FromSsize_t(pos)) < 0 ||
+        if (append_new(keys, k) < 0 || append_new(offsets, PyLong_FromSsize_t(base + pos)) < 0 ||
             append_new(lengths, PyLong_FromUnsignedLongLong(length)) < 0) {
             failed = 1;
             break;
@@ -647,6 +650,7 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
         pos += 16 + (Py_ssize_t)length;
     }
     free(rec.feats);
+    for (Py_ssize_t i = 0; i < cols.n; i++) Py_DECREF(cols.cols[i].key);
     free(cols.cols);
     PyBuffer_Release(&view);
     if (failed) return NULL;

@@ -8,6 +8,10 @@ missing key) it stops, the pure-Python reference scan handles that one record
 (so errors, their messages and offsets are the reference's), and the extension
 continues after it. ``SHARDCAT_NATIVE=0`` in the environment forces the
 reference scan everywhere; without a built extension it is used anyway.
+
+One difference, by design: when one record brings several new field names, the
+extension adds their columns in wire order, the reference in the iteration order
+of protobuf's map (upb's hash order); the values are the same.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from types import ModuleType
 from typing import Any
 
 from shardcat.errors import CorruptRecordError
-from shardcat.readers.formats import Columns, Entry, Scalar, float32_shortest
+from shardcat.readers.formats import Columns, Entry, float32_shortest
 
-__all__ = ["available", "enabled", "scan_tfrecord"]
+__all__ = ["available", "enabled", "scan_buffer", "scan_stream", "scan_tfrecord"]
 
 _native: ModuleType | None
 try:
@@ -33,7 +37,16 @@ except ImportError:  # no compiler at install time: the reference scan
     _native = None
 
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _HEADER, _FOOTER = 12, 4
+_CHUNK = 4 << 20  # stream reads
+
+
+def _masked_crc(data: bytes) -> int:
+    assert _native is not None
+    crc: int = _native.masked_crc(data)
+    return crc
+
 
 # the reference scan of one stream: (stream, path, options, size) -> entries
 Reference = Callable[[Any, str, Mapping[str, Any], "int | None"], Iterator[Entry]]
@@ -49,18 +62,34 @@ def enabled() -> bool:
     return _native is not None and os.environ.get("SHARDCAT_NATIVE", "1") != "0"
 
 
-def _one(buf: Any, pos: int, path: str, options: Mapping[str, Any], ref: Reference) -> Entry:
-    """The record at ``pos`` of ``buf`` through the reference scan (which raises
-    its own error for it, moved to the record's offset in the shard)."""
-    size = len(buf) - pos
-    length = _U64.unpack_from(buf, pos)[0] if size >= _HEADER else 0
-    frame = bytes(buf[pos : pos + min(size, _HEADER + length + _FOOTER)])
+def _one(
+    frame: bytes,
+    offset: int,
+    size: int | None,
+    path: str,
+    options: Mapping[str, Any],
+    ref: Reference,
+) -> Entry:
+    """The record starting ``frame`` (at byte ``offset`` of the shard) through the
+    reference scan, which raises its own error for it, moved to that offset;
+    ``size``: the bytes left in the file from there (None for a stream)."""
     try:
         entry = next(ref(io.BytesIO(frame), path, options, size))
     except CorruptRecordError as exc:
-        raise type(exc)(path, pos + exc.offset, exc.problem) from None
-    entry.offset += pos
+        raise type(exc)(path, offset + exc.offset, exc.problem) from None
+    entry.offset += offset
     return entry
+
+
+def _frame_end(buf: Any, pos: int) -> int | None:
+    """Where the frame at ``pos`` ends as far as the reference reads it (its header
+    only when the length CRC is wrong); None when fewer than 12 bytes are there."""
+    if len(buf) - pos < _HEADER:
+        return None
+    (length,) = _U64.unpack_from(buf, pos)
+    if _masked_crc(bytes(buf[pos : pos + 8])) != _U32.unpack_from(buf, pos + 8)[0]:
+        return pos + _HEADER
+    return pos + _HEADER + length + _FOOTER
 
 
 def _add(columns: Columns, entry: Entry) -> None:
@@ -75,35 +104,43 @@ def _add(columns: Columns, entry: Entry) -> None:
         column.append(value)
 
 
+class _Scan:
+    """One shard's columns being filled by the extension."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.key: str | None = options.get("key", "key")
+        self.want_fields = bool(options.get("fields", True))
+        self.columns = Columns([], [], [], {})
+
+    def run(self, buf: Any, pos: int, base: int) -> tuple[int, bool]:
+        assert _native is not None
+        c = self.columns
+        result: tuple[int, bool] = _native.tfrecord(
+            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.fields,
+            float32_shortest,
+        )  # fmt: skip
+        return result
+
+    def done(self) -> Columns:
+        n = len(self.columns.offsets)
+        for column in self.columns.fields.values():
+            column.extend([None] * (n - len(column)))
+        return self.columns
+
+
 def scan_buffer(buf: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
     """The records of a whole TFRecord shard held in ``buf`` (bytes, mmap, ...)."""
-    assert _native is not None
-    key: str | None = options.get("key", "key")
-    want_fields = bool(options.get("fields", True))
-    fields: dict[str, list[Scalar | None]] = {}
-    columns = Columns([], [], [], fields)
+    scan = _Scan(options)
     pos = 0
     while True:
-        pos, done = _native.tfrecord(
-            buf,
-            pos,
-            key,
-            want_fields,
-            columns.keys,
-            columns.offsets,
-            columns.lengths,
-            fields,
-            float32_shortest,
-        )
+        pos, done = scan.run(buf, pos, 0)
         if done:
-            break
-        entry = _one(buf, pos, path, options, ref)
-        _add(columns, entry)
+            return scan.done()
+        end = _frame_end(buf, pos)
+        frame = bytes(buf[pos : len(buf) if end is None else min(end, len(buf))])
+        entry = _one(frame, pos, len(buf) - pos, path, options, ref)
+        _add(scan.columns, entry)
         pos = entry.offset + _HEADER + entry.length + _FOOTER
-    n = len(columns.offsets)
-    for column in fields.values():
-        column.extend([None] * (n - len(column)))
-    return columns
 
 
 def scan_tfrecord(path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
@@ -113,3 +150,37 @@ def scan_tfrecord(path: str, options: Mapping[str, Any], ref: Reference) -> Colu
             return Columns([], [], [])
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return scan_buffer(buf, path, options, ref)
+
+
+def scan_stream(stream: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
+    """The records of a TFRecord stream read sequentially in chunks (the decompressed
+    stream of a GZIP TFRecord): offsets are stream offsets. A decompression error
+    is raised where the reference would meet it: when a record needs bytes past it."""
+    scan = _Scan(options)
+    buf = bytearray()
+    base = 0  # the stream offset of buf[0]
+    pending: CorruptRecordError | None = None
+    eof = False
+    while True:
+        pos, _ = scan.run(buf, 0, base)
+        del buf[:pos]
+        base += pos
+        end = _frame_end(buf, 0)
+        if end is None or end > len(buf):  # the next record needs more bytes
+            if not eof:
+                try:
+                    chunk = stream.read(_CHUNK)
+                except CorruptRecordError as exc:
+                    pending, chunk = exc, b""
+                eof = not chunk
+                buf += chunk
+                continue
+            if pending is not None:
+                raise pending
+            if not buf:
+                return scan.done()
+            end = len(buf)  # truncated: the reference says how
+        entry = _one(bytes(buf[:end]), base, None, path, options, ref)
+        _add(scan.columns, entry)
+        del buf[: _HEADER + entry.length + _FOOTER]
+        base += _HEADER + entry.length + _FOOTER

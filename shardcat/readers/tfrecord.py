@@ -41,7 +41,7 @@ from shardcat.pb2 import (
     SequenceExample,
 )
 from shardcat.readers import native
-from shardcat.readers.compressed import detect_compression, open_stream
+from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import (
     Entry,
     Format,
@@ -248,11 +248,19 @@ class TFRecordFormat(Format):
             yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
 
     def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
-        """One shard's records: a plain file through the native scanner when it is
-        built and enabled (:mod:`shardcat.readers.native`), else as every format does."""
-        if native.enabled() and detect_compression(path) is None:
+        """One shard's records through the native scanner when it is built and enabled
+        (:mod:`shardcat.readers.native`): a plain file mapped into memory, a GZIP one
+        as its decompressed stream; else as every format does."""
+        if not native.enabled():
+            return super().scan_shard(path, options)
+        compression = detect_compression(path)
+        if compression is None:
             return ShardScan(native.scan_tfrecord(path, options, _scan))
-        return super().scan_shard(path, options)
+        with IndexingStream(path, compression) as stream:
+            columns = native.scan_stream(stream, path, options, _scan)
+            index = stream.seek_index()
+        kind, blob = index if index is not None else (None, None)
+        return ShardScan(columns, compression, kind, blob)
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         """:meth:`scan` over a binary stream read sequentially: a plain file, or the
