@@ -383,8 +383,8 @@ static int map_entry(const uint8_t *p, const uint8_t *end, const uint8_t **name,
                 *value = a;
                 *vend = b;
             }
-        } else if (skip(&p, end, wt)) {
-            return DEFER;
+        } else {
+            return DEFER; /* upb keeps an entry with unknown fields out of the map */
         }
     }
     if (!have_key || !utf8_valid(*name, *nlen)) return DEFER;
