@@ -371,3 +371,115 @@ def test_gzip_stream(
     for cut in (len(packed) - 10, len(packed) // 2):  # a broken gzip stream
         path.write_bytes(packed[:cut])
         same_shard(path, options)
+
+
+# -- structured fuzzing: well-framed records of odd but plausible protobuf ---------
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(num: int, wt: int, body: bytes) -> bytes:
+    tag = _varint(num << 3 | wt)
+    return tag + _varint(len(body)) + body if wt == 2 else tag + body
+
+
+class Wire:
+    """Random Examples with unknown fields at every level, duplicates, packed and
+    unpacked values, wrong wire types, map entries out of order or incomplete."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def unknown(self) -> bytes:
+        r = self.rng
+        wt = r.choice([0, 1, 2, 5])
+        body = {
+            0: _varint(r.getrandbits(r.choice([3, 40, 64]))),
+            1: r.randbytes(8),
+            2: r.randbytes(r.randint(0, 5)),
+            5: r.randbytes(4),
+        }[wt]
+        return _field(r.choice([4, 5, 15, 16, 100, 2**20]), wt, body)
+
+    def sometimes(self) -> bytes:
+        return self.unknown() if self.rng.random() < 0.1 else b""
+
+    def values(self, kind: int) -> bytes:
+        r = self.rng
+        n = r.choice([0, 1, 1, 1, 2, 3])
+        if kind == 1:
+            pool = [b"x", b"\xff", b"", "é".encode(), b"a" * 300]
+            return b"".join(_field(1, 2, r.choice(pool)) + self.sometimes() for _ in range(n))
+        if kind == 2:
+            raw = [struct.pack("<f", r.choice([0.5, 0.1, r.random(), -0.0])) for _ in range(n)]
+            if r.random() < 0.5:
+                return _field(1, 2, b"".join(raw)) + self.sometimes()
+            return b"".join(_field(1, 5, v) for v in raw)
+        ints = [
+            _varint(r.choice([0, -1, 2**63 - 1, -(2**63), r.getrandbits(40)])) for _ in range(n)
+        ]
+        if r.random() < 0.5:
+            return _field(1, 2, b"".join(ints)) + self.sometimes()
+        return b"".join(_field(1, 0, v) for v in ints)
+
+    def feature(self) -> bytes:
+        r = self.rng
+        out = b""
+        for _ in range(r.choice([0, 1, 1, 1, 2])):
+            kind = r.choice([1, 2, 3])
+            if r.random() < 0.97:
+                out += _field(kind, 2, self.values(kind))
+            else:
+                out += _field(kind, 0, b"\x01")  # a wrong wire type
+            out += self.sometimes()
+        return out
+
+    def entry(self, name: bytes) -> bytes:
+        r = self.rng
+        parts = [_field(1, 2, name), _field(2, 2, self.feature())]
+        if r.random() < 0.5:
+            parts.reverse()
+        if r.random() < 0.03:
+            parts.append(self.unknown())
+        if r.random() < 0.03:
+            parts.append(_field(2, 2, self.feature()))  # the value twice: merged
+        if r.random() < 0.03:
+            parts = parts[1:]
+        return b"".join(parts)
+
+    def record(self) -> bytes:
+        r = self.rng
+        names = r.sample([b"key", b"id", b"score", b"c", b"", b"\xff"], r.randint(0, 4))
+        if names and r.random() < 0.05:
+            names.append(r.choice(names))
+        if b"key" not in names and r.random() < 0.8:
+            names.append(b"key")
+        r.shuffle(names)
+        features = b"".join(_field(1, 2, self.entry(n)) + self.sometimes() for n in names)
+        parts = [_field(1, 2, features)]
+        if r.random() < 0.1:
+            flist = _field(1, 2, _field(1, 2, b"fl") + _field(2, 2, _field(1, 2, self.feature())))
+            parts.append(_field(2, 2, flist))
+        if r.random() < 0.1:
+            parts.insert(r.randrange(len(parts) + 1), self.unknown())
+        return b"".join(parts)
+
+
+@needs_native
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_fuzz_structured_wire(tmp_path: Path, seed: int) -> None:
+    wire = Wire(random.Random(seed))
+    path = write(tmp_path / "w.tfrecord", [wire.record() for _ in range(4)])
+    for options in OPTIONS:
+        same(path, options)
