@@ -243,6 +243,14 @@ def test_truncated(tmp_path: Path, cut: int) -> None:
 
 
 @needs_native
+def test_masked_crc_matches_the_reference() -> None:
+    rng = random.Random(3)
+    for n in [*range(70), 1000, 4097, 100_001]:
+        data = rng.randbytes(n)
+        assert native._native.masked_crc(data) == masked_crc(data), n  # type: ignore[union-attr]
+
+
+@needs_native
 def test_float32_rule_matches_float32_shortest() -> None:
     rng = random.Random(12)
     patterns = [rng.getrandbits(32) for _ in range(200_000)]

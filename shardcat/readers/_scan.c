@@ -24,7 +24,9 @@
  *   done: True when pos reached the end of buf; False when the record at pos
  *   is not settled here: it runs past the end of buf (a stream reads more),
  *   or the reference must handle it.
- *   masked_crc(data) -> int; float32_shortest(x) -> float (for tests).
+ *   masked_crc(data) -> int; float32_shortest(x, fallback) -> float;
+ *   hardware_crc() -> whether CRC32C runs on SSE4.2 (for tests).
+ * Build with -DSHARDCAT_NO_HW_CRC to test the table CRC on an x86 machine.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(SHARDCAT_NO_HW_CRC)
 #include <nmmintrin.h>
 #define HAVE_X86 1
 #endif
