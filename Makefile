@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
 # which tfd-utils pins): proves shardcat.pb2 works on both ends of the range.
-$(CORE_VENV)/.installed: pyproject.toml
+$(CORE_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CORE_VENV)/bin/python -m pip install -q -e . 'protobuf>=7' pytest hypothesis

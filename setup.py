@@ -1,6 +1,7 @@
 """Build of shardcat's optional C extensions (the project's metadata is in pyproject.toml).
 
-Each extension is optional: where it does not build, the pure-Python paths are used.
+Each extension is optional: where it does not build, the pure-Python paths are used
+(the tests check that CI builds both).
 """
 
 from setuptools import Extension, setup
@@ -11,6 +12,12 @@ EXTENSIONS = [
         ["shardcat/readers/_inflate.c"],
         libraries=["z"],
         optional=True,
+    ),
+    Extension(
+        "shardcat.readers._scan",
+        ["shardcat/readers/_scan.c"],
+        optional=True,
+        extra_compile_args=["-O3"],
     ),
 ]
 

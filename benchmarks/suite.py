@@ -107,10 +107,17 @@ def bench_ingest(cfg: Config, log: Log) -> list[Row]:
     index = ds.directory / "ingest-bench.index"
     log(f"  {ds.records:,} records, {ds.nbytes / 1e6:.0f} MB in {len(files)} shards")
 
-    def shardcat_ingest() -> None:
-        remove_catalog(catalog)  # fresh every repeat (deleting takes well under 1 ms)
-        with Catalog(catalog) as cat:
-            cat.ingest(ds.glob, dataset=DATASET, workers=2).close()
+    def ingest(*, fields: bool = True, native: bool = True) -> Callable[[], None]:
+        def run() -> None:
+            remove_catalog(catalog)  # fresh every repeat (deleting takes well under 1 ms)
+            os.environ["SHARDCAT_NATIVE"] = "1" if native else "0"  # the workers inherit it
+            try:
+                with Catalog(catalog) as cat:
+                    cat.ingest(ds.glob, dataset=DATASET, workers=2, fields=fields).close()
+            finally:
+                os.environ.pop("SHARDCAT_NATIVE", None)
+
+        return run
 
     def tfd_build() -> None:
         index.unlink(missing_ok=True)
@@ -160,7 +167,10 @@ def bench_ingest(cfg: Config, log: Log) -> list[Row]:
 
     t = round_robin(
         {
-            "shardcat": shardcat_ingest,
+            "shardcat": ingest(),
+            "shardcat_py": ingest(native=False),
+            "shardcat_nofields": ingest(fields=False),
+            "shardcat_py_nofields": ingest(fields=False, native=False),
             "tfd_build": tfd_build,
             "tfd_open": tfd_open,
             "cat": cat_files,
@@ -173,9 +183,17 @@ def bench_ingest(cfg: Config, log: Log) -> list[Row]:
     remove_catalog(catalog)
     index.unlink(missing_ok=True)
     name = f"1. ingest {ds.records // 1000}k x 1 KB, 4 shards, 2 workers"
-    sc = t["shardcat"]
+    sc, tfd = t["shardcat"], t["tfd_build"]
     return [
-        Row(name, "ingest time", "s", sc, "tfd-utils index build", t["tfd_build"], 1 / 3),
+        Row(name, "ingest time", "s", sc, "tfd-utils index build", tfd, 1),
+        Row(name, "ingest time, no fields", "s", t["shardcat_nofields"], "tfd-utils index build",
+            tfd, 0.5),
+        Row(name, "ingest time, Python scan", "s", t["shardcat_py"], "tfd-utils index build",
+            tfd),
+        Row(name, "ingest time, Python scan, no fields", "s", t["shardcat_py_nofields"],
+            "tfd-utils index build", tfd),
+        Row(name, "ingest time", "s", sc, "shardcat's Python scan (SHARDCAT_NATIVE=0)",
+            t["shardcat_py"]),
         Row(name, "ingest time", "s", sc, "tfd-utils open (incl. its 1 s lock sleep)",
             t["tfd_open"]),
         Row(name, "ingest time", "s", sc, "`cat` > /dev/null", t["cat"], 2),

@@ -29,6 +29,7 @@ from shardcat import (
 )
 from shardcat.readers import tar
 from shardcat.readers.formats import Format, get_format
+from shardcat.readers.tfrecord import TFRecordFormat
 
 tfd_utils = pytest.importorskip("tfd_utils")
 
@@ -82,14 +83,14 @@ class Scans:
 @pytest.fixture
 def scans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scans:
     counter = Scans(tmp_path / "scans.log")
-    original = Format.scan_shard
+    for cls in (Format, TFRecordFormat):  # TFRecord's own scan_shard: the native scanner
 
-    def counting(fmt: Any, path: str, options: Any) -> Any:
-        with open(counter.log, "a") as log:
-            log.write(Path(path).name + "\n")
-        return original(fmt, path, options)
+        def counting(fmt: Any, path: str, options: Any, original: Any = cls.scan_shard) -> Any:
+            with open(counter.log, "a") as log:
+                log.write(Path(path).name + "\n")
+            return original(fmt, path, options)
 
-    monkeypatch.setattr(Format, "scan_shard", counting)
+        monkeypatch.setattr(cls, "scan_shard", counting)
     return counter
 
 

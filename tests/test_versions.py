@@ -340,7 +340,7 @@ def test_keys_stay_in_the_catalog_while_their_shard_is_reindexed(
     """Between the sync and the commit of a re-index the old version stays: a reader
     holding the old file reads its bytes, a new reader finds the key (and a stale
     file, said so), nobody gets None; after the commit everyone reads the new bytes."""
-    from shardcat.readers.formats import Format
+    from shardcat.readers.tfrecord import TFRecordFormat as Format  # its own scan_shard
 
     monkeypatch.setattr(catalog_module, "SNAPSHOT_SECONDS", 0.05)
     db, files, old = dataset(tmp_path, "tfrecord", None, n=20)

@@ -40,8 +40,17 @@ from shardcat.pb2 import (
     Int64List,
     SequenceExample,
 )
-from shardcat.readers.compressed import detect_compression, open_stream
-from shardcat.readers.formats import Entry, Format, Location, Mismatch, Scalar, float32_shortest
+from shardcat.readers import native
+from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
+from shardcat.readers.formats import (
+    Entry,
+    Format,
+    Location,
+    Mismatch,
+    Scalar,
+    ShardScan,
+    float32_shortest,
+)
 from shardcat.readers.rawio import Source, pread_exact, read_full, unreadable
 from shardcat.readers.source import FileSource
 
@@ -237,6 +246,21 @@ class TFRecordFormat(Format):
         """
         with open(path, "rb", buffering=_SCAN_BUFFER) as f:
             yield from _scan(f, path, options, os.fstat(f.fileno()).st_size)
+
+    def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
+        """One shard's records through the native scanner when it is built and enabled
+        (:mod:`shardcat.readers.native`): a plain file mapped into memory, a GZIP one
+        as its decompressed stream; else as every format does."""
+        if not native.enabled():
+            return super().scan_shard(path, options)
+        compression = detect_compression(path)
+        if compression is None:
+            return ShardScan(native.scan_tfrecord(path, options, _scan))
+        with IndexingStream(path, compression) as stream:
+            columns = native.scan_stream(stream, path, options, _scan)
+            index = stream.seek_index()
+        kind, blob = index if index is not None else (None, None)
+        return ShardScan(columns, compression, kind, blob)
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         """:meth:`scan` over a binary stream read sequentially: a plain file, or the

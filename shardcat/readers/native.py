@@ -1,0 +1,186 @@
+"""The Python side of the native TFRecord scanner (``shardcat.readers._scan``): its
+import, the switch that turns it off, and the loop that hands it a shard and
+builds :class:`~shardcat.readers.formats.Columns` from what it fills.
+
+The extension settles the well-formed common case; at any record it cannot
+settle with certainty (damaged framing, a malformed or unusual protobuf wire, a
+missing key) it stops, the pure-Python reference scan handles that one record
+(so errors, their messages and offsets are the reference's), and the extension
+continues after it. ``SHARDCAT_NATIVE=0`` in the environment forces the
+reference scan everywhere; without a built extension it is used anyway.
+
+One difference, by design: when one record brings several new field names, the
+extension adds their columns in wire order, the reference in the iteration order
+of protobuf's map (upb's hash order); the values are the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
+from typing import Any
+
+from shardcat.errors import CorruptRecordError
+from shardcat.readers.formats import Columns, Entry, float32_shortest
+
+__all__ = ["available", "enabled", "scan_buffer", "scan_stream", "scan_tfrecord"]
+
+_native: ModuleType | None
+try:
+    _native = importlib.import_module("shardcat.readers._scan")
+except ImportError:  # no compiler at install time: the reference scan
+    _native = None
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEADER, _FOOTER = 12, 4
+_CHUNK = 4 << 20  # stream reads
+
+
+def _masked_crc(data: bytes) -> int:
+    assert _native is not None
+    crc: int = _native.masked_crc(data)
+    return crc
+
+
+# the reference scan of one stream: (stream, path, options, size) -> entries
+Reference = Callable[[Any, str, Mapping[str, Any], "int | None"], Iterator[Entry]]
+
+
+def available() -> bool:
+    """Whether the extension was built and imports."""
+    return _native is not None
+
+
+def enabled() -> bool:
+    """Whether scans use the extension: built, and not turned off by ``SHARDCAT_NATIVE=0``."""
+    return _native is not None and os.environ.get("SHARDCAT_NATIVE", "1") != "0"
+
+
+def _one(
+    frame: bytes,
+    offset: int,
+    size: int | None,
+    path: str,
+    options: Mapping[str, Any],
+    ref: Reference,
+) -> Entry:
+    """The record starting ``frame`` (at byte ``offset`` of the shard) through the
+    reference scan, which raises its own error for it, moved to that offset;
+    ``size``: the bytes left in the file from there (None for a stream)."""
+    try:
+        entry = next(ref(io.BytesIO(frame), path, options, size))
+    except CorruptRecordError as exc:
+        raise type(exc)(path, offset + exc.offset, exc.problem) from None
+    entry.offset += offset
+    return entry
+
+
+def _frame_end(buf: Any, pos: int) -> int | None:
+    """Where the frame at ``pos`` ends as far as the reference reads it (its header
+    only when the length CRC is wrong); None when fewer than 12 bytes are there."""
+    if len(buf) - pos < _HEADER:
+        return None
+    (length,) = _U64.unpack_from(buf, pos)
+    if _masked_crc(bytes(buf[pos : pos + 8])) != _U32.unpack_from(buf, pos + 8)[0]:
+        return pos + _HEADER
+    return pos + _HEADER + length + _FOOTER
+
+
+def _add(columns: Columns, entry: Entry) -> None:
+    """Append the reference's entry to columns the extension is filling."""
+    i = len(columns.offsets)
+    columns.keys.append(entry.key)
+    columns.offsets.append(entry.offset)
+    columns.lengths.append(entry.length)
+    for name, value in entry.fields.items():
+        column = columns.fields.setdefault(name, [])
+        column.extend([None] * (i - len(column)))
+        column.append(value)
+
+
+class _Scan:
+    """One shard's columns being filled by the extension."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.key: str | None = options.get("key", "key")
+        self.want_fields = bool(options.get("fields", True))
+        self.columns = Columns([], [], [], {})
+
+    def run(self, buf: Any, pos: int, base: int) -> tuple[int, bool]:
+        assert _native is not None
+        c = self.columns
+        result: tuple[int, bool] = _native.tfrecord(
+            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.fields,
+            float32_shortest,
+        )  # fmt: skip
+        return result
+
+    def done(self) -> Columns:
+        n = len(self.columns.offsets)
+        for column in self.columns.fields.values():
+            column.extend([None] * (n - len(column)))
+        return self.columns
+
+
+def scan_buffer(buf: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
+    """The records of a whole TFRecord shard held in ``buf`` (bytes, mmap, ...)."""
+    scan = _Scan(options)
+    pos = 0
+    while True:
+        pos, done = scan.run(buf, pos, 0)
+        if done:
+            return scan.done()
+        end = _frame_end(buf, pos)
+        frame = bytes(buf[pos : len(buf) if end is None else min(end, len(buf))])
+        entry = _one(frame, pos, len(buf) - pos, path, options, ref)
+        _add(scan.columns, entry)
+        pos = entry.offset + _HEADER + entry.length + _FOOTER
+
+
+def scan_tfrecord(path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
+    """The records of the plain TFRecord file at ``path``, mapped into memory."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return Columns([], [], [])
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return scan_buffer(buf, path, options, ref)
+
+
+def scan_stream(stream: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
+    """The records of a TFRecord stream read sequentially in chunks (the decompressed
+    stream of a GZIP TFRecord): offsets are stream offsets. A decompression error
+    is raised where the reference would meet it: when a record needs bytes past it."""
+    scan = _Scan(options)
+    buf = bytearray()
+    base = 0  # the stream offset of buf[0]
+    pending: CorruptRecordError | None = None
+    eof = False
+    while True:
+        pos, _ = scan.run(buf, 0, base)
+        del buf[:pos]
+        base += pos
+        end = _frame_end(buf, 0)
+        if end is None or end > len(buf):  # the next record needs more bytes
+            if not eof:
+                try:
+                    chunk = stream.read(_CHUNK)
+                except CorruptRecordError as exc:
+                    pending, chunk = exc, b""
+                eof = not chunk
+                buf += chunk
+                continue
+            if pending is not None:
+                raise pending
+            if not buf:
+                return scan.done()
+            end = len(buf)  # truncated: the reference says how
+        entry = _one(bytes(buf[:end]), base, None, path, options, ref)
+        _add(scan.columns, entry)
+        del buf[: _HEADER + entry.length + _FOOTER]
+        base += _HEADER + entry.length + _FOOTER
