@@ -130,7 +130,7 @@ def test_fallback_ingest_gives_the_same_entries(tmp_path: Path, monkeypatch: pyt
     path = tmp_path / "data" / "train.tfrecord"
     path.parent.mkdir()
     _tfrecord_gz(path, 6000)  # ~2 MB decompressed: more than one seek point
-    query = 'SELECT key, "offset", length FROM shardcat_records ORDER BY key'
+    query = 'SELECT key, "offset", length FROM shardcat_records_1 ORDER BY key'
     results = []
     for fallback in (False, True):
         with monkeypatch.context() as patch:

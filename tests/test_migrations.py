@@ -406,9 +406,12 @@ def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: P
         assert {"shardcat_records", "shardcat_fields_1", "shardcat_fields_2"} <= tables
         assert not {"shardcat_records_1", "shardcat_records_2"} & tables
         assert conn.execute("SELECT count(*) FROM shardcat_records").fetchone() == (30 + 10,)
+        (label,) = conn.execute(
+            "SELECT idx FROM shardcat_fields WHERE dataset_id = 1 AND name = 'label'"
+        ).fetchone()
         assert conn.execute(
             "SELECT name FROM sqlite_master WHERE name LIKE 'shardcat_fields_1_v%'"
-        ).fetchall() == [("shardcat_fields_1_v2",)]  # label is its second field column
+        ).fetchall() == [(f"shardcat_fields_1_v{label}",)]
     with Catalog(db):
         pass
     assert schema_shape(db) == schema_shape(fresh)

@@ -234,7 +234,8 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
         columns["item"] = items
     if job.options.get("fields", True):  # without fields the records have no field columns
         types = dict(job.field_types)
-        for name, values in batch.fields.items():
+        for name in sorted(batch.fields):  # new columns in name order, whatever the scan's
+            values = batch.fields[name]
             if name not in types:
                 first = next((v for v in values if v is not None), None)
                 if first is not None:

@@ -9,9 +9,9 @@ missing key) it stops, the pure-Python reference scan handles that one record
 continues after it. ``SHARDCAT_NATIVE=0`` in the environment forces the
 reference scan everywhere; without a built extension it is used anyway.
 
-One difference, by design: when one record brings several new field names, the
-extension adds their columns in wire order, the reference in the iteration order
-of protobuf's map (upb's hash order); the values are the same.
+The two may list a record's field names in another order (wire order here,
+protobuf's map order there); the store adds new field columns in name order,
+so the catalog is the same either way.
 """
 
 from __future__ import annotations
