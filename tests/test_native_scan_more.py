@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardcat.errors import CorruptRecordError
+from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
 from shardcat.readers.formats import Columns, Format
 from shardcat.readers.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
@@ -104,6 +104,21 @@ def test_recordio_sample_and_writer(tmp_path: Path) -> None:
         assert isinstance(got, Columns) and len(got) == 40
     raw = path.read_bytes()
     assert any(raw[i + 7] >> 5 == 1 for i in range(0, len(raw) - 8, 4) if raw[i : i + 4] == MAGIC)
+
+
+def test_recordio_compressed_is_refused(tmp_path: Path) -> None:
+    import gzip
+
+    plain = write_rec(tmp_path / "c.rec", [pack(IRHeader(0, 1.0, 0, 0), b"x")])
+    packed = tmp_path / "c2.rec"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    for fast in (False, True):
+        os.environ["SHARDCAT_NATIVE"] = "1" if fast else "0"
+        try:
+            with pytest.raises(CatalogError, match="cannot be gzip-compressed"):
+                REC.scan_shard(str(packed), {})
+        finally:
+            os.environ.pop("SHARDCAT_NATIVE", None)
 
 
 def test_recordio_empty_and_collisions(tmp_path: Path) -> None:

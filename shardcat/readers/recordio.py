@@ -82,6 +82,7 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
+from shardcat.readers.compressed import detect_compression
 from shardcat.readers.formats import Columns, Entry, Format, Location, Mismatch, Scalar, ShardScan
 from shardcat.readers.irheader import (
     HEADER_TYPES,
@@ -353,8 +354,8 @@ class RecordIOFormat(Format):
     def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
         """One shard's records through the native scanner when it is built and enabled
         (:func:`shardcat.readers.native.recordio_frames`); else as every format does."""
-        if not native.enabled():
-            return super().scan_shard(path, options)
+        if not native.enabled() or detect_compression(path) is not None:
+            return super().scan_shard(path, options)  # compressed: the usual error
         return ShardScan(_native_scan(path, options))
 
     def key_rule(self, options: Mapping[str, Any]) -> str:
