@@ -83,7 +83,8 @@ class Scans:
 @pytest.fixture
 def scans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scans:
     counter = Scans(tmp_path / "scans.log")
-    for cls in (Format, TFRecordFormat):  # TFRecord's own scan_shard: the native scanner
+    # the formats' own scan_shard: the native scanner's entry points
+    for cls in (Format, TFRecordFormat, tar.TarFormat, type(get_format("recordio"))):
 
         def counting(fmt: Any, path: str, options: Any, original: Any = cls.scan_shard) -> Any:
             with open(counter.log, "a") as log:

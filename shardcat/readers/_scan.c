@@ -659,6 +659,184 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
     return Py_BuildValue("nO", pos, done ? Py_True : Py_False);
 }
 
+/* -- RecordIO framing ----------------------------------------------------------- */
+
+/* recordio(buf, pos, want_header, offsets, lengths, fields, fallback) -> (pos, done):
+ * whole (cflag 0) frames with the right magic that fit in the buffer; in header
+ * datasets an IRHeader with flag 0 gives flag, label (not NaN), id and id2 (when
+ * they fit int64). Stops at anything else (a part of a split record, bad magic,
+ * truncation, flag > 0): the reference takes that record. */
+static PyObject *py_recordio(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t pos;
+    int want_header;
+    PyObject *offsets, *lengths, *dict, *fallback;
+    if (!PyArg_ParseTuple(args, "y*npO!O!O!O", &view, &pos, &want_header, &PyList_Type, &offsets,
+                          &PyList_Type, &lengths, &PyDict_Type, &dict, &fallback))
+        return NULL;
+    const uint8_t *buf = view.buf;
+    Py_ssize_t size = view.len;
+    Columns cols = {dict, NULL, 0, 0};
+    int done = 0, failed = 0;
+    if (pos < 0) pos = 0;
+    while (1) {
+        Py_ssize_t left = size - pos;
+        if (left <= 0) {
+            done = 1;
+            break;
+        }
+        if (left < 8) break;
+        const uint8_t *h = buf + pos;
+        if (rd32(h) != 0xCED7230Au) break;
+        uint32_t lrecord = rd32(h + 4);
+        if (lrecord >> 29 != 0) break;
+        Py_ssize_t n = (Py_ssize_t)(lrecord & 0x1FFFFFFFu);
+        Py_ssize_t span = 8 + ((n + 3) & ~(Py_ssize_t)3);
+        if (span > left) break;
+        const uint8_t *data = h + 8;
+        int header = want_header && n >= 24;
+        if (header && rd32(data) != 0) break; /* a label array: the reference */
+        Py_ssize_t ordinal = PyList_GET_SIZE(offsets);
+        if (append_new(offsets, PyLong_FromSsize_t(pos)) < 0 ||
+            append_new(lengths, PyLong_FromSsize_t(span)) < 0) {
+            failed = 1;
+            break;
+        }
+        if (header) {
+            float label;
+            uint32_t bits = rd32(data + 4);
+            memcpy(&label, &bits, 4);
+            uint64_t id = rd64(data + 8), id2 = rd64(data + 16);
+            PyObject *list = column(&cols, (const uint8_t *)"flag", 4);
+            if (list == NULL || put(list, ordinal, PyLong_FromLong(0)) < 0) failed = 1;
+            if (!failed && !isnan(label)) {
+                list = column(&cols, (const uint8_t *)"label", 5);
+                if (list == NULL || put(list, ordinal, f32_cached(label, fallback)) < 0) failed = 1;
+            }
+            if (!failed && id <= (uint64_t)INT64_MAX) {
+                list = column(&cols, (const uint8_t *)"id", 2);
+                if (list == NULL || put(list, ordinal, PyLong_FromUnsignedLongLong(id)) < 0)
+                    failed = 1;
+            }
+            if (!failed && id2 <= (uint64_t)INT64_MAX) {
+                list = column(&cols, (const uint8_t *)"id2", 3);
+                if (list == NULL || put(list, ordinal, PyLong_FromUnsignedLongLong(id2)) < 0)
+                    failed = 1;
+            }
+            if (failed) break;
+        }
+        pos += span;
+    }
+    for (Py_ssize_t i = 0; i < cols.n; i++) Py_DECREF(cols.cols[i].key);
+    free(cols.cols);
+    PyBuffer_Release(&view);
+    if (failed) return NULL;
+    return Py_BuildValue("nO", pos, done ? Py_True : Py_False);
+}
+
+/* -- tar header walk ------------------------------------------------------------ */
+
+static inline int py_space(uint8_t c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* An octal field as the reference reads it (split at NUL, strip, octal digits):
+ * 0 with *out set; -1 for anything else (base-256, signs, junk: the reference). */
+static int octal(const uint8_t *p, size_t n, int empty_ok, uint64_t *out) {
+    size_t end = 0;
+    while (end < n && p[end] != 0) end++;
+    size_t start = 0;
+    while (start < end && py_space(p[start])) start++;
+    while (end > start && py_space(p[end - 1])) end--;
+    if (start == end && !empty_ok) return -1;
+    uint64_t v = 0;
+    for (size_t i = start; i < end; i++) {
+        if (p[i] < '0' || p[i] > '7') return -1;
+        if (v >> 60) return -1;
+        v = v << 3 | (uint64_t)(p[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* tar_headers.checksum_ok: the stored octal sum equals the unsigned or the signed
+ * byte sum of the header with its checksum field as spaces */
+static int tar_checksum_ok(const uint8_t *b) {
+    uint64_t stored;
+    if (octal(b + 148, 8, 0, &stored) < 0) return 0;
+    int64_t uns = 256, sig = 256;
+    for (int i = 0; i < 512; i++) {
+        if (i >= 148 && i < 156) continue;
+        uns += b[i];
+        sig += (int8_t)b[i];
+    }
+    return (int64_t)stored == uns || (int64_t)stored == sig;
+}
+
+/* tar(buf, pos, limit, names, header_offsets, data_offsets, sizes, types) -> pos:
+ * the plain headers of regular files, directories and other members without
+ * data (types 0, NUL, 7, 1-6) from pos, at most limit of them; stops at the first
+ * header it cannot settle (pax or GNU extended headers, sparse members, a bad
+ * checksum or number, a name that is not UTF-8, data past the end of the buffer,
+ * the end-of-archive zeros): the reference walk goes on from there. */
+static PyObject *py_tar(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t pos, limit;
+    PyObject *names, *hoffs, *doffs, *sizes, *types;
+    if (!PyArg_ParseTuple(args, "y*nnO!O!O!O!O!", &view, &pos, &limit, &PyList_Type, &names,
+                          &PyList_Type, &hoffs, &PyList_Type, &doffs, &PyList_Type, &sizes,
+                          &PyList_Type, &types))
+        return NULL;
+    const uint8_t *buf = view.buf;
+    Py_ssize_t size = view.len;
+    int failed = 0;
+    char joined[256];
+    if (pos < 0) pos = 0;
+    for (Py_ssize_t count = 0; count < limit; count++) {
+        if (size - pos < 512) break;
+        const uint8_t *b = buf + pos;
+        uint8_t kind = b[156];
+        int no_data = kind >= '1' && kind <= '6';
+        if (!(kind == '0' || kind == 0 || kind == '7' || no_data)) break;
+        if (!tar_checksum_ok(b)) break;
+        uint64_t msize;
+        if (octal(b + 124, 12, 1, &msize) < 0) break;
+        size_t nlen = 0, plen = 0;
+        while (nlen < 100 && b[nlen] != 0) nlen++;
+        while (plen < 155 && b[345 + plen] != 0) plen++;
+        Py_ssize_t data = pos + 512, span = 0;
+        if (!no_data) {
+            if (msize > (uint64_t)(size - data)) break;
+            span = (Py_ssize_t)((msize + 511) / 512 * 512);
+            if (span > size - data) break;
+        }
+        PyObject *name;
+        if (plen) {
+            if (!utf8_valid(b + 345, plen) || !utf8_valid(b, nlen)) break;
+            memcpy(joined, b + 345, plen);
+            joined[plen] = '/';
+            memcpy(joined + plen + 1, b, nlen);
+            name = PyUnicode_DecodeUTF8(joined, (Py_ssize_t)(plen + 1 + nlen), NULL);
+        } else {
+            if (!utf8_valid(b, nlen)) break;
+            name = PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)nlen, NULL);
+        }
+        if (append_new(names, name) < 0 || append_new(hoffs, PyLong_FromSsize_t(pos)) < 0 ||
+            append_new(doffs, PyLong_FromSsize_t(data)) < 0 ||
+            append_new(sizes, PyLong_FromUnsignedLongLong(msize)) < 0 ||
+            append_new(types, PyBytes_FromStringAndSize((const char *)&kind, 1)) < 0) {
+            failed = 1;
+            break;
+        }
+        pos = data + span;
+    }
+    PyBuffer_Release(&view);
+    if (failed) return NULL;
+    return PyLong_FromSsize_t(pos);
+}
+
 static PyObject *py_masked_crc(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer view;
@@ -688,6 +866,8 @@ static PyObject *py_hardware_crc(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"tfrecord", py_tfrecord, METH_VARARGS, "Scan TFRecord frames of a buffer into columns."},
+    {"recordio", py_recordio, METH_VARARGS, "Scan whole RecordIO frames of a buffer into columns."},
+    {"tar", py_tar, METH_VARARGS, "Walk plain tar headers of a buffer into member columns."},
     {"masked_crc", py_masked_crc, METH_O, "TensorFlow's masked CRC32C of a buffer."},
     {"float32_shortest", py_float32_shortest, METH_VARARGS,
      "float32_shortest(x, fallback): the shortest decimal that rounds to float32(x)."},
@@ -696,7 +876,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_scan", "The native TFRecord scanner (see native.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_scan", "The native TFRecord, RecordIO and tar scanners (see native.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__scan(void) {

@@ -1,6 +1,8 @@
-"""The Python side of the native TFRecord scanner (``shardcat.readers._scan``): its
-import, the switch that turns it off, and the loop that hands it a shard and
-builds :class:`~shardcat.readers.formats.Columns` from what it fills.
+"""The Python side of the native scanners (``shardcat.readers._scan``): its
+import, the switch that turns it off, the loop that hands it a TFRecord shard and
+builds :class:`~shardcat.readers.formats.Columns` from what it fills, the RecordIO
+frame walk (:func:`recordio_frames`, driven by the RecordIO format) and the tar
+header walk (:func:`tar_members`), whose members the tar format groups as usual.
 
 The extension settles the well-formed common case; at any record it cannot
 settle with certainty (damaged framing, a malformed or unusual protobuf wire, a
@@ -27,8 +29,17 @@ from typing import Any
 
 from shardcat.errors import CorruptRecordError
 from shardcat.readers.formats import Columns, Entry, float32_shortest
+from shardcat.readers.tar_headers import BLOCK, ZERO, Cursor, Member, padded
 
-__all__ = ["available", "enabled", "scan_buffer", "scan_stream", "scan_tfrecord"]
+__all__ = [
+    "available",
+    "enabled",
+    "recordio_frames",
+    "scan_buffer",
+    "scan_stream",
+    "scan_tfrecord",
+    "tar_members",
+]
 
 _native: ModuleType | None
 try:
@@ -184,3 +195,71 @@ def scan_stream(stream: Any, path: str, options: Mapping[str, Any], ref: Referen
         _add(scan.columns, entry)
         del buf[: _HEADER + entry.length + _FOOTER]
         base += _HEADER + entry.length + _FOOTER
+
+
+# -- RecordIO ----------------------------------------------------------------------
+
+
+def recordio_frames(buf: Any, pos: int, want_header: bool, columns: Columns) -> tuple[int, bool]:
+    """Append the whole (cflag 0) frames of ``buf`` from ``pos`` to ``columns``
+    (offsets, lengths and, with ``want_header``, the IRHeader fields of flag-0
+    headers); returns where it stopped and whether that is the end of ``buf``.
+    It stops at anything else (split records, bad magic, truncation, a label
+    array): the caller hands that record to the reference walk."""
+    assert _native is not None
+    c = columns
+    result: tuple[int, bool] = _native.recordio(
+        buf, pos, want_header, c.offsets, c.lengths, c.fields, float32_shortest
+    )
+    return result
+
+
+# -- tar ---------------------------------------------------------------------------
+
+_TAR_BATCH = 1 << 16  # members per call of the extension
+_NO_DATA = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
+
+# the reference walk: (cursor, path) -> members
+TarReference = Callable[[Cursor, str], Iterator[Member]]
+
+
+def tar_members(mm: Any, cur: Cursor, path: str, ref: TarReference) -> Iterator[Member]:
+    """The members of the archive mapped in ``mm`` (read through ``cur``, a cursor
+    over it that the caller may read member data from after each member), as the
+    reference walk ``ref`` gives them. The extension walks runs of plain headers;
+    at a header it cannot settle the reference reads that one member (pax or GNU
+    headers included) and the extension goes on after its data; after a global
+    pax header, a sparse member, or at the end of the archive the reference walk
+    reads the rest."""
+    assert _native is not None
+    size = len(mm)
+    pos = 0
+    while True:
+        names: list[str] = []
+        heads: list[int] = []
+        datas: list[int] = []
+        sizes: list[int] = []
+        types: list[bytes] = []
+        pos = _native.tar(mm, pos, _TAR_BATCH, names, heads, datas, sizes, types)
+        for name, head, data, n, kind in zip(names, heads, datas, sizes, types, strict=True):
+            cur.pos = data
+            yield Member(name, kind, head, data, n)
+        if len(names) == _TAR_BATCH:
+            continue
+        cur.pos = pos
+        if size - pos < BLOCK or mm[pos : pos + BLOCK] == ZERO or mm[pos + 156] == ord("g"):
+            yield from ref(cur, path)
+            return
+        members = ref(cur, path)
+        member = next(members, None)
+        if member is None:
+            return
+        span = 0 if member.type in _NO_DATA else padded(member.size)
+        after = member.data_offset + span
+        if member.header_offset != pos or member.extents is not None or after > size:
+            # a global pax header on the way, a sparse member, or data past the end
+            yield member
+            yield from members
+            return
+        yield member
+        pos = after

@@ -81,7 +81,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers.formats import Entry, Format, Location, Mismatch, Scalar
+from shardcat.readers import native
+from shardcat.readers.compressed import detect_compression
+from shardcat.readers.formats import Columns, Entry, Format, Location, Mismatch, Scalar, ShardScan
 from shardcat.readers.irheader import (
     HEADER_TYPES,
     IRHeader,
@@ -178,6 +180,83 @@ def _legacy_entries(size: int, rows: list[Any]) -> list[Entry]:
     return entries
 
 
+def _no_line(path: str, offset: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        path, offset, f"record has no line in {os.path.basename(idx_path_for(path))}"
+    )
+
+
+def _unclaimed(path: str, keys: dict[int, tuple[str, int]]) -> CorruptRecordError:
+    offset, (key, line_at) = min(keys.items(), key=lambda item: item[1][1])
+    return CorruptRecordError(
+        idx_path_for(path),
+        line_at,
+        f"key {key!r} points at byte {offset}, where no record of {path} starts",
+    )
+
+
+def _put(column: list[Scalar | None], i: int, value: Scalar) -> None:
+    column.extend([None] * (i - len(column)))
+    column.append(value)
+
+
+def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
+    """:meth:`RecordIOFormat.scan`'s records as columns: whole frames through the
+    native scanner, every other record through the reference walk at its offset
+    (same errors, same offsets), ``.idx`` keys claimed in file order as there."""
+    keys = _keys_source(path, options)
+    in_column = options.get("idx") == IDX_AS_COLUMN
+    want_fields = bool(options.get("fields", True))
+    want_header = want_fields and bool(options.get("header", True))
+    c = Columns([], [], [], {})
+    key_list: list[str | None] = []
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mm: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        try:
+            pos = 0
+            while True:
+                pos, done = native.recordio_frames(mm, pos, want_header, c)
+                if keys is not None:  # claim the .idx lines of the new records
+                    for i in range(len(key_list), len(c.offsets)):
+                        found = keys.pop(c.offsets[i], None)
+                        if found is None:
+                            raise _no_line(path, c.offsets[i])
+                        key_list.append(found[0])
+                if done:
+                    break
+                end, parts = walk_frames(mm, pos, size, path)
+                if keys is not None:
+                    found = keys.pop(pos, None)
+                    if found is None:
+                        raise _no_line(path, pos)
+                    key_list.append(found[0])
+                i = len(c.offsets)
+                if want_header:
+                    payload = join_parts(mm, parts)
+                    for name, value in header_fields(payload, 0, len(payload)).items():
+                        _put(c.fields.setdefault(name, []), i, value)
+                c.offsets.append(pos)
+                c.lengths.append(end - pos)
+                pos = end
+        finally:
+            if size:
+                mm.close()
+    if keys:
+        raise _unclaimed(path, keys)
+    n = len(c.offsets)
+    if in_column or keys is None:
+        if in_column and want_fields and keys is not None:
+            column = c.fields.setdefault(IDX_KEY, [])
+            column.extend(key_list)
+        c.keys = [None] * n
+    else:
+        c.keys = list(key_list)
+    for column in c.fields.values():
+        column.extend([None] * (n - len(column)))
+    return c
+
+
 def features_of(record: bytes, *, with_data: bool = True) -> dict[str, list[Any]]:
     """``{feature: [values]}``: the IRHeader's values and ``data`` (or just ``data``).
 
@@ -271,6 +350,13 @@ class RecordIOFormat(Format):
                 line_at,
                 f"key {key!r} points at byte {offset}, where no record of {path} starts",
             )
+
+    def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
+        """One shard's records through the native scanner when it is built and enabled
+        (:func:`shardcat.readers.native.recordio_frames`); else as every format does."""
+        if not native.enabled() or detect_compression(path) is not None:
+            return super().scan_shard(path, options)  # compressed: the usual error
+        return ShardScan(_native_scan(path, options))
 
     def key_rule(self, options: Mapping[str, Any]) -> str:
         """``mxnet-idx`` when records are keyed by ``.idx`` files, else ``position``

@@ -66,8 +66,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.readers import native
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
-from shardcat.readers.formats import Entry, Extents, Format, Location, Scalar
+from shardcat.readers.formats import Columns, Entry, Extents, Format, Location, Scalar, ShardScan
 from shardcat.readers.rawio import Source, pread_exact
 from shardcat.readers.source import read_extents
 from shardcat.readers.tar_headers import (
@@ -76,6 +77,7 @@ from shardcat.readers.tar_headers import (
     ZERO,
     Cursor,
     MapCursor,
+    Member,
     StreamCursor,
     checksum_ok,
     expand,
@@ -173,13 +175,17 @@ def _whole_archive(runs: Iterable[_Run]) -> Iterator[_Found]:
 
 
 def _samples(
-    cur: Cursor, path: str, grouping: str, want: Callable[[str, int], bool] | None
+    cur: Cursor,
+    path: str,
+    grouping: str,
+    want: Callable[[str, int], bool] | None,
+    members: Iterable[Member] | None = None,
 ) -> Iterator[tuple[_Sample, dict[str, bytes]]]:
     """Samples in archive order, with the bytes of the members ``want(feature, size)``
-    asks for."""
+    asks for; ``members``: the archive's members (default: the reference walk)."""
     sample: _Sample | None = None
     data: dict[str, bytes] = {}
-    for m in iter_members(cur, path):
+    for m in iter_members(cur, path) if members is None else members:
         if not m.is_file:
             continue
         parts = split_key(m.name, grouping)
@@ -205,24 +211,27 @@ def _samples(
         yield sample, data
 
 
-def _scan_cursor(cur: Cursor, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
-    """The entries of the archive read through ``cur`` (see the module docstring)."""
+def _scan_cursor(
+    cur: Cursor, path: str, options: Mapping[str, Any], members: Iterable[Member] | None = None
+) -> Iterator[Entry]:
+    """The entries of the archive read through ``cur`` (see the module docstring);
+    ``members``: its members when not the reference walk's (the native walk)."""
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
     runs = (
         (sample, {feature: member_fields(feature, raw) for feature, raw in data.items()})
-        for sample, data in _samples(cur, path, grouping, want)
+        for sample, data in _samples(cur, path, grouping, want, members)
     )
     found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
     for key, rows, start, end, fields in found:
-        members: list[Any] = rows  # 4-tuples for sparse members
+        row_list: list[Any] = rows  # 4-tuples for sparse members
         yield Entry(
             None if by_position else key,
             start,
             end - start,
             fields,
-            members,
+            row_list,
         )
 
 
@@ -345,6 +354,20 @@ class TarFormat(Format):
                 return
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 yield from _scan_cursor(MapCursor(mm, size), path, options)
+
+    def scan_shard(self, path: str, options: Mapping[str, Any]) -> ShardScan:
+        """One shard's samples; a plain archive's headers walked by the native scanner
+        when it is built and enabled (:func:`shardcat.readers.native.tar_members`),
+        grouped here as :meth:`scan` groups them; else as every format does."""
+        if not native.enabled() or detect_compression(path) is not None:
+            return super().scan_shard(path, options)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return ShardScan(Columns([], [], []))
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                cur = MapCursor(mm, len(mm))
+                members = native.tar_members(mm, cur, path, iter_members)
+                return ShardScan(Columns.of(_scan_cursor(cur, path, options, members)))
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         """Like :meth:`scan`, over a binary stream read sequentially (compressed
