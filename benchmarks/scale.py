@@ -114,18 +114,18 @@ def measure(kind: str, records: int, workers: int) -> dict[str, float]:
                 start = time.perf_counter()
                 cat.ingest(str(directory / "*.tfrecord"), "d", workers=workers).close()
                 add = time.perf_counter() - start
+                cat.create_index("d", "label")
+                counts = []
+                for _ in range(6):
+                    start = time.perf_counter()
+                    (n,) = cat.query("SELECT count(*) FROM d WHERE label < 10")[0]
+                    counts.append(time.perf_counter() - start)
+                assert n == (records + SHARD) // 10, n
+                with cat.dataset("d") as reader:  # the records are the ones written
+                    for x in (0, records // 2, records + SHARD - 1):
+                        assert reader.get_feature(key_of(kind, x).decode(), "label") == x % 100
             finally:
                 link.unlink()
-            cat.create_index("d", "label")
-            counts = []
-            for _ in range(6):
-                start = time.perf_counter()
-                (n,) = cat.query("SELECT count(*) FROM d WHERE label < 10")[0]
-                counts.append(time.perf_counter() - start)
-            assert n == (records + SHARD) // 10, n
-            with cat.dataset("d") as reader:  # the records are the ones written
-                for x in (0, records // 2, records + SHARD - 1):
-                    assert reader.get_feature(key_of(kind, x).decode(), "label") == x % 100
         return {
             "first": first,
             "ns": first / records * 1e9,
