@@ -25,8 +25,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from shardcat.catalog import fields as field_store
-from shardcat.catalog import schema
+from shardcat.catalog import schema, tables
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
@@ -239,8 +238,8 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
             if name not in types:
                 first = next((v for v in values if v is not None), None)
                 if first is not None:
-                    types[name] = field_store.sql_type_of(first)
-        cols = field_store.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
+                    types[name] = tables.sql_type_of(first)
+        cols = tables.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
         for name in cols:
             column = batch.fields.get(name)
             if column is not None and any(v is not None for v in column):
@@ -332,12 +331,12 @@ def defer_key_index(engine: Engine, dataset_id: int) -> bool:
     the index is (now) deferred."""
     table = schema.records_table_name(dataset_id)
     with engine.begin() as conn:
-        if not field_store.has_key_index(conn, dataset_id):
+        if not tables.has_key_index(conn, dataset_id):
             return True
         quoted = conn.dialect.identifier_preparer.quote_identifier(table)
         if conn.exec_driver_sql(f"SELECT 1 FROM {quoted} LIMIT 1").first() is not None:
             return False
-        field_store.drop_key_index(conn, dataset_id)
+        tables.drop_key_index(conn, dataset_id)
         return True
 
 
@@ -350,16 +349,16 @@ def finish_key_index(engine: Engine, job: IngestJob) -> tuple[dict[str, str], di
     that failed that way and ``{stored path: records dropped}`` of the shards that
     lost records."""
     with engine.begin() as conn:
-        if field_store.has_key_index(conn, job.dataset_id):
+        if tables.has_key_index(conn, job.dataset_id):
             return {}, {}
         try:
             with conn.begin_nested():
-                field_store.create_key_index(conn, job.dataset_id)
+                tables.create_key_index(conn, job.dataset_id)
             return {}, {}
         except IntegrityError:
             pass  # keys held by more than one shard
         failed = _settle_duplicates(conn, job)
-        field_store.create_key_index(conn, job.dataset_id)
+        tables.create_key_index(conn, job.dataset_id)
         return failed
 
 

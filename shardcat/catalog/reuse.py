@@ -41,8 +41,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import fields as field_store
-from shardcat.catalog import schema
+from shardcat.catalog import schema, tables
 from shardcat.catalog.sync import DROPPED, Judge, bump_version, recompute_positions
 from shardcat.errors import CatalogError
 
@@ -210,10 +209,10 @@ def _copy_field_columns(
     conn: Connection, donor_id: int, dataset_id: int, name: str
 ) -> list[tuple[int, int]]:
     """Give the new dataset the donor's field columns; (donor idx, new idx) pairs."""
-    donor = field_store.field_columns(conn, donor_id)
+    donor = tables.field_columns(conn, donor_id)
     if not donor:
         return []
-    mine = field_store.ensure_field_columns(
+    mine = tables.ensure_field_columns(
         conn, dataset_id, name, {feature: sql_type for feature, (_, sql_type, _) in donor.items()}
     )
     return [(idx, mine[feature][2]) for feature, (_, _, idx) in donor.items()]

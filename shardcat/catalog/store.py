@@ -28,8 +28,7 @@ from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import engine as engine_module
-from shardcat.catalog import fields as field_store
-from shardcat.catalog import reuse, schema
+from shardcat.catalog import reuse, schema, tables
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
@@ -82,10 +81,10 @@ def _refuse_foreign(path: Path) -> None:
     uri = path.resolve().as_uri() + "?mode=ro"
     try:
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     except sqlite3.Error as exc:
         raise open_error(path, exc) from None
-    if tables and not tables & {"shardcat_meta", "catalog_meta"}:  # (before version 4)
+    if names and not names & {"shardcat_meta", "catalog_meta"}:  # (before version 4)
         raise CatalogError(
             f"{path} is a SQLite database but not a shardcat catalog: refusing to add the "
             "catalog's tables to it (give another catalog path)"
@@ -363,7 +362,7 @@ class Store:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
             (schema.records_table_name(row[0]),),
         )
-        indexed = field_store.indexed_columns(
+        indexed = tables.indexed_columns(
             (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
         )
         return DatasetInfo(
@@ -453,8 +452,8 @@ class Store:
                         created_at=time.time(),
                     )
                 ).inserted_primary_key[0]
-                field_store.create_records_table(conn, dataset_id)
-                field_store.create_view(conn, dataset_id, name)
+                tables.create_records_table(conn, dataset_id)
+                tables.create_view(conn, dataset_id, name)
                 if seed:  # rows another dataset already holds
                     reuse.seed(conn, dataset_id, name, opts, files, same_file)
             else:
@@ -480,7 +479,7 @@ class Store:
                     )
                 if stored.get("fields", True) != opts.get("fields", True):
                     rescan = True  # every shard gains (or loses) its field rows
-                    field_store.create_view(conn, dataset_id, name)
+                    tables.create_view(conn, dataset_id, name)
             sync_shards(conn, dataset_id, files, same_file, rescan)
         return dataset_id, opts, key_rule
 
@@ -488,7 +487,7 @@ class Store:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         dataset_id = self.dataset_row(name)[0]
         with self._transaction() as conn:
-            field_store.drop_dataset_objects(conn, dataset_id, name)
+            tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
@@ -503,11 +502,11 @@ class Store:
         it too) and goes with :meth:`drop`.
         :class:`CatalogError` for an unknown dataset or field (naming the known ones)
         and on a catalog opened read-only."""
-        return self._field_index(dataset, field, field_store.create_field_index)
+        return self._field_index(dataset, field, tables.create_field_index)
 
     def drop_index(self, dataset: str, field: str) -> bool:
         """Drop the index :meth:`create_index` made; False when the field had none."""
-        return self._field_index(dataset, field, field_store.drop_field_index)
+        return self._field_index(dataset, field, tables.drop_field_index)
 
     def _field_index(
         self, dataset: str, field: str, change: Callable[[Connection, int, str, str], bool]

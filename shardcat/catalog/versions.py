@@ -21,8 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, inspect, select, text
 
-from shardcat.catalog import fields as field_store
-from shardcat.catalog import schema
+from shardcat.catalog import schema, tables
 from shardcat.catalog.engine import make_engine
 from shardcat.errors import CatalogError, SchemaVersionError
 
@@ -113,12 +112,12 @@ def _records_per_dataset(conn: Connection) -> None:
     }
     datasets = conn.execute(select(schema.datasets.c.id, schema.datasets.c.name)).all()
     for dataset_id, _ in datasets:
-        field_store.create_records_table(conn, dataset_id, key_index=False)
+        tables.create_records_table(conn, dataset_id, key_index=False)
         table = f'"{schema.records_table_name(dataset_id)}"'
-        cols = field_store.field_columns(conn, dataset_id)
+        cols = tables.field_columns(conn, dataset_id)
         for _, sql_type, idx in cols.values():
             conn.execute(
-                text(f"ALTER TABLE {table} ADD COLUMN v{idx} {field_store.SQL_TYPES[sql_type]}")
+                text(f"ALTER TABLE {table} ADD COLUMN v{idx} {tables.SQL_TYPES[sql_type]}")
             )
         target = "".join(f", v{idx}" for _, _, idx in cols.values())
         source = "".join(f", f.v{idx}" for _, _, idx in cols.values())
@@ -133,15 +132,15 @@ def _records_per_dataset(conn: Connection) -> None:
             ),
             {"id": dataset_id},
         )
-        field_store.create_key_index(conn, dataset_id)
+        tables.create_key_index(conn, dataset_id)
         for _, _, idx in cols.values():
             if f"shardcat_fields_{dataset_id}_v{idx}" in indexes:
-                name = field_store.field_index_name(dataset_id, idx)
+                name = tables.field_index_name(dataset_id, idx)
                 conn.execute(text(f'CREATE INDEX "{name}" ON {table} (v{idx})'))
         conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
     conn.execute(text("DROP TABLE shardcat_records"))
     for dataset_id, name in datasets:
-        field_store.create_view(conn, dataset_id, name)
+        tables.create_view(conn, dataset_id, name)
 
 
 # STEPS[n] upgrades a catalog from version n to n + 1.
