@@ -123,8 +123,7 @@ def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: l
     never sees a collision.
     """
     removed = sorted(removed)
-    quote = conn.dialect.identifier_preparer.quote_identifier
-    for table in (quote(schema.records_table_name(dataset_id)), schema.members.name):
+    for table in (schema.records_table_name(dataset_id), schema.members.name):
         conn.exec_driver_sql(
             f"DELETE FROM {table} "
             "WHERE shard_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
@@ -146,7 +145,7 @@ def conflicts(
     conn: Connection, dataset_id: int, keys: list[str]
 ) -> dict[str, tuple[int, str, int, int]]:
     """key -> (shard_id, shard path, ordinal, offset) of keys already in the dataset."""
-    table = conn.dialect.identifier_preparer.quote_identifier(schema.records_table_name(dataset_id))
+    table = schema.records_table_name(dataset_id)
     found = {}
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
@@ -333,8 +332,7 @@ def defer_key_index(engine: Engine, dataset_id: int) -> bool:
     with engine.begin() as conn:
         if not tables.has_key_index(conn, dataset_id):
             return True
-        quoted = conn.dialect.identifier_preparer.quote_identifier(table)
-        if conn.exec_driver_sql(f"SELECT 1 FROM {quoted} LIMIT 1").first() is not None:
+        if conn.exec_driver_sql(f"SELECT 1 FROM {table} LIMIT 1").first() is not None:
             return False
         tables.drop_key_index(conn, dataset_id)
         return True
@@ -363,9 +361,7 @@ def finish_key_index(engine: Engine, job: IngestJob) -> tuple[dict[str, str], di
 
 
 def _settle_duplicates(conn: Connection, job: IngestJob) -> tuple[dict[str, str], dict[str, int]]:
-    table = conn.dialect.identifier_preparer.quote_identifier(
-        schema.records_table_name(job.dataset_id)
-    )
+    table = schema.records_table_name(job.dataset_id)
     rows = conn.exec_driver_sql(
         f'SELECT r.key, s.path, r.shard_id, r.ordinal, r."offset" FROM {table} r '
         "JOIN shardcat_shards s ON s.id = r.shard_id WHERE r.key IN "

@@ -251,15 +251,14 @@ def _copy_shard(
     new_id = inserted[0]
     # position keys name their shard (see commit.insert_records)
     key = "'#' || ? || ':' || ordinal" if by_position else "key"
-    quote = conn.dialect.identifier_preparer.quote_identifier
     pairs = columns or []
     target = "".join(f", v{new}" for _, new in pairs)
     source = "".join(f", v{old}" for old, _ in pairs)
     conn.exec_driver_sql(
-        f"INSERT INTO {quote(schema.records_table_name(dataset_id))} "
+        f"INSERT INTO {schema.records_table_name(dataset_id)} "
         f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
         f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
-        f"FROM {quote(schema.records_table_name(donor_id))} WHERE shard_id = ?",
+        f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
         (new_id, new_id, row.id) if by_position else (new_id, row.id),
     )
     conn.exec_driver_sql(

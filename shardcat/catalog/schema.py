@@ -183,8 +183,8 @@ def first_free(base: str, taken: set[str]) -> str:
 
 
 def records_table_name(dataset_id: int) -> str:
-    """The dataset's records table (schema version 6)."""
-    return f"{PREFIX}records_{dataset_id}"
+    """The dataset's records table (schema version 6): a plain identifier, SQL as is."""
+    return f"{PREFIX}records_{int(dataset_id)}"
 
 
 def key_index_name(dataset_id: int) -> str:

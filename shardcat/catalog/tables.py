@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from sqlalchemy import Connection, select
 
@@ -49,7 +48,6 @@ __all__ = [
     "drop_dataset_objects",
     "drop_field_index",
     "drop_key_index",
-    "duplicate_keys",
     "ensure_field_columns",
     "field_index_name",
     "has_key_index",
@@ -102,19 +100,6 @@ def drop_key_index(conn: Connection, dataset_id: int) -> None:
 
 def has_key_index(conn: Connection, dataset_id: int) -> bool:
     return schema.key_index_name(dataset_id) in _index_names(conn, dataset_id)
-
-
-def duplicate_keys(conn: Connection, dataset_id: int, limit: int = 1000) -> list[tuple[Any, ...]]:
-    """``(key, shard_id, ordinal)`` of up to ``limit`` keys held by more than one record
-    (a sort of the table: what building the unique key index would refuse)."""
-    table = _quote(conn, schema.records_table_name(dataset_id))
-    rows = conn.exec_driver_sql(
-        f"SELECT r.key, r.shard_id, r.ordinal FROM {table} r WHERE r.key IN "
-        f"(SELECT key FROM {table} GROUP BY key HAVING count(*) > 1 LIMIT ?) "
-        "ORDER BY r.key, r.shard_id, r.ordinal",
-        (limit,),
-    )
-    return [tuple(r) for r in rows]
 
 
 def field_columns(conn: Connection, dataset_id: int) -> dict[str, tuple[str, str, int]]:
