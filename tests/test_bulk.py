@@ -40,9 +40,9 @@ def used_json(engine: Engine) -> bool:
     return any("json_each" in s for s in STATEMENTS)
 
 
-def insert(engine: Engine, columns: dict[str, Any]) -> int:
+def insert(engine: Engine, columns: dict[str, Any], order_by: str | None = None) -> int:
     with engine.begin() as conn:
-        return insert_columns(conn, "t", columns)
+        return insert_columns(conn, "t", columns, order_by)
 
 
 @pytest.mark.parametrize(
@@ -128,3 +128,14 @@ def test_a_failed_insert_leaves_no_temp_tables(engine: Engine) -> None:
         insert_columns(conn, "t", {"k": ["b", "c"], "c": 1, "i": [1, 2], "v": [2, 3]})
         conn.commit()
     assert rows(engine) == [("a", 1, 0, 1), ("b", 1, 1, 2), ("c", 1, 2, 3)]
+
+
+@pytest.mark.parametrize("v", [None, b"bytes take executemany"])
+def test_order_by_inserts_rows_in_that_column_s_order(engine: Engine, v: Any) -> None:
+    keys = ["m", "c", "x", "a", "q"]
+    insert(engine, {"k": keys, "c": 1, "i": range(5), "v": [v] * 5}, order_by="k")
+    with engine.connect() as conn:
+        in_order = [r[0] for r in conn.exec_driver_sql("SELECT k FROM t ORDER BY rowid")]
+    assert in_order == sorted(keys)  # inserted (rowids given) in key order
+    assert rows(engine) == [(k, 1, n, v) for n, k in enumerate(keys)]  # each row whole
+    assert used_json(engine) == (v is None)
