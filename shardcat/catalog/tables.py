@@ -85,13 +85,30 @@ def create_records_table(conn: Connection, dataset_id: int, key_index: bool = Tr
         create_key_index(conn, dataset_id)
 
 
+# While the key index of a whole dataset is built: SQLite's sorter may use this much
+# memory (KiB; its default, 2 MiB, makes a 30M-key sort merge hundreds of runs) and
+# helper threads.
+_BUILD_CACHE_KIB = 256 * 1024
+_BUILD_THREADS = 2
+
+
 def create_key_index(conn: Connection, dataset_id: int) -> None:
     """The unique index on the dataset's keys (IntegrityError when two records share
-    a key; see :func:`duplicate_keys`)."""
-    conn.exec_driver_sql(
-        f"CREATE UNIQUE INDEX IF NOT EXISTS {_quote(conn, schema.key_index_name(dataset_id))} "
-        f"ON {_quote(conn, schema.records_table_name(dataset_id))} (key)"
-    )
+    a key)."""
+    sqlite = conn.dialect.name == "sqlite"
+    if sqlite:
+        before = int(conn.exec_driver_sql("PRAGMA cache_size").scalar() or -2000)
+        conn.exec_driver_sql(f"PRAGMA cache_size = -{_BUILD_CACHE_KIB}")
+        conn.exec_driver_sql(f"PRAGMA threads = {_BUILD_THREADS}")
+    try:
+        conn.exec_driver_sql(
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {_quote(conn, schema.key_index_name(dataset_id))} "
+            f"ON {_quote(conn, schema.records_table_name(dataset_id))} (key)"
+        )
+    finally:
+        if sqlite:
+            conn.exec_driver_sql(f"PRAGMA cache_size = {before}")
+            conn.exec_driver_sql("PRAGMA threads = 0")
 
 
 def drop_key_index(conn: Connection, dataset_id: int) -> None:
