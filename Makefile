@@ -33,7 +33,7 @@ lint: $(VENV)/.installed
 
 test: $(VENV)/.installed $(CORE_VENV)/.installed lint
 	$(PY) -m pytest -q
-	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py
+	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
 
 # tensorblob's own test suite, which tests/test_tensorblob_suite.py runs against
 # shardcat's TensorBlob and TensorDB: its sdist, downloaded once into .peer/ (git-ignored).

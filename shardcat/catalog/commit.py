@@ -243,9 +243,10 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
             column = batch.fields.get(name)
             if column is not None and any(v is not None for v in column):
                 columns[f"v{cols[name][2]}"] = column
-    # in key order: the key index takes the shard's keys in one sweep (the rows'
-    # own (shard, ordinal) range is new, so their order costs nothing there)
-    insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by="key")
+    # Into a key index, in key order: it takes the shard's keys in one sweep. Without
+    # one (a first ingest builds it last), in ordinal order: the table's own.
+    order = "key" if tables.has_key_index(conn, job.dataset_id) else None
+    insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
 
 
 def commit_shard(
