@@ -176,21 +176,6 @@ class Columns:
             items,
         )
 
-    def entry(self, i: int) -> Entry:
-        """Record ``i`` as an :class:`Entry` (for messages and legacy code paths)."""
-        return Entry(
-            self.keys[i],
-            self.offsets[i],
-            self.lengths[i],
-            {name: v for name, column in self.fields.items() if (v := column[i]) is not None},
-            [m[1:] for m in self.members if m[0] == i],
-            None if self.extents is None else self.extents[i],
-            None if self.items is None else self.items[i],
-        )
-
-    def entries(self) -> list[Entry]:
-        return [self.entry(i) for i in range(len(self))]
-
     def select(self, keep: Sequence[int]) -> Columns:
         """The records at the ordinals ``keep`` (ascending), renumbered from 0."""
         renumber = {old: new for new, old in enumerate(keep)}
