@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from features import b, f32, i64
+from features import ex_bytes as ex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardcat import Catalog
 from shardcat.errors import CorruptRecordError
 from shardcat.pb2 import (
-    BytesList,
     Example,
     Feature,
     FeatureList,
     FeatureLists,
     Features,
-    FloatList,
-    Int64List,
     SequenceExample,
 )
 from shardcat.readers import native, tfrecord
@@ -51,22 +50,6 @@ def frame(data: bytes) -> bytes:
     length = struct.pack("<Q", len(data))
     crc = struct.pack("<I", masked_crc(length))
     return length + crc + data + struct.pack("<I", masked_crc(data))
-
-
-def ex(**features: Feature) -> bytes:
-    return Example(features=Features(feature=features)).SerializeToString()
-
-
-def b(*values: bytes) -> Feature:
-    return Feature(bytes_list=BytesList(value=list(values)))
-
-
-def i64(*values: int) -> Feature:
-    return Feature(int64_list=Int64List(value=list(values)))
-
-
-def f32(*values: float) -> Feature:
-    return Feature(float_list=FloatList(value=list(values)))
 
 
 def reference(path: str, options: dict[str, Any]) -> Columns | CorruptRecordError:

@@ -27,19 +27,17 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import pytest
+from features import b, ex_bytes, f32, i64
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardcat.errors import CorruptRecordError, ShardcatError
 from shardcat.pb2 import (
-    BytesList,
     Example,
     Feature,
     FeatureList,
     FeatureLists,
     Features,
-    FloatList,
-    Int64List,
     SequenceExample,
 )
 from shardcat.readers import tfrecord
@@ -82,22 +80,6 @@ def ref_offsets(payloads: list[bytes]) -> list[int]:
         offsets.append(pos)
         pos += 8 + 4 + len(p) + 4
     return offsets
-
-
-def ex_bytes(**features: Feature) -> bytes:
-    return Example(features=Features(feature=features)).SerializeToString()
-
-
-def b(*values: bytes) -> Feature:
-    return Feature(bytes_list=BytesList(value=list(values)))
-
-
-def i64(*values: int) -> Feature:
-    return Feature(int64_list=Int64List(value=list(values)))
-
-
-def f32(*values: float) -> Feature:
-    return Feature(float_list=FloatList(value=list(values)))
 
 
 def write_raw(path: Path, payloads: list[bytes]) -> list[int]:
