@@ -326,19 +326,15 @@ def commit_shard(
 # -- the key index of a first ingest ------------------------------------------------
 
 
-def defer_key_index(engine: Engine, dataset_id: int) -> bool:
+def defer_key_index(engine: Engine, dataset_id: int) -> None:
     """At the start of an ingest: drop the key index of a dataset that has no records
     yet, so that its shards commit without a random insert per key; the index is
-    built once the rows are in (:func:`finish_key_index`, a sort). Returns whether
-    the index is (now) deferred."""
+    built once the rows are in (:func:`finish_key_index`, a sort)."""
     table = schema.records_table_name(dataset_id)
     with engine.begin() as conn:
-        if not tables.has_key_index(conn, dataset_id):
-            return True
-        if conn.exec_driver_sql(f"SELECT 1 FROM {table} LIMIT 1").first() is not None:
-            return False
-        tables.drop_key_index(conn, dataset_id)
-        return True
+        empty = conn.exec_driver_sql(f"SELECT 1 FROM {table} LIMIT 1").first() is None
+        if empty and tables.has_key_index(conn, dataset_id):
+            tables.drop_key_index(conn, dataset_id)
 
 
 def finish_key_index(engine: Engine, job: IngestJob) -> tuple[dict[str, str], dict[str, int]]:
