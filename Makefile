@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres]'
 	touch $@
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
@@ -32,6 +32,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed $(CORE_VENV)/.installed lint
+	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
 	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
 

@@ -19,7 +19,7 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
-RUN, NOT_RUN_COUNT = 4, 4  # the command line, Python, Parquet, TensorDB; make, layout, ...
+RUN, NOT_RUN_COUNT = 6, 4  # command line, Python, Parquet, TensorDB, server x2; make, layout, ...
 RUNNERS = {
     "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
     "python": lambda path: [sys.executable, str(path)],
@@ -55,6 +55,14 @@ def test_markers_are_read() -> None:
 
 def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
     pytest.importorskip("tensordict", reason="the TensorDB block needs the torch extra")
+    pytest.importorskip("psycopg", reason="the PostgreSQL blocks need the postgres extra")
+    from shardcat.testing.postgres import postgres_server
+
+    with postgres_server() as server:  # $CATALOG_URL of the PostgreSQL blocks
+        _run_blocks(tmp_path, server)
+
+
+def _run_blocks(tmp_path: Path, server: str) -> None:
     blocks = readme_blocks(README.read_text(encoding="utf-8"))
     skipped = [b for b in blocks if b.not_run is not None]
     to_run = [b for b in blocks if b.not_run is None]
@@ -74,6 +82,7 @@ def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
         HOME=str(home),  # catalog install-skill writes below it
         XDG_CACHE_HOME=str(tmp_path / "cache"),
         COLUMNS="100",
+        CATALOG_URL=server,
     )
     for block in to_run:
         assert block.lang in RUNNERS, f"README.md:{block.line}: no runner for {block.lang!r}"

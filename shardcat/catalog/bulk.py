@@ -1,6 +1,7 @@
 """Inserting many rows at once: what an ingest or a migration commits per shard.
 
-Rows go to the driver's ``executemany`` as positional tuples, the SQL compiled once
+On PostgreSQL the rows go through ``COPY ... FROM STDIN``. On SQLite they go to
+the driver's ``executemany`` as positional tuples, the SQL compiled once
 by the dialect and SQLAlchemy's per-row parameter processing skipped (5x faster for
 100k rows than SQLAlchemy's own ``executemany``). Every value is bound as it is, so
 floats, bytes and strings with NUL are stored exactly.
@@ -23,6 +24,8 @@ from sqlalchemy import Connection, bindparam
 from sqlalchemy import column as sql_column
 from sqlalchemy import table as sql_table
 
+from shardcat.catalog import postgres
+
 __all__ = ["insert_columns"]
 
 
@@ -32,6 +35,9 @@ def _insert_rows(
     """``executemany`` of positional rows, skipping SQLAlchemy's per-row parameter
     processing; the SQL is compiled by the dialect."""
     if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        postgres.copy_rows(conn.connection.driver_connection, table, columns, rows)
         return
     target = sql_table(table, *(sql_column(c) for c in columns))
     compiled = (

@@ -5,8 +5,12 @@ loops: *claim* one pending shard in a short write transaction (state
 ``indexing``, owner ``host:pid:start-time``), index it without holding any
 lock, then commit it only if it still owns the claim (:func:`still_mine`). A
 claim whose owner is a dead process on this host is taken over at once; a
-claim from another host after ``lease`` seconds. No lock files, no heartbeat
-threads.
+claim from another host after ``lease`` seconds (:data:`DEFAULT_LEASE`, ten
+minutes: longer than any one shard takes to scan; a claim lives from its claim
+to its commit, so committing is what renews it). No lock files, no heartbeat
+threads. On a server catalog, processes on any host claim at the same time: each
+locks the one row it takes with ``SELECT ... FOR UPDATE SKIP LOCKED`` and skips
+rows another claimer holds.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def claim_next(
     ``only``: claim only shards whose stored path is in it.
     """
     s = schema.shards
-    with engine.begin() as conn:
+    with engine.connect().execution_options(claim=True) as conn, conn.begin():
         rows = conn.execute(
             select(s.c.id, s.c.path, s.c.state, s.c.claim_owner, s.c.claimed_at)
             .where(s.c.dataset_id == dataset_id, s.c.state.in_(("pending", "indexing")))
@@ -57,6 +61,21 @@ def claim_next(
             if only is not None and r.path not in only:
                 continue
             if r.state == "pending" or is_dead(r.claim_owner, r.claimed_at, lease):
+                # Lock the row as it was read, skipping it when another process holds it
+                # (a server catalog; a SQLite file has one writer at a time anyway).
+                taken = conn.execute(
+                    select(s.c.id)
+                    .where(
+                        s.c.id == r.id,
+                        s.c.state == r.state,
+                        s.c.claim_owner.is_(None)
+                        if r.claim_owner is None
+                        else s.c.claim_owner == r.claim_owner,
+                    )
+                    .with_for_update(skip_locked=True)
+                ).first()
+                if taken is None:
+                    continue
                 conn.execute(
                     update(s)
                     .where(s.c.id == r.id)

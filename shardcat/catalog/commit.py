@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
@@ -123,20 +123,25 @@ def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: l
     never sees a collision.
     """
     removed = sorted(removed)
+    among, listed = postgres.any_of(conn, "ordinal", removed)
     for table in (schema.records_table_name(dataset_id), schema.members.name):
         conn.exec_driver_sql(
-            f"DELETE FROM {table} "
-            "WHERE shard_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
-            (shard_id, json.dumps(removed)),
+            postgres.driver_sql(conn, f"DELETE FROM {table} WHERE shard_id = ? AND {among}"),
+            (shard_id, listed),
+        )
+        shift_sql = postgres.driver_sql(
+            conn,
+            f"UPDATE {table} SET ordinal = -(ordinal - ?) - 1 "
+            "WHERE shard_id = ? AND ordinal > ? AND ordinal < ?",
         )
         for shift, (low, high) in enumerate(zip(removed, [*removed[1:], None], strict=True), 1):
-            conn.exec_driver_sql(
-                f"UPDATE {table} SET ordinal = -(ordinal - ?) - 1 "
-                "WHERE shard_id = ? AND ordinal > ? AND (? IS NULL OR ordinal < ?)",
-                (shift, shard_id, low, high, high),
-            )
+            # (the last gap runs to the end: any ordinal below the largest possible)
+            conn.exec_driver_sql(shift_sql, (shift, shard_id, low, 2**62 if high is None else high))
         conn.exec_driver_sql(
-            f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal < 0",
+            postgres.driver_sql(
+                conn,
+                f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal < 0",
+            ),
             (shard_id,),
         )
 
@@ -149,11 +154,14 @@ def conflicts(
     found = {}
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
+        among, listed = postgres.any_of(conn, "r.key", chunk)
         rows = conn.exec_driver_sql(
-            f'SELECT r.key, r.shard_id, s.path, r.ordinal, r."offset" FROM {table} r '
-            "JOIN shardcat_shards s ON s.id = r.shard_id "
-            f"WHERE r.key IN ({', '.join('?' * len(chunk))})",
-            tuple(chunk),
+            postgres.driver_sql(
+                conn,
+                f'SELECT r.key, r.shard_id, s.path, r.ordinal, r."offset" FROM {table} r '
+                f"JOIN shardcat_shards s ON s.id = r.shard_id WHERE {among}",
+            ),
+            (listed,),
         )
         for row in rows:
             found[row[0]] = (row[1], row[2], row[3], row[4])
@@ -177,9 +185,12 @@ def resolve_across(
     clash = conflicts(conn, job.dataset_id, [k for k in batch.keys if k is not None])
     if not clash:
         return batch, {}
-    if job.on_duplicate == "error":
-        key, (_, other, _, other_offset) = next(iter(clash.items()))
-        mine = batch.offsets[batch.keys.index(key)]
+    if job.on_duplicate == "error":  # named: the shard's first record with a taken key
+        at = next(i for i, k in enumerate(batch.keys) if k in clash)
+        key = batch.keys[at]
+        assert key is not None
+        _, other, _, other_offset = clash[key]
+        mine = batch.offsets[at]
         raise DuplicateKeyError(_across(key, other, other_offset, stored, mine, len(clash) - 1))
     # "first"/"last" mean first/last in position order, i.e. by shard path.
     new_wins = {

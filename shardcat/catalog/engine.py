@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool, QueuePool
 
+from shardcat.catalog import postgres
 from shardcat.errors import CatalogError
 
 ENV_VAR = "SHARDCAT_CATALOG"
@@ -194,8 +195,9 @@ def _refuse_other_process(_dbapi_conn: sqlite3.Connection, record: Any, proxy: A
         raise DisconnectionError("connection opened by another process")
 
 
-def make_engine(path: Path, *, keep_connection: bool = False) -> Engine:
-    """A SQLAlchemy engine on the SQLite catalog at ``path`` (WAL, busy timeout).
+def make_engine(path: Path | str, *, keep_connection: bool = False) -> Engine:
+    """A SQLAlchemy engine on the SQLite catalog at ``path`` (WAL, busy timeout), or
+    on the PostgreSQL catalog ``path`` names (a URL: see :mod:`~shardcat.catalog.postgres`).
 
     By default ``NullPool``: every transaction opens its own connection, so an
     engine never carries a connection across ``fork`` and nothing stays open
@@ -204,14 +206,25 @@ def make_engine(path: Path, *, keep_connection: bool = False) -> Engine:
     re-running the pragmas each time; its owner disposes of it before forking
     and when done, and a connection opened by another process is never used.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite+pysqlite:///{path}"
+    server = postgres.is_server_url(path)
+    if server:
+        postgres.psycopg_module()  # the install hint when psycopg is missing
+        url: Any = postgres.engine_url(str(path))
+    else:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite+pysqlite:///{path}"
+    # text comes back as str whatever the server database's encoding
+    args: dict[str, Any] = {"connect_args": {"client_encoding": "utf8"}} if server else {}
     if keep_connection:
-        engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1)
+        engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1, **args)
         event.listen(engine, "connect", _note_process)
         event.listen(engine, "checkout", _refuse_other_process)
     else:
-        engine = create_engine(url, poolclass=NullPool)
+        engine = create_engine(url, poolclass=NullPool, **args)
+    if server:
+        event.listen(engine, "begin", postgres.on_begin)
+        return engine
     event.listen(engine, "connect", _on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine

@@ -4,8 +4,9 @@ them into DALI index files: :mod:`shardcat.facade.export`)."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
+
+from shardcat.catalog.lookup import ReadConnection
 
 __all__ = ["members_of", "records_of", "shards_of"]
 
@@ -25,17 +26,17 @@ _MEMBERS = (
 )
 
 
-def shards_of(conn: sqlite3.Connection, dataset: str) -> list[Any]:
+def shards_of(conn: ReadConnection, dataset: str) -> list[Any]:
     """``(id, stored path, state, size, mtime_ns, compression, first_position,
     dataset_id)`` of every shard of ``dataset``, in path order."""
     return conn.execute(_SHARDS, (dataset,)).fetchall()
 
 
-def records_of(conn: sqlite3.Connection, dataset_id: int, shard_id: int) -> list[Any]:
+def records_of(conn: ReadConnection, dataset_id: int, shard_id: int) -> list[Any]:
     """``(key, ordinal, offset, length)`` of every record of a shard, in file order."""
     return conn.execute(_RECORDS.format(int(dataset_id)), (shard_id,)).fetchall()
 
 
-def members_of(conn: sqlite3.Connection, shard_id: int) -> list[Any]:
+def members_of(conn: ReadConnection, shard_id: int) -> list[Any]:
     """``(ordinal, name, offset, length, extents)`` of every member of a shard."""
     return conn.execute(_MEMBERS, (shard_id,)).fetchall()

@@ -12,19 +12,21 @@ formats whose records are one byte range, see :class:`RecordStatements`).
 Batches are one query per batch: the items go in as one JSON array and
 ``CROSS JOIN`` makes SQLite loop over it and look each item up (instead of
 scanning the records), in sorted order for B-tree locality (2-3x faster than
-random order).
+random order). On a PostgreSQL catalog (``server``) the same batches go in as
+one JSON array too, expanded by ``jsonb_array_elements`` (see
+:mod:`~shardcat.catalog.postgres` for the connection that runs them).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
+    "ReadConnection",
     "RecordStatements",
     "Row",
     "dataset_options",
@@ -45,6 +47,18 @@ __all__ = [
 ]
 
 Row = tuple[Any, ...]
+
+
+class ReadConnection(Protocol):
+    """The read-only connection the readers' statements run on: a ``sqlite3``
+    connection, or :class:`~shardcat.catalog.postgres.ServerConnection`."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -70,13 +84,31 @@ class RecordStatements:
     records_of_shard: str
     page_of_records: str
     page_of_members: str
+    members_at: str
+
+
+# The items of a batch, from one JSON array parameter: (index, value) rows.
+_SQLITE_ITEMS = "json_each(?) j"
+_SERVER_ITEMS = "jsonb_array_elements(CAST(? AS jsonb)) WITH ORDINALITY j(value, n)"
 
 
 @functools.lru_cache(maxsize=256)
-def statements(dataset_id: int, one_range: bool, parts: bool) -> RecordStatements:
+def statements(
+    dataset_id: int, one_range: bool, parts: bool, server: bool = False
+) -> RecordStatements:
     """The statements of dataset ``dataset_id`` (``one_range``: its format's records
-    are always one byte range; ``parts``: they are made of members)."""
+    are always one byte range; ``parts``: they are made of members; ``server``: on
+    PostgreSQL)."""
     t = f'"shardcat_records_{int(dataset_id)}"'
+    if server:  # (index, key) and (index, shard_id, ordinal) of the batch's items
+        items, index, join = _SERVER_ITEMS, "j.n - 1", "JOIN"
+        item_key = "j.value #>> '{}'"
+        item_at = "CAST(j.value ->> 0 AS INTEGER)", "CAST(j.value ->> 1 AS BIGINT)"
+    else:
+        # CROSS JOIN: SQLite loops over the items, looking each up
+        items, index, join = _SQLITE_ITEMS, "j.key", "CROSS JOIN"
+        item_key = "j.value"
+        item_at = "json_extract(j.value, '$[0]')", "json_extract(j.value, '$[1]')"
     location = (
         "r.shard_id"
         + (", r.ordinal" if parts else "")
@@ -88,13 +120,10 @@ def statements(dataset_id: int, one_range: bool, parts: bool) -> RecordStatement
         one=f'SELECT shard_id, "offset", length FROM {t} WHERE key = ?',
         by_key=f"SELECT 0, {location} FROM {t} r WHERE key = ?",
         at=f"SELECT 0, {location}, key FROM {t} r WHERE shard_id = ? AND ordinal = ?",
-        many_by_key=(
-            f"SELECT j.key, {location} FROM json_each(?) j CROSS JOIN {t} r ON r.key = j.value"
-        ),
+        many_by_key=(f"SELECT {index}, {location} FROM {items} {join} {t} r ON r.key = {item_key}"),
         many_at=(
-            f"SELECT j.key, {location}, r.key FROM json_each(?) j CROSS JOIN {t} r "
-            "ON r.shard_id = json_extract(j.value, '$[0]') "
-            "AND r.ordinal = json_extract(j.value, '$[1]')"
+            f"SELECT {index}, {location}, r.key FROM {items} {join} {t} r "
+            f"ON r.shard_id = {item_at[0]} AND r.ordinal = {item_at[1]}"
         ),
         member_by_key=(
             f'SELECT r.shard_id, m."offset", m.length, m.extents FROM {t} r '
@@ -120,16 +149,16 @@ def statements(dataset_id: int, one_range: bool, parts: bool) -> RecordStatement
             "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
             'ORDER BY m.ordinal, m."offset"'
         ),
+        # members of records (formats whose records have parts):
+        # (batch index, name, offset, length, extents), in file order
+        members_at=(
+            f'SELECT {index}, m.name, m."offset", m.length, m.extents FROM {items} '
+            f"{join} shardcat_members m ON m.shard_id = {item_at[0]} "
+            f'AND m.ordinal = {item_at[1]} ORDER BY m."offset"'
+        ),
     )
 
 
-# Members of records (formats whose records have parts):
-# (batch index, name, offset, length, extents), in file order.
-_MEMBERS_AT = (
-    'SELECT j.key, m.name, m."offset", m.length, m.extents FROM json_each(?) j '
-    "CROSS JOIN shardcat_members m ON m.shard_id = json_extract(j.value, '$[0]') "
-    "AND m.ordinal = json_extract(j.value, '$[1]') ORDER BY m.\"offset\""
-)
 _SHARDS = (
     "SELECT id, path, first_position, num_records, compression, generation, "
     "size, mtime_ns, ino, ctime_ns, fingerprint FROM shardcat_shards "
@@ -148,7 +177,7 @@ _MEMBERS_OF_SHARD = (
 
 
 def _batch(
-    conn: sqlite3.Connection, sql: str, items: Sequence[Any], params: tuple[Any, ...]
+    conn: ReadConnection, sql: str, items: Sequence[Any], params: tuple[Any, ...]
 ) -> list[Row]:
     """Run a ``json_each`` batch query over ``items`` looked up in sorted order; each
     row's first column is the index of its item in ``items``."""
@@ -157,35 +186,35 @@ def _batch(
     return [(order[r[0]], *r[1:]) for r in rows]
 
 
-def record_by_key(conn: sqlite3.Connection, sql: RecordStatements, key: str) -> Row | None:
+def record_by_key(conn: ReadConnection, sql: RecordStatements, key: str) -> Row | None:
     """The record row of one key (batch index 0), or None."""
     row: Row | None = conn.execute(sql.by_key, (key,)).fetchone()
     return row
 
 
-def records_by_key(
-    conn: sqlite3.Connection, sql: RecordStatements, keys: Sequence[str]
-) -> list[Row]:
+def records_by_key(conn: ReadConnection, sql: RecordStatements, keys: Sequence[str]) -> list[Row]:
     """Record rows of the keys found (batch index: the key's place in ``keys``)."""
     return _batch(conn, sql.many_by_key, keys, ())
 
 
 def records_at(
-    conn: sqlite3.Connection, sql: RecordStatements, pairs: Sequence[tuple[int, int]]
+    conn: ReadConnection, sql: RecordStatements, pairs: Sequence[tuple[int, int]]
 ) -> list[Row]:
     """Record rows (key last) of ``(shard_id, ordinal)`` pairs, one query."""
     return _batch(conn, sql.many_at, pairs, ())
 
 
-def members_at(conn: sqlite3.Connection, pairs: Sequence[tuple[int, int]]) -> list[Row]:
+def members_at(
+    conn: ReadConnection, sql: RecordStatements, pairs: Sequence[tuple[int, int]]
+) -> list[Row]:
     """``(batch index, name, offset, length, extents)`` of the members of the records
     at ``(shard_id, ordinal)`` pairs, in file order."""
-    rows: list[Row] = conn.execute(_MEMBERS_AT, (json.dumps(list(pairs)),)).fetchall()
+    rows: list[Row] = conn.execute(sql.members_at, (json.dumps(list(pairs)),)).fetchall()
     return rows
 
 
 def member_by_key(
-    conn: sqlite3.Connection, sql: RecordStatements, key: str, name: str
+    conn: ReadConnection, sql: RecordStatements, key: str, name: str
 ) -> tuple[int, int, int, str | None] | None:
     """``(shard_id, offset, length, extents)`` of one member of one record, or None."""
     row: tuple[int, int, int, str | None] | None = conn.execute(
@@ -194,13 +223,13 @@ def member_by_key(
     return row
 
 
-def members_by_key(conn: sqlite3.Connection, sql: RecordStatements, key: str) -> list[Row]:
+def members_by_key(conn: ReadConnection, sql: RecordStatements, key: str) -> list[Row]:
     """``(shard_id, name, offset, length)`` of every member of one record."""
     rows: list[Row] = conn.execute(sql.members_by_key, (key,)).fetchall()
     return rows
 
 
-def shards(conn: sqlite3.Connection, dataset_id: int) -> list[Row]:
+def shards(conn: ReadConnection, dataset_id: int) -> list[Row]:
     """The shards with an indexed version, in position order: ``(id, path,
     first_position, num_records, compression, generation, size, mtime_ns, ino,
     ctime_ns, fingerprint)``."""
@@ -208,29 +237,29 @@ def shards(conn: sqlite3.Connection, dataset_id: int) -> list[Row]:
     return rows
 
 
-def dataset_version(conn: sqlite3.Connection, dataset_id: int) -> int | None:
+def dataset_version(conn: ReadConnection, dataset_id: int) -> int | None:
     """The dataset's ``version`` (None: the dataset was dropped)."""
     row = conn.execute(_VERSION, (dataset_id,)).fetchone()
     return None if row is None else int(row[0])
 
 
-def dataset_options(conn: sqlite3.Connection, dataset_id: int) -> dict[str, Any]:
+def dataset_options(conn: ReadConnection, dataset_id: int) -> dict[str, Any]:
     options: dict[str, Any] = json.loads(conn.execute(_OPTIONS, (dataset_id,)).fetchone()[0])
     return options
 
 
-def seek_index(conn: sqlite3.Connection, shard_id: int, generation: int) -> bytes | None:
+def seek_index(conn: ReadConnection, shard_id: int, generation: int) -> bytes | None:
     """The stored seek points of one indexed version of a compressed shard."""
     row = conn.execute(_SEEK_INDEX, (shard_id, generation)).fetchone()
     return None if row is None else bytes(row[0])
 
 
-def keys_of_shard(conn: sqlite3.Connection, sql: RecordStatements, shard_id: int) -> list[str]:
+def keys_of_shard(conn: ReadConnection, sql: RecordStatements, shard_id: int) -> list[str]:
     return [key for (key,) in conn.execute(sql.keys_of_shard, (shard_id,)).fetchall()]
 
 
 def records_of_shard(
-    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, parts: bool
+    conn: ReadConnection, sql: RecordStatements, shard_id: int, parts: bool
 ) -> list[Row]:
     """``(offset, length, extents, item)`` of every record of a shard (of every member,
     for formats whose records have parts), in file order."""
@@ -241,7 +270,7 @@ def records_of_shard(
 
 
 def page_of_records(
-    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, start: int, size: int
+    conn: ReadConnection, sql: RecordStatements, shard_id: int, start: int, size: int
 ) -> list[Row]:
     """``(ordinal, key, offset, length)`` of up to ``size`` records from ordinal ``start``."""
     rows: list[Row] = conn.execute(sql.page_of_records, (shard_id, start, size)).fetchall()
@@ -249,7 +278,7 @@ def page_of_records(
 
 
 def page_of_members(
-    conn: sqlite3.Connection, sql: RecordStatements, shard_id: int, start: int, stop: int
+    conn: ReadConnection, sql: RecordStatements, shard_id: int, start: int, stop: int
 ) -> list[Row]:
     """``(ordinal, key, name, offset, length)`` of the members of ordinals ``start``
     to ``stop`` (exclusive), by ordinal then file order."""

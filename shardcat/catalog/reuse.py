@@ -41,7 +41,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.sync import DROPPED, Judge, bump_version, recompute_positions
 from shardcat.errors import CatalogError
 
@@ -163,13 +163,17 @@ def seed(
     ).one()
     if not files:
         return 0
+    among, listed = postgres.any_of(conn, "s.path", sorted(files))
     rows = conn.exec_driver_sql(
-        "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
-        "ON d.id = s.dataset_id "
-        "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
-        "AND d.format = ? AND d.key_rule = ? AND d.grouping IS ? "
-        "AND s.path IN (SELECT value FROM json_each(?))",
-        (dataset_id, me.format, me.key_rule, me.grouping, json.dumps(sorted(files))),
+        postgres.driver_sql(
+            conn,
+            "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
+            "ON d.id = s.dataset_id "
+            "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
+            "AND d.format = ? AND d.key_rule = ? AND coalesce(d.grouping, '') = ? "
+            f"AND {among}",
+        ),
+        (dataset_id, me.format, me.key_rule, me.grouping or "", listed),
     ).all()
     mine = _scan_options(options)
     donors: dict[int, list[tuple[int, str]]] = {}
@@ -250,25 +254,29 @@ def _copy_shard(
         raise CatalogError(f"cannot copy shard {row.path}: no id for its new row")
     new_id = inserted[0]
     # position keys name their shard (see commit.insert_records)
-    key = "'#' || ? || ':' || ordinal" if by_position else "key"
+    key = "'#' || CAST(? AS TEXT) || ':' || CAST(ordinal AS TEXT)" if by_position else "key"
     pairs = columns or []
     target = "".join(f", v{new}" for _, new in pairs)
     source = "".join(f", v{old}" for old, _ in pairs)
-    conn.exec_driver_sql(
-        f"INSERT INTO {schema.records_table_name(dataset_id)} "
-        f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
-        f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
-        f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
-        (new_id, new_id, row.id) if by_position else (new_id, row.id),
+    statements = (
+        (
+            f"INSERT INTO {schema.records_table_name(dataset_id)} "
+            f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
+            f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
+            f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
+            (new_id, new_id, row.id) if by_position else (new_id, row.id),
+        ),
+        (
+            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
+            'SELECT ?, ordinal, name, "offset", length, extents FROM shardcat_members WHERE '
+            "shard_id = ?",
+            (new_id, row.id),
+        ),
+        (
+            "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
+            "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
+            (new_id, row.id),
+        ),
     )
-    conn.exec_driver_sql(
-        'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
-        'SELECT ?, ordinal, name, "offset", length, extents FROM shardcat_members WHERE '
-        "shard_id = ?",
-        (new_id, row.id),
-    )
-    conn.exec_driver_sql(
-        "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
-        "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
-        (new_id, row.id),
-    )
+    for sql, params in statements:
+        conn.exec_driver_sql(postgres.driver_sql(conn, sql), params)

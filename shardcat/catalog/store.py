@@ -28,10 +28,11 @@ from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import engine as engine_module
-from shardcat.catalog import reuse, schema, tables
+from shardcat.catalog import postgres, reuse, schema, tables
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
+    ENV_VAR,
     cannot_create_shm,
     connect_readonly,
     fork_generation,
@@ -41,6 +42,7 @@ from shardcat.catalog.engine import (
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
+from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.catalog.sync import DROPPED, Judge, sync_shards
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
@@ -129,6 +131,11 @@ class Store:
     are taken and the ``-wal`` file is not read: it refuses a catalog whose
     ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`).
     Errors opening the file are :class:`CatalogError` naming it.
+
+    ``Store("postgresql://host/db")`` (any ``postgresql://``/``postgres://`` URL,
+    also in ``$SHARDCAT_CATALOG``) opens a catalog on a PostgreSQL server instead:
+    the same tables, created when missing; see :mod:`~shardcat.catalog.postgres`.
+    ``path`` is then the URL without its password (``location`` keeps it whole).
     """
 
     def __init__(
@@ -138,43 +145,39 @@ class Store:
         readonly: bool = False,
         immutable: bool = False,
     ) -> None:
-        self.path = locate(path).absolute()
+        where = os.environ.get(ENV_VAR) if path is None else path
+        self.server = postgres.is_server_url(where)
+        #: what reopens this catalog (a file's path, or a server's whole URL)
+        self.location: str
+        #: the catalog's name in messages (a file's path, a URL without its password)
+        self.path: Path | str
+        if self.server:
+            self.location = str(where)
+            self.path = postgres.display(self.location)
+            if immutable:
+                raise CatalogError(
+                    f"immutable=True is for SQLite files; {self.path} is a server "
+                    "(write a snapshot for readers that must not touch it: `catalog snapshot`)"
+                )
+        else:
+            self.path = locate(path).absolute()
+            self.location = str(self.path)
         self.readonly = readonly or immutable
         self.immutable = immutable
         self.closed = False
-        self._ro: sqlite3.Connection | None = None
+        self._ro: Any = None
         self._ro_generation = -1
         self._snapshot_at = 0.0
         self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
         self._engine: Engine | None = None
         try:
-            if self.readonly:
-                if not self.path.is_file():
-                    raise CatalogError(f"no catalog at {self.path}")
-                unsaved = unsaved_wal(self.path) if self.immutable else None
-                if unsaved is not None:
-                    raise CatalogError(
-                        f"{self.path} has commits in {self.path}-wal that {unsaved} in the main "
-                        "file, so immutable=True would not see them: open it with readonly=True "
-                        "instead, or checkpoint it where it is written "
-                        f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
-                    )
-                version = self._read_version()
-                if version is None:
-                    raise CatalogError(
-                        f"{self.path} is not a shardcat catalog (it records no schema version)"
-                    )
-                if version > SCHEMA_VERSION:
-                    raise too_new(str(self.path), version)
-                if version < SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"{self.path} has catalog schema version {version}, this shardcat "
-                        f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
-                        "(or run `catalog migrate --upgrade`) to upgrade it"
-                    )
+            if self.server:
+                self._open_server()
+            elif self.readonly:
+                self._open_readonly_file(self._file())
             else:
-                _refuse_foreign(self.path)
-                self._engine = make_engine(self.path)
+                _refuse_foreign(self._file())
+                self._engine = make_engine(self._file())
                 version = self._open_schema(self._engine)
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
@@ -188,6 +191,57 @@ class Store:
         _open.add(self)
 
     # -- plumbing --------------------------------------------------------------
+
+    def _file(self) -> Path:
+        """The SQLite file (only called on the paths a file catalog takes)."""
+        if not isinstance(self.path, Path):
+            raise CatalogError(f"{self.path} is a server catalog, not a SQLite file")
+        return self.path
+
+    def _open_server(self) -> None:
+        try:
+            if self.readonly:
+                version = self._read_version()
+                if version is None:
+                    raise CatalogError(f"no catalog at {self.path} (it has no shardcat tables)")
+            else:
+                self._engine = make_engine(self.location)
+                version = self._open_schema(self._engine)
+        except SQLAlchemyError as exc:
+            raise postgres.connect_error(self.location, exc) from None
+        if version is not None and version > SCHEMA_VERSION:
+            raise too_new(str(self.path), version)
+        if version is not None and version < SCHEMA_VERSION and self.readonly:
+            raise SchemaVersionError(
+                f"{self.path} has catalog schema version {version}, this shardcat writes "
+                f"version {SCHEMA_VERSION}: open it once without readonly=True to upgrade it"
+            )
+
+    def _open_readonly_file(self, file: Path) -> None:
+        """Check a file opened read-only: there, holding every commit, not newer or older."""
+        if not file.is_file():
+            raise CatalogError(f"no catalog at {self.path}")
+        unsaved = unsaved_wal(file) if self.immutable else None
+        if unsaved is not None:
+            raise CatalogError(
+                f"{self.path} has commits in {self.path}-wal that {unsaved} in the main "
+                "file, so immutable=True would not see them: open it with readonly=True "
+                "instead, or checkpoint it where it is written "
+                f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+            )
+        version = self._read_version()
+        if version is None:
+            raise CatalogError(
+                f"{self.path} is not a shardcat catalog (it records no schema version)"
+            )
+        if version > SCHEMA_VERSION:
+            raise too_new(str(self.path), version)
+        if version < SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path} has catalog schema version {version}, this shardcat "
+                f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
+                "(or run `catalog migrate --upgrade`) to upgrade it"
+            )
 
     def _open_schema(self, engine: Engine) -> int | None:
         """The schema version found, creating or upgrading the schema when needed.
@@ -211,12 +265,16 @@ class Store:
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:
-                    raise open_error(self.path, exc) from None
+                    if self.server:
+                        raise postgres.connect_error(self.location, exc) from None
+                    raise open_error(self._file(), exc) from None
                 time.sleep(0.02)
 
     @property
     def directory(self) -> str:
-        return str(self.path.parent)
+        """Where relative shard paths start: the file's directory ("" for a server
+        catalog, whose shard paths are all stored absolute)."""
+        return "" if self.server else str(self._file().parent)
 
     def _read_version(self) -> int | None:
         """The schema version the file records, read on the read-only connection
@@ -225,13 +283,23 @@ class Store:
         directory or mount) and the main file holds every commit, it is opened
         immutable instead: nothing can be writing it there."""
         sql = "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
+        if self.server:
+            conn = self.reader_connection()
+            found = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
+                "AND tablename = ?",
+                ("shardcat_meta",),
+            ).fetchone()[0]
+            row = conn.execute(sql).fetchone() if found else None
+            return None if row is None else int(row[0])
+        file = self._file()
         try:
             try:
                 row = self.reader_connection().execute(sql).fetchone()
             except sqlite3.OperationalError as exc:
-                if self.immutable or not cannot_create_shm(self.path, exc):
+                if self.immutable or not cannot_create_shm(file, exc):
                     raise
-                if unsaved_wal(self.path) is not None:
+                if unsaved_wal(file) is not None:
                     raise CatalogError(
                         f"cannot open {self.path} read-only: SQLite needs to create "
                         f"{self.path}-shm (the directory is read-only) to read the commits "
@@ -245,17 +313,17 @@ class Store:
                 row = self.reader_connection().execute(sql).fetchone()
         except sqlite3.OperationalError as exc:
             if not str(exc).startswith("no such table"):
-                raise open_error(self.path, exc) from None
+                raise open_error(file, exc) from None
             try:  # a catalog older than version 4 kept it in catalog_meta
                 row = self.reader_connection().execute(sql.replace("shardcat_meta", OLD_META))
                 row = row.fetchone()
             except sqlite3.OperationalError:
                 return None
         except sqlite3.DatabaseError as exc:  # not a database, corrupt
-            raise open_error(self.path, exc) from None
+            raise open_error(file, exc) from None
         return None if row is None else int(row[0])
 
-    def reader_connection(self, *, snapshot: bool = False) -> sqlite3.Connection:
+    def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
         """The read-only DBAPI connection of this process (reopened after fork).
 
         ``snapshot=True`` (the readers' per-record lookups) keeps a read
@@ -269,7 +337,11 @@ class Store:
         conn = self._ro
         if conn is None or self._ro_generation != fork_generation():
             # A connection inherited through fork is dropped, never used or closed here.
-            conn = self._ro = connect_readonly(self.path, immutable=self.immutable)
+            conn = self._ro = (
+                postgres.ServerConnection(self.location)
+                if self.server
+                else connect_readonly(self._file(), immutable=self.immutable)
+            )
             self._ro_generation = fork_generation()
         if snapshot:
             now = time.monotonic()
@@ -359,7 +431,9 @@ class Store:
         ).fetchall()
         cols = {col: sql_type for col, sql_type, _ in registry}
         index_names = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?"
+            if self.server
+            else "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
             (schema.records_table_name(row[0]),),
         )
         indexed = tables.indexed_columns(
@@ -392,6 +466,17 @@ class Store:
         """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`);
         ``attach`` maps schema names to other SQLite files, attached read-only."""
         conn = self.reader_connection()
+        if isinstance(conn, postgres.ServerConnection):
+            if attach:
+                raise CatalogError(
+                    f"attach= is for SQLite catalogs; {self.path} is a server catalog"
+                )
+            if timeout is not None and not timeout > 0:
+                raise CatalogError(
+                    f"timeout must be a positive number of seconds or None, not {timeout}"
+                )
+            return QueryResult(*postgres.run_readonly(conn, sql, params, timeout))
+        assert isinstance(conn, sqlite3.Connection)
         with attached(conn, attach):
             return run_readonly(conn, sql, params, timeout=timeout)
 
@@ -532,6 +617,8 @@ class Store:
         waiting (readers of a training job never slow them down).
         """
         engine = self._writer()
+        if self.server:  # the server keeps its own log
+            return True
         if self._ro is not None and self._ro_generation == fork_generation():
             self.reader_connection()  # end this process's read snapshot: it pins the WAL
         try:
@@ -564,7 +651,7 @@ class Store:
         return f"{type(self).__name__}({str(self.path)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": str(self.path), "readonly": self.readonly, "immutable": self.immutable}
+        return {"path": self.location, "readonly": self.readonly, "immutable": self.immutable}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], readonly=state["readonly"], immutable=state["immutable"])  # type: ignore[misc]

@@ -24,11 +24,12 @@ The key index (``shardcat_records_<dataset id>_key``, unique) is made with the
 table; a dataset's first ingest drops it and builds it after the rows are in
 (:func:`drop_key_index`, :func:`create_key_index`). Indexes a user asks for
 (:func:`create_field_index`) are one per field column,
-``shardcat_records_<dataset id>_v<idx>`` on ``v<idx>``; SQLite's own
-``sqlite_master`` is the record of which fields have one (no table of ours), a
-re-ingest's deletes and inserts keep them current, and dropping the dataset's
-records table drops them. A WITHOUT ROWID table's index holds its primary key
-too, so ``count(*) WHERE label < 10`` through the view reads the index alone.
+``shardcat_records_<dataset id>_v<idx>`` on ``v<idx>``; the database's own
+catalog (SQLite's ``sqlite_master``, PostgreSQL's ``pg_indexes``) is the record
+of which fields have one (no table of ours), a re-ingest's deletes and inserts
+keep them current, and dropping the dataset's records table drops them. A
+WITHOUT ROWID table's index holds its primary key too, so ``count(*) WHERE
+label < 10`` through the view reads the index alone.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import schema
+from shardcat.catalog import postgres, schema
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -244,6 +245,8 @@ def drop_field_index(conn: Connection, dataset_id: int, dataset_name: str, field
 
 
 def _index_names(conn: Connection, dataset_id: int) -> set[str]:
+    if conn.dialect.name == "postgresql":
+        return postgres.index_names(conn, schema.records_table_name(dataset_id))
     rows = conn.exec_driver_sql(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
         (schema.records_table_name(dataset_id),),

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from shardcat.catalog import postgres
 from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, locate
 from shardcat.errors import ShardcatError
 from shardcat.facade import tasks
@@ -43,31 +44,42 @@ class _Invocation:
     """What the running command used: the catalog file, and the line saying which
     one it was when --catalog did not name it (printed when the command succeeds)."""
 
-    catalog: Path | None = None
+    catalog: str | None = None
     note: str | None = None
 
 
 _now = _Invocation()
 
 
-def catalog_path(option: Path | None, *, announce: bool = True) -> Path:
+def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | str:
     """The catalog file of every command: ``--catalog``, else ``$SHARDCAT_CATALOG``,
     else ``./shardcat.sqlite`` in the current directory (:func:`locate`'s rule
     without a shard directory, the one ``Catalog()`` follows too).
 
     When ``--catalog`` was not given, the command ends with a line on stderr
-    naming the file it used (``announce=False``: its own output names it).
+    naming the file it used (``announce=False``: its own output names it). A
+    PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
-    where = locate(option).absolute()
-    _now.catalog = where
+    given = os.environ.get(ENV_VAR) if option is None else option
+    where: Path | str
+    if postgres.is_server_url(given):
+        where = str(given)
+        _now.catalog = postgres.display(where)
+    else:
+        where = locate(option).absolute()
+        _now.catalog = str(where)
     if option is None and announce:
         source = f"from ${ENV_VAR}" if os.environ.get(ENV_VAR) else f"default: ./{DEFAULT_NAME}"
-        _now.note = f"catalog: {where} ({source})"
+        _now.note = f"catalog: {_now.catalog} ({source})"
     return where
 
 
 def open_catalog(
-    path: Path | None, *, readonly: bool = False, immutable: bool = False, create: bool = False
+    path: str | Path | None,
+    *,
+    readonly: bool = False,
+    immutable: bool = False,
+    create: bool = False,
 ) -> Catalog:
     """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
     (it must exist unless ``create``; commands that only read pass ``readonly=True``
@@ -257,7 +269,7 @@ def cell(value: Any) -> Text:
     return Text("NULL" if value is None else printable(str(value)))
 
 
-def open_to_read(path: Path | None, readonly: bool) -> Catalog:
+def open_to_read(path: str | Path | None, readonly: bool) -> Catalog:
     """What the commands that only read open: read-only, or immutable when
     ``--immutable`` turned ``readonly`` (a :data:`ReadModeOpt`) off."""
     return open_catalog(path, readonly=True, immutable=not readonly)

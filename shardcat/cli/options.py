@@ -4,7 +4,6 @@ dataset argument, ``--json``, ``--readonly/--immutable``, a record's key,
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,11 +16,13 @@ __all__ = ["CatalogOpt", "DatasetArg", "JsonOpt", "KeyArg", "OnDuplicateOpt", "R
 # No envvar= here: catalog_path() reads $SHARDCAT_CATALOG, so it can tell a path
 # given on the command line from a default and say which catalog it used.
 CatalogOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--catalog",
         "-c",
-        help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current directory).",
+        help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current "
+        "directory). A PostgreSQL URL (postgresql://user@host/db) opens the catalog on "
+        "that server.",
         show_default=False,
     ),
 ]

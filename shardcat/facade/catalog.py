@@ -213,7 +213,7 @@ class Catalog(Store):
             seed=provided is None and not opts.rescan,
         )
         job = IngestJob(
-            str(self.path),
+            self.location,
             self.directory,
             dataset_id,
             name,

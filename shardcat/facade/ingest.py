@@ -18,12 +18,12 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from shardcat.catalog import postgres
 from shardcat.catalog.claims import (
     CLAIM_LOST,
     claim_next,
@@ -107,7 +107,7 @@ def _engine(catalog: str) -> Engine:
     key = (catalog, fork_generation())
     engine = _engines.get(key)
     if engine is None:
-        engine = _engines.setdefault(key, make_engine(Path(catalog), keep_connection=True))
+        engine = _engines.setdefault(key, make_engine(catalog, keep_connection=True))
     return engine
 
 
@@ -169,7 +169,7 @@ def index_claimed(
             release(engine, job.dataset_id, shard_id, owner, failed=None)
         except SQLAlchemyError:
             pass  # the claim dies with this process; the next ingest takes it over
-        raise catalog_error(job.catalog, exc) from None
+        raise catalog_error(postgres.display(job.catalog), exc) from None
     except (ShardcatError, OSError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):

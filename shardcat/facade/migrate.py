@@ -121,9 +121,11 @@ def _options(
 
 
 @contextlib.contextmanager
-def _opened(catalog: Any, where: Path, dry_run: bool, open_catalog: OpenCatalog) -> Iterator[Any]:
+def _opened(
+    catalog: Any, where: Path | None, dry_run: bool, open_catalog: OpenCatalog
+) -> Iterator[Any]:
     """The catalog to migrate into (None: a dry run where no catalog exists yet)."""
-    if isinstance(catalog, Store):
+    if isinstance(catalog, Store) or where is None:
         yield catalog
         return
     if dry_run and not where.is_file():
@@ -210,11 +212,13 @@ def _migrate_plan(
             bool(fields),
             missing,
         )
+    where: Path | None = None
     if isinstance(catalog, Store):
-        where = catalog.path
+        directory = catalog.directory
     else:
         where = locate(catalog, os.path.commonpath([os.path.dirname(f) for f in plan.files]))
         where = where.absolute()
+        directory = str(where.parent)
     with _opened(catalog, where, dry_run, open_catalog) as cat:
         found = dataset or (None if cat is None else cat.find_dataset(plan.source))
         name = found or _free_name(cat, plan.name)
@@ -237,7 +241,7 @@ def _migrate_plan(
                 resolved_by="" if shard is None else shard.resolved_by,
             )
             st = os.stat(path)
-            before = known.get(stored_path(path, str(where.parent)))
+            before = known.get(stored_path(path, directory))
             if (
                 not rescan
                 and before is not None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog import postgres
 from shardcat.catalog.engine import (
     ENV_VAR,
     cannot_create_in,
@@ -60,8 +61,11 @@ def open_catalog(
     ``readonly=True`` (or ``immutable=True``): the file is never created,
     upgraded or changed. Without either it is opened for writing (and upgraded
     when older), after checking that it can be written at all. Each refusal is
-    a :class:`CatalogError` saying why and what to do instead.
+    a :class:`CatalogError` saying why and what to do instead. A PostgreSQL URL
+    is opened as it is (the server says what it refuses).
     """
+    if postgres.is_server_url(where):
+        return Catalog(str(where), readonly=readonly or immutable, immutable=immutable)
     where = Path(where)
     if not create and not where.is_file():
         ancestor = existing_ancestor(where)

@@ -25,11 +25,11 @@ row, on request. It follows the reader: the same snapshot and shard versions.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any, NoReturn, Protocol
 
 from shardcat.catalog import lookup
+from shardcat.catalog.lookup import ReadConnection
 
 
 class _Reader(Protocol):
@@ -51,11 +51,11 @@ class _Reader(Protocol):
 
     def contains_key(self, key: Any) -> bool: ...
 
-    def _conn(self) -> sqlite3.Connection: ...
+    def _conn(self) -> ReadConnection: ...
 
     def _position_of_key(self, key: str) -> int | None: ...
 
-    def _row_at(self, conn: sqlite3.Connection, position: int) -> tuple[Any, ...]: ...
+    def _row_at(self, conn: ReadConnection, position: int) -> tuple[Any, ...]: ...
 
 
 __all__ = ["PAGE", "DatasetIndex"]

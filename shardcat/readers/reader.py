@@ -25,6 +25,16 @@ raise :class:`StaleShardError` until ``refresh()``: position keys are not
 stable across re-ingest, and a reader never silently lets a position name
 another record. Keys of keyed datasets stay valid.
 
+**On a server catalog** (PostgreSQL) every query is a network round trip, so
+what costs one is worth knowing: ``get_record``/``get_feature``/``get_raw``/
+``reader[key]``, ``get_record_at`` and ``key_at`` are one each; ``get_many``
+and ``get_many_at`` (lists or slices) are one for the whole batch (plus one for
+the members of tar records); ``where`` is one; ``iter_keys``/``get_keys`` are
+one per shard, ``reader.index`` iterates in pages of a shard; a snapshot
+renewal (at most every ``SNAPSHOT_SECONDS``) adds one or two. Batch what you
+can: ``RecordDataset`` with a batch sampler fetches through ``get_many``.
+Reads of the shards' bytes never touch the server.
+
 **As tfd-utils.** ``reader.index`` is tfd-utils' ``{key: location}`` dict as
 a read-only view of the catalog (:mod:`shardcat.readers.index`).
 
@@ -39,11 +49,11 @@ from __future__ import annotations
 import json
 import operator
 import os
-import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardcat.catalog import lookup
+from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import (
     CorruptRecordError,
@@ -100,7 +110,7 @@ class Reader(DatasetView):
             return ShardIOError(f"{path}: cannot read at byte {offset}: {exc}", path)
         return CorruptRecordError(path, offset, f"cannot decode the record: {exc}")
 
-    def _locate(self, conn: sqlite3.Connection, key: Any) -> lookup.Row | None:
+    def _locate(self, conn: ReadConnection, key: Any) -> lookup.Row | None:
         key = str(key)
         if self._by_position:
             position = self._position_of_key(key)
@@ -118,7 +128,7 @@ class Reader(DatasetView):
             row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 3]
         )
 
-    def _rows_at(self, conn: sqlite3.Connection, positions: Sequence[int]) -> list[lookup.Row]:
+    def _rows_at(self, conn: ReadConnection, positions: Sequence[int]) -> list[lookup.Row]:
         """Record rows (with the key last) for positions, in the order given; one query."""
         if len(positions) == 1:
             return [self._row_at(conn, positions[0])]
@@ -258,7 +268,7 @@ class Reader(DatasetView):
             positions = range(*positions.indices(self._len))
         return self._load(conn, self._rows_at(conn, positions), raw)
 
-    def _load(self, conn: sqlite3.Connection, rows: Sequence[lookup.Row], raw: bool) -> list[Any]:
+    def _load(self, conn: ReadConnection, rows: Sequence[lookup.Row], raw: bool) -> list[Any]:
         """Read and decode the records of ``rows`` (in batch order), in file order.
 
         Reads go through each shard's ``unchecked`` source; one file check per
@@ -299,10 +309,10 @@ class Reader(DatasetView):
         return out
 
     def _load_parts(
-        self, conn: sqlite3.Connection, rows: Sequence[lookup.Row]
+        self, conn: ReadConnection, rows: Sequence[lookup.Row]
     ) -> list[dict[str, bytes]]:
         """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place)."""
-        members = lookup.members_at(conn, [(r[1], r[2]) for r in rows])
+        members = lookup.members_at(conn, self._sql, [(r[1], r[2]) for r in rows])
         out: list[dict[str, bytes]] = [{} for _ in rows]
         for index, name, offset, length, extents in members:
             row = rows[index]
@@ -479,7 +489,7 @@ class Reader(DatasetView):
     def __getstate__(self) -> dict[str, Any]:
         return {
             "catalog_type": type(self.catalog),  # pickled by name: shardcat.Catalog
-            "catalog": self.catalog.path,
+            "catalog": self.catalog.location,
             "readonly": self.catalog.readonly,
             "immutable": self.catalog.immutable,
             "dataset": self.dataset,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import functools
 import json
-import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
+from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, StaleShardError
 from shardcat.readers.formats import get_format
@@ -39,7 +39,9 @@ class CatalogLike(Protocol):
     """The catalog as a reader uses it (:class:`shardcat.Catalog`): the store's read
     connection and dataset rows, SQL queries, and ``ingest`` for ``rebuild_index``."""
 
-    path: Path
+    path: Path | str
+    location: str
+    server: bool
     readonly: bool
     immutable: bool
     closed: bool
@@ -48,7 +50,7 @@ class CatalogLike(Protocol):
     @property
     def directory(self) -> str: ...
 
-    def reader_connection(self, *, snapshot: bool = False) -> sqlite3.Connection: ...
+    def reader_connection(self, *, snapshot: bool = False) -> ReadConnection: ...
 
     def dataset_row(self, name: str) -> Any: ...
 
@@ -132,7 +134,7 @@ class DatasetView:
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._one_range: bool = self._fmt.ONE_RANGE
-        self._sql = lookup.statements(self._id, self._one_range, self._parts)
+        self._sql = lookup.statements(self._id, self._one_range, self._parts, catalog.server)
         self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)
@@ -150,7 +152,7 @@ class DatasetView:
         self._conn()
         self._pinned = self._layout()
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> ReadConnection:
         """The read snapshot for one call, with this reader's shard list matching it.
 
         Every public call takes it once and runs all its queries on it.
@@ -176,7 +178,7 @@ class DatasetView:
         self._conn()
         return self._version != before
 
-    def _load_shards(self, conn: sqlite3.Connection, version: int) -> None:
+    def _load_shards(self, conn: ReadConnection, version: int) -> None:
         directory = self.catalog.directory
         shards = {
             r[0]: _Shard(
@@ -238,7 +240,7 @@ class DatasetView:
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
 
-    def _row_at(self, conn: sqlite3.Connection, position: int) -> lookup.Row:
+    def _row_at(self, conn: ReadConnection, position: int) -> lookup.Row:
         """The record row (key last) at one position: one point query."""
         shard, ordinal = self._shard_at(position)
         row: lookup.Row | None = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()

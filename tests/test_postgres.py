@@ -1,0 +1,373 @@
+"""A catalog on a PostgreSQL server (issue 13): a private server started for the run.
+
+Same reads as a SQLite catalog of the same files, read-only queries, cooperative
+ingest by several processes with ``FOR UPDATE SKIP LOCKED`` claims, takeover of
+dead claims, COPY for bulk rows, fork safety, the CLI with a URL.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import multiprocessing
+import os
+import socket
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
+from shardcat.catalog import postgres
+from shardcat.catalog.claims import claim_next
+from shardcat.catalog.engine import make_engine
+from shardcat.sample import make_sample
+from shardcat.testing.postgres import find_binaries, postgres_server
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
+    psycopg = None
+
+if psycopg is None or find_binaries() is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server is missing")
+    pytest.skip("psycopg or the PostgreSQL server binaries are missing", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with postgres_server() as url:
+        yield url
+
+
+_serial = iter(range(1_000_000))
+
+
+@pytest.fixture
+def pg_url(server):
+    """A fresh database on the server, dropped afterwards."""
+    name = f"t{os.getpid()}_{next(_serial)}"
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    yield server.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def _tar_gz(directory: Path, n: int) -> Path:
+    path = directory / "s.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for i in range(n):
+            for ext, data in (("txt", f"text {i}".encode()), ("cls", str(i % 7).encode())):
+                info = tarfile.TarInfo(f"sample{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _gzip_tfrecord(directory: Path, n: int) -> Path:
+    plain = directory / "g.tfrecord"
+    with TFRecordWriter(plain) as w:
+        for i in range(n):
+            w.write(make_example({"key": f"g{i:05d}", "label": i % 5}).SerializeToString())
+    packed = directory / "g.tfrecord.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    return packed
+
+
+def _written(directory: Path, kind: str) -> str:
+    """Shards of ``kind`` written into ``directory``: the pattern matching them."""
+    if kind == "tar.gz":
+        _tar_gz(directory, 150)
+    elif kind == "gzip-tfrecord":
+        _gzip_tfrecord(directory, 400)
+    else:
+        make_sample(directory, shards=3, records=240, format=kind)
+    suffix = {"tfrecord": "tfrecord", "tar": "tar", "recordio": "rec"}.get(kind, kind)
+    return str(directory / f"*.{suffix.replace('gzip-tfrecord', 'tfrecord.gz')}")
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio", "tar.gz", "gzip-tfrecord"])
+def test_reads_are_those_of_a_sqlite_catalog(tmp_path, pg_url, kind):
+    data = tmp_path / "data"
+    data.mkdir()
+    pattern = _written(data, kind)
+    with Catalog(tmp_path / "c.sqlite") as local, Catalog(pg_url) as remote:
+        local.ingest(pattern, "d", workers=1).close()
+        remote.ingest(pattern, "d", workers=2).close()
+        assert [(i.records, i.shards, i.fields) for i in remote.datasets()] == [
+            (i.records, i.shards, i.fields) for i in local.datasets()
+        ]
+        with local.dataset("d") as a, remote.dataset("d") as b:
+            n = len(a)
+            assert n > 0 and len(b) == n
+            keys = a.get_keys()
+            assert b.get_keys() == keys
+            for key in keys[:: max(1, n // 40)]:
+                assert b.get_raw(key) == a.get_raw(key)
+            assert b.get_many(keys[::-3], raw=True) == a.get_many(keys[::-3], raw=True)
+            assert b.get_many_at(slice(2, n, 7), raw=True) == a.get_many_at(
+                slice(2, n, 7), raw=True
+            )
+            assert [b.key_at(p) for p in (0, n // 2, n - 1)] == [
+                a.key_at(p) for p in (0, n // 2, n - 1)
+            ]
+            if a.describe():
+                column = next(iter(local.info("d").fields))
+                assert remote.query(f"SELECT count({column}) FROM d") == local.query(
+                    f"SELECT count({column}) FROM d"
+                )
+            assert b.get_raw("no such key") is None
+            with pytest.raises(KeyError):
+                b["no such key"]
+
+
+def test_where_views_indexes_and_readonly_queries(tmp_path, pg_url):
+    make_sample(tmp_path, shards=2, records=200)
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "train").close()
+        with cat.dataset("train") as reader:
+            labels = {k: reader.get_feature(k, "label") for k in reader.get_keys()}
+            want = [k for k in reader.get_keys() if labels[k] < 3]
+            assert reader.where("label < 3") == want
+            assert reader.where("label < ?", [3]) == want
+            assert reader.where("label < :n", {"n": 3}) == want
+        assert cat.create_index("train", "label") is True
+        assert cat.create_index("train", "label") is False
+        assert cat.info("train").indexed == ["label"]
+        rows = cat.query("SELECT label, count(*) FROM train GROUP BY label ORDER BY label")
+        assert sum(n for _, n in rows) == 200 and rows.columns == ["label", "count"]
+        assert (
+            cat.query("SELECT key, position, shard FROM train ORDER BY position LIMIT 1")[0][1] == 0
+        )
+        for sql in (
+            "DELETE FROM train",
+            "DROP TABLE shardcat_shards",
+            "UPDATE shardcat_datasets SET name = 'x'",
+            "SELECT 1; DELETE FROM shardcat_shards",
+            "SELECT set_config('transaction_read_only', 'off', true), count(*) "
+            "FROM shardcat_shards",
+        ):
+            with pytest.raises(CatalogError, match="query failed"):
+                cat.query(sql)
+        with pytest.raises(CatalogError, match=r"time limit of 0\.3 s"):
+            cat.query("SELECT pg_sleep(3)", timeout=0.3)
+        assert cat.query("SELECT count(*) FROM shardcat_shards")[0][0] == 2  # nothing changed
+        cat.drop("train")
+        assert cat.datasets() == []
+
+
+def _ingest_in_process(url: str, pattern: str, out: multiprocessing.Queue) -> None:
+    with Catalog(url) as cat, cat.ingest(pattern, "d", workers=2) as reader:
+        out.put((os.getpid(), len(reader), sorted(reader.get_keys())[:3]))
+
+
+def test_cooperative_ingest_indexes_each_shard_once(tmp_path, pg_url):
+    """Four processes (as on four hosts) ingest the same shards into one server."""
+    make_sample(tmp_path, shards=12, records=2400)
+    pattern = str(tmp_path / "*.tfrecord")
+    with Catalog(pg_url):  # the schema, before the processes race for it
+        pass
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_ingest_in_process, args=(pg_url, pattern, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert {n for _, n, _ in results} == {2400}  # every process ends with every key
+    with Catalog(pg_url) as cat:
+        rows = cat.query("SELECT state, generation, num_records FROM shardcat_shards ORDER BY path")
+        assert rows == [("ready", 1, 200)] * 12  # each shard indexed exactly once
+        with cat.dataset("d") as reader:
+            keys = reader.get_keys()
+            assert len(set(keys)) == 2400
+            assert reader.get_feature(keys[1234], "label") is not None
+
+
+def test_bulk_rows_go_through_copy(tmp_path, pg_url, monkeypatch):
+    calls = []
+    real = postgres.copy_rows
+
+    def spy(dbapi_conn, table, columns, rows):
+        calls.append((table, len(rows)))
+        real(dbapi_conn, table, columns, rows)
+
+    monkeypatch.setattr(postgres, "copy_rows", spy)
+    make_sample(tmp_path, shards=2, records=500)
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "d", workers=1).close()
+    assert sorted(calls) == [("shardcat_records_1", 250), ("shardcat_records_1", 250)]
+
+
+def test_claims_skip_locked_rows_and_take_over_dead_ones(tmp_path, pg_url):
+    make_sample(tmp_path, shards=3, records=30)
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "d").close()
+        engine = make_engine(pg_url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("UPDATE shardcat_shards SET state = 'pending'")
+            # another session holds the first shard's row locked: a claim skips it
+            blocker = psycopg.connect(postgres.engine_url(pg_url).set(drivername="postgresql")
+                                      .render_as_string(hide_password=False))  # fmt: skip
+            first = blocker.execute(
+                "SELECT id, path FROM shardcat_shards ORDER BY path LIMIT 1 FOR UPDATE"
+            ).fetchone()
+            started = time.monotonic()
+            got = claim_next(engine, 1, 600.0, "me")
+            assert got is not None and got[0] != first[0]
+            assert time.monotonic() - started < 30  # did not wait for the lock
+            blocker.rollback()
+            blocker.close()
+            # a claim by a dead process of this host is taken over at once
+            host = socket.gethostname()
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "UPDATE shardcat_shards SET state = 'indexing', claim_owner = %s, "
+                    "claimed_at = %s",
+                    (f"{host}:999999999:0", time.time()),
+                )
+            assert claim_next(engine, 1, 600.0, "me") is not None
+            # one from another host only after the lease
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "UPDATE shardcat_shards SET state = 'indexing', claim_owner = %s, "
+                    "claimed_at = %s",
+                    ("elsewhere:1:0", time.time()),
+                )
+            assert claim_next(engine, 1, 600.0, "me") is None
+            assert claim_next(engine, 1, 0.0, "me") is not None
+        finally:
+            engine.dispose()
+
+
+def _read_in_child(reader, keys, out):
+    out.put([reader.get_raw(k) for k in keys])
+
+
+def test_readers_work_in_forked_children(tmp_path, pg_url):
+    make_sample(tmp_path, shards=2, records=100)
+    with Catalog(pg_url) as cat, cat.ingest(str(tmp_path / "*.tfrecord"), "d") as reader:
+        keys = reader.get_keys()[::9]
+        want = [reader.get_raw(k) for k in keys]  # the parent's connection is open
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        children = [ctx.Process(target=_read_in_child, args=(reader, keys, out)) for _ in range(2)]
+        for c in children:
+            c.start()
+        got = [out.get(timeout=60) for _ in children]
+        for c in children:
+            c.join(30)
+            assert c.exitcode == 0
+        assert got == [want, want]
+        assert [reader.get_raw(k) for k in keys] == want  # the parent's still works
+
+
+def test_messages_hide_the_password_and_name_the_server(pg_url):
+    secret = pg_url.replace("shardcat@", "shardcat:hunter2@")
+    assert postgres.display(secret).count("hunter2") == 0
+    bad = secret.rsplit(":", 1)[0] + ":1/nowhere"  # a port nothing listens on
+    with pytest.raises(CatalogError) as err:
+        Catalog(bad)
+    assert "hunter2" not in str(err.value) and "cannot open catalog postgresql" in str(err.value)
+    with pytest.raises(CatalogError, match="only the psycopg"):
+        Catalog(pg_url.replace("postgresql://", "postgresql+pg8000://"))
+    with pytest.raises(CatalogError, match="immutable=True is for SQLite"):
+        Catalog(pg_url, immutable=True)
+
+
+def test_readonly_open_of_an_empty_server_database(pg_url):
+    with pytest.raises(CatalogError, match="no catalog at"):
+        Catalog(pg_url, readonly=True)
+    with Catalog(pg_url):
+        pass
+    with Catalog(pg_url, readonly=True) as cat:
+        assert cat.datasets() == []
+
+
+def test_cli_with_a_server_url(tmp_path, pg_url):
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    make_sample(tmp_path, shards=2, records=40)
+    runner = CliRunner()
+    done = runner.invoke(app, ["ingest", str(tmp_path / "*.tfrecord"), "-d", "t", "-c", pg_url])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
+    assert done.exit_code == 0, done.output
+    assert '"n": 40' in done.output
+    done = runner.invoke(app, ["query", "DELETE FROM t", "-c", pg_url])
+    assert done.exit_code != 0 and "Traceback" not in done.output
+    assert "only SELECT statements are allowed" in done.output
+
+
+def _shard(path: Path, keys: list[str], label: int) -> None:
+    with TFRecordWriter(path) as w:
+        for k in keys:
+            w.write(make_example({"key": k, "label": label}).SerializeToString())
+
+
+def _outcome(cat: Catalog, call, base: Path, dataset: str = "d") -> object:
+    """What ``call`` left: the error (shard paths as a file catalog stores them,
+    relative to its directory; a server stores them absolute), else the records."""
+    try:
+        call()
+    except Exception as exc:  # compared, not swallowed
+        return type(exc).__name__, str(exc).replace(f"{base}{os.sep}", "")
+    with cat.dataset(dataset) as reader:
+        keys = reader.get_keys()
+        return (
+            keys,
+            [reader.get_feature(k, "label") for k in keys],
+            reader.get_stats()["duplicates_dropped"],
+        )
+
+
+@pytest.mark.parametrize("policy", ["error", "first", "last"])
+def test_duplicates_reingest_and_copies_match_sqlite(tmp_path, pg_url, policy):
+    data = tmp_path / "data"
+    data.mkdir()
+    _shard(data / "a.tfrecord", [f"k{i:03d}" for i in range(0, 60)], 1)
+    _shard(data / "b.tfrecord", [f"k{i:03d}" for i in range(40, 100)], 2)  # 20 shared keys
+    pattern = str(data / "*.tfrecord")
+    with Catalog(tmp_path / "c.sqlite") as local, Catalog(pg_url) as remote:
+        steps = [
+            lambda cat: cat.ingest(pattern, "d", on_duplicate=policy).close(),  # a first ingest
+            # b rewritten with other keys, then with a third of them shared again
+            lambda cat: (
+                _shard(data / "b.tfrecord", [f"k{i:03d}" for i in range(60, 130)], 3),
+                cat.ingest(pattern, "d", on_duplicate=policy).close(),
+            ),
+            lambda cat: (
+                _shard(data / "c.tfrecord", [f"k{i:03d}" for i in range(120, 140)], 4),
+                cat.ingest(pattern, "d", on_duplicate=policy).close(),
+            ),
+        ]
+        for step in steps:
+            results = []
+            for cat in (local, remote):
+                results.append(_outcome(cat, lambda cat=cat, step=step: step(cat), tmp_path))
+                if cat is local:
+                    (data / "b.tfrecord").touch()  # the server sees a changed file too
+            assert results[1] == results[0]
+        # a second dataset over the same files copies the rows (INSERT ... SELECT)
+        copies = [
+            _outcome(
+                cat,
+                lambda cat=cat: cat.ingest(pattern, "copy", on_duplicate=policy).close(),
+                tmp_path,
+                "copy",
+            )
+            for cat in (local, remote)
+        ]
+        assert copies[1] == copies[0]
+        if policy != "error":
+            q = "SELECT key, label, position FROM copy ORDER BY position"
+            assert remote.query(q) == local.query(q) and len(local.query(q)) == 140
