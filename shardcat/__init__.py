@@ -39,8 +39,8 @@ from shardcat.facade.dropin import (
 from shardcat.facade.options import IngestOptions
 from shardcat.readers.formats import Format, Location, register_format
 from shardcat.readers.reader import Reader
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.readers.sampler import RecordSampler
+from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.readers.torch import RecordDataset
 
 try:
