@@ -197,7 +197,12 @@ def test_state_after_epochs_and_second_pass() -> None:
     other = RecordSampler(Sized(10), seed=1, shuffle="full")
     other.load_state_dict(state)  # load first, then set_epoch(3): same as the other order
     other.set_epoch(3)
-    assert list(other) == sampler.global_order().tolist()[4:]
+    assert len(other) == 6
+    it = iter(other)
+    assert [next(it), len(other)] == [sampler.global_order().tolist()[4], 6]  # under way
+    assert [next(it) for _ in range(5)] == sampler.global_order().tolist()[5:]
+    assert next(it, None) is None
+    assert len(other) == 10  # done: the next pass is the whole epoch
     assert len(list(other)) == 10  # the next pass of the epoch starts afresh
     other.set_epoch(4)
     assert other.state_dict()["consumed"] == 0

@@ -207,6 +207,7 @@ class RecordSampler:
         self._start = 0  # ... the current (or last) iteration started at
         self._yielded = 0  # indices this rank handed out in that iteration
         self._iteration = 0  # which iterator counts (the newest one)
+        self._active = False  # an iteration is under way (begun, not exhausted)
         self._cached: tuple[int, _Order] | None = None
 
     # -- the order ---------------------------------------------------------------
@@ -239,11 +240,12 @@ class RecordSampler:
         return -(-rest // self.num_replicas)
 
     def __len__(self) -> int:
-        return self._span(self._resume)
+        """Samples of this rank in the iteration under way, else in the next one."""
+        return self._span(self._start if self._active else self._resume)
 
     def __iter__(self) -> Iterator[int]:
         start, self._resume = self._resume, 0  # a second pass over the epoch starts afresh
-        self._start, self._yielded = start, 0
+        self._start, self._yielded, self._active = start, 0, True
         self._iteration += 1
         return self._indices(self._iteration, start, self._span(start))
 
@@ -265,6 +267,8 @@ class RecordSampler:
                 if self._iteration == iteration:
                     self._yielded += 1
                 yield index
+        if self._iteration == iteration:
+            self._active = False
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch to sample next; a saved place in the same epoch is kept."""
@@ -272,6 +276,7 @@ class RecordSampler:
         if epoch != self.epoch:
             self.epoch = epoch
             self._resume = self._start = self._yielded = 0
+            self._active = False
 
     # -- state -------------------------------------------------------------------
 
@@ -303,7 +308,7 @@ class RecordSampler:
         consumed = _whole(state["consumed"], "consumed", 0)
         self.epoch = _whole(state["epoch"], "epoch", 0)
         self._resume = self._start = consumed
-        self._yielded = 0
+        self._yielded, self._active = 0, False
 
     def _check(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND:
