@@ -16,6 +16,8 @@ from shardcat.errors import (
     LegacyIndexError,
     MissingShardError,
     NoSuchFeatureError,
+    SamplerError,
+    SamplerStateError,
     SchemaVersionError,
     ShardcatError,
     ShardIOError,
@@ -37,6 +39,7 @@ from shardcat.facade.dropin import (
 from shardcat.facade.options import IngestOptions
 from shardcat.readers.formats import Format, Location, register_format
 from shardcat.readers.reader import Reader
+from shardcat.readers.sampler import RecordSampler
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.readers.torch import RecordDataset
 
@@ -77,6 +80,9 @@ __all__ = [
     "Reader",
     "RecordDataset",
     "RecordIOReader",
+    "RecordSampler",
+    "SamplerError",
+    "SamplerStateError",
     "SchemaVersionError",
     "ShardIOError",
     "ShardcatError",

@@ -18,6 +18,8 @@ __all__ = [
     "LegacyIndexError",
     "MissingShardError",
     "NoSuchFeatureError",
+    "SamplerError",
+    "SamplerStateError",
     "SchemaVersionError",
     "ShardIOError",
     "ShardcatError",
@@ -147,3 +149,12 @@ class StorageShapeError(StorageValueError, RuntimeError):
 
     A ``ValueError``, and a ``RuntimeError`` as torch's ``view`` raises in tensorblob.
     """
+
+
+class SamplerError(ShardcatError, ValueError):
+    """Bad arguments for a sampler (:class:`shardcat.torch.RecordSampler`)."""
+
+
+class SamplerStateError(SamplerError):
+    """A sampler state that does not belong to this sampler: another dataset length,
+    seed or shuffle, so loading it would silently continue a different order."""

@@ -260,6 +260,11 @@ class Reader(DatasetView):
             return str(shard.first + ordinal)
         return str(self._row_at(conn, position)[-1])
 
+    def shard_starts(self) -> list[int]:
+        """The first position of each shard, in position order (a shard's records are
+        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
+        return [s.first for s in self._order]
+
     @follows_reindex
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
         """Records at ``positions`` (a sequence or a slice), one query for the batch."""

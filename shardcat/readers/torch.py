@@ -3,11 +3,14 @@
 It needs no torch import: DataLoader, ``DistributedSampler`` and friends take
 any object with ``__len__`` and ``__getitem__``. With ``num_workers > 0`` each
 worker reopens the catalog connection by itself (fork) or unpickles the reader
-(spawn).
+(spawn). A batch is fetched with ``__getitems__`` (torch's batched fetch): one
+query for the batch, reads in (shard, offset) order. Its sampler is
+:class:`~shardcat.readers.sampler.RecordSampler` (both are in ``shardcat.torch``).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,3 +47,23 @@ class RecordDataset:
         if self.transform is not None:
             return self.transform(record)
         return self.reader.to_dict(record)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Items ``indices`` (duplicates allowed) in the order asked, from one batched
+        read (``get_many_at``, or ``get_many`` over ``keys``); ``IndexError`` when
+        one is out of range, as ``__getitem__``."""
+        indices = [operator.index(i) for i in indices]
+        if self.keys is None:
+            records = self.reader.get_many_at(indices)
+        else:
+            keys = self.keys
+            records = self.reader.get_many([keys[i] for i in indices])
+        if self.transform is not None:
+            return [self.transform(r) for r in records]
+        to_dict = self.reader.to_dict
+        return [to_dict(r) for r in records]
+
+    def shard_starts(self) -> list[int] | None:
+        """The index of each shard's first item (for a shard-local block shuffle);
+        None over ``keys``, whose shards the dataset does not know."""
+        return self.reader.shard_starts() if self.keys is None else None

@@ -1,0 +1,15 @@
+"""The torch side of shardcat: ``RecordDataset`` (a map-style dataset over a reader)
+and ``RecordSampler`` (its seeded, resumable, elastic, shard-aware sampler).
+
+Neither imports torch: ``from shardcat.torch import RecordDataset, RecordSampler``
+works without it, and they work with torch's ``DataLoader`` and torchdata's
+``StatefulDataLoader``. The code is in :mod:`shardcat.readers.torch` and
+:mod:`shardcat.readers.sampler`.
+"""
+
+from __future__ import annotations
+
+from shardcat.readers.sampler import RecordSampler, Shuffle
+from shardcat.readers.torch import RecordDataset
+
+__all__ = ["RecordDataset", "RecordSampler", "Shuffle"]
