@@ -371,3 +371,15 @@ def test_duplicates_reingest_and_copies_match_sqlite(tmp_path, pg_url, policy):
         if policy != "error":
             q = "SELECT key, label, position FROM copy ORDER BY position"
             assert remote.query(q) == local.query(q) and len(local.query(q)) == 140
+
+
+def test_a_sqlite_url_is_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_sample(tmp_path / "data", shards=1, records=10)
+    with Catalog("sqlite:///rel.sqlite") as cat:  # SQLAlchemy's spelling of a file
+        cat.ingest("data/*.tfrecord", "d").close()
+        assert not cat.server and cat.path == tmp_path / "rel.sqlite"
+    absolute = tmp_path / "abs.sqlite"
+    with Catalog(f"sqlite:///{absolute}") as cat:
+        assert cat.path == absolute and cat.datasets() == []
+    assert (tmp_path / "rel.sqlite").is_file() and absolute.is_file()

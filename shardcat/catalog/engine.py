@@ -59,10 +59,16 @@ def user_cache_dir() -> Path:
     return Path(base) / "shardcat"
 
 
+def _sqlite_path(where: str) -> str:
+    """The file a ``sqlite:///`` URL names (SQLAlchemy's spelling: ``sqlite:///rel.db``,
+    ``sqlite:////abs/path.db``); anything else is a path already."""
+    return where[len("sqlite:///") :] if where.startswith("sqlite:///") else where
+
+
 def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None) -> Path:
     """The catalog file to use.
 
-    An explicit path wins, then ``$SHARDCAT_CATALOG``. Without ``shard_dir``
+    An explicit path (or ``sqlite:///`` URL) wins, then ``$SHARDCAT_CATALOG``. Without ``shard_dir``
     (``Catalog()`` and every ``catalog`` command: one rule, so ``catalog
     ingest`` and then ``catalog query`` from the same directory meet) it is
     ``./shardcat.sqlite`` in the current directory. With ``shard_dir`` (the
@@ -72,10 +78,10 @@ def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None
     directory in the per-user cache directory.
     """
     if explicit is not None:
-        return Path(explicit).expanduser()
+        return Path(_sqlite_path(os.fspath(explicit))).expanduser()
     env = os.environ.get(ENV_VAR)
     if env:
-        return Path(env).expanduser()
+        return Path(_sqlite_path(env)).expanduser()
     if shard_dir is None:
         return Path(DEFAULT_NAME)
     directory = Path(shard_dir).resolve()
