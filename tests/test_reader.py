@@ -837,7 +837,7 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
             (every.many_at, ("[]",)),
             (one_range.many_by_key, ("[]",)),
             (one_range.many_at, ("[]",)),
-            (reader_module._MEMBERS_AT, ("[]",)),
+            (every.members_at, ("[]",)),
         ]:
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
             assert plan[0].startswith("SCAN j"), plan
