@@ -383,3 +383,38 @@ def test_a_sqlite_url_is_a_file(tmp_path, monkeypatch):
     with Catalog(f"sqlite:///{absolute}") as cat:
         assert cat.path == absolute and cat.datasets() == []
     assert (tmp_path / "rel.sqlite").is_file() and absolute.is_file()
+
+
+def test_batches_are_one_query_each(tmp_path, pg_url, monkeypatch):
+    from shardcat.catalog import store
+
+    monkeypatch.setattr(store, "SNAPSHOT_SECONDS", 3600.0)  # no snapshot renewal in between
+    make_sample(tmp_path / "tf", shards=3, records=300)
+    make_sample(tmp_path / "tar", shards=2, records=100, format="tar")
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "tf" / "*.tfrecord"), "tf").close()
+        cat.ingest(str(tmp_path / "tar" / "*.tar"), "web").close()
+        statements: list[str] = []
+        real = postgres.ServerConnection.execute
+
+        def counted(self, sql, params=()):
+            statements.append(sql)
+            return real(self, sql, params)
+
+        with cat.dataset("tf") as tf, cat.dataset("web") as web:
+            keys, tar_keys = tf.get_keys(), web.get_keys()
+            monkeypatch.setattr(postgres.ServerConnection, "execute", counted)
+            for call, want in (
+                (lambda: tf.get_many(keys[::2]), 1),
+                (lambda: tf.get_many_at(slice(0, 300, 3)), 1),
+                (lambda: tf.get_many_at([5, 1, 250, 1]), 1),
+                (lambda: web.get_many(tar_keys[::3]), 2),  # the records, then their members
+                (lambda: tf.get_feature(keys[7], "label"), 1),
+            ):
+                tf.get_feature(keys[0], "label")  # the read snapshot is begun
+                statements.clear()
+                call()
+                lookups = [s for s in statements if s.startswith("SELECT")]
+                assert len(lookups) == want, lookups
+            monkeypatch.setattr(postgres.ServerConnection, "execute", real)
+            assert len(tf.get_many(keys[::2])) == 150
