@@ -8,7 +8,8 @@ combines it with the formats and sources.
 
 from __future__ import annotations
 
+from shardcat.catalog.datasets import DatasetInfo
 from shardcat.catalog.query import QueryResult
-from shardcat.catalog.store import DatasetInfo, Store
+from shardcat.catalog.store import Store
 
 __all__ = ["DatasetInfo", "QueryResult", "Store"]

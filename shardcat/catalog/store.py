@@ -19,8 +19,6 @@ import sqlite3
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog import postgres, reuse, schema, tables
 from shardcat.catalog.commit import catalog_error
+from shardcat.catalog.datasets import DatasetInfo, describe
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     ENV_VAR,
@@ -48,7 +47,7 @@ from shardcat.catalog.sync import DROPPED, Judge, sync_shards
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.errors import CatalogError, SchemaVersionError
 
-__all__ = ["DatasetInfo", "Store", "check_name", "open_catalogs"]
+__all__ = ["Store", "check_name", "open_catalogs"]
 
 # How long a reader's lookups may keep one read snapshot (see reader_connection).
 SNAPSHOT_SECONDS = 1.0
@@ -91,30 +90,6 @@ def _refuse_foreign(path: Path) -> None:
             f"{path} is a SQLite database but not a shardcat catalog: refusing to add the "
             "catalog's tables to it (give another catalog path)"
         )
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """A dataset as the catalog describes it."""
-
-    name: str
-    format: str
-    key_rule: str
-    grouping: str | None
-    options: dict[str, Any]
-    source: list[str]
-    created_at: float
-    shards: int
-    ready_shards: int
-    failed_shards: int
-    records: int
-    fields: dict[str, str]  # view column -> sql type
-    # view columns with an index (create_index), in field order
-    indexed: list[str] = dataclass_field(default_factory=list)
-
-    @property
-    def key_feature(self) -> str | None:
-        return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
 
 
 class Store:
@@ -412,48 +387,7 @@ class Store:
         return self._describe(self.dataset_row(name))
 
     def _describe(self, row: Sequence[Any]) -> DatasetInfo:
-        conn = self.reader_connection()
-        states = dict(
-            conn.execute(
-                "SELECT state, count(*) FROM shardcat_shards WHERE dataset_id = ? GROUP BY state",
-                (row[0],),
-            ).fetchall()
-        )
-        n = conn.execute(
-            "SELECT coalesce(sum(num_records), 0) FROM shardcat_shards "
-            "WHERE dataset_id = ? AND state = 'ready'",
-            (row[0],),
-        ).fetchone()[0]
-        registry = conn.execute(
-            "SELECT column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id = ? "
-            "ORDER BY idx",
-            (row[0],),
-        ).fetchall()
-        cols = {col: sql_type for col, sql_type, _ in registry}
-        index_names = conn.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?"
-            if self.server
-            else "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-            (schema.records_table_name(row[0]),),
-        )
-        indexed = tables.indexed_columns(
-            (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
-        )
-        return DatasetInfo(
-            name=row[1],
-            format=row[2],
-            key_rule=row[3],
-            grouping=row[4],
-            options=json.loads(row[5]),
-            source=json.loads(row[6]),
-            created_at=row[7],
-            shards=sum(states.values()),
-            ready_shards=states.get("ready", 0),
-            failed_shards=states.get("failed", 0),
-            records=int(n),
-            fields=cols,
-            indexed=indexed,
-        )
+        return describe(self.reader_connection(), row, server=self.server)
 
     def query(
         self,
