@@ -5,8 +5,8 @@ counting the requests and body bytes they serve."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import http.server
+import logging
 import os
 import re
 import socket
@@ -110,6 +110,7 @@ class RangeServer:
         self.port = port or free_port()
         self.counter = Counter()
         self.fail_next = 0
+        self.connections: set[socket.socket] = set()
         self._httpd: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -125,6 +126,10 @@ class RangeServer:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                server.connections.add(self.connection)
 
             def _answer(self, head_only: bool) -> None:
                 if server.fail_next > 0:
@@ -187,6 +192,13 @@ class RangeServer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop serving, and drop the connections kept alive (a killed server)."""
+        for conn in list(self.connections):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.connections.clear()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

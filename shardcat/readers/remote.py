@@ -344,7 +344,8 @@ def _get_s3(fs: Any, url: str, start: int, end: int | None, etag: str | None) ->
         try:
             resp = await fs._call_s3("get_object", **kw)
         except OSError as exc:
-            if "PreconditionFailed" in str(exc) or "412" in str(exc):
+            text = str(exc)
+            if "PreconditionFailed" in text or "412" in text or "pre-condition" in text:
                 raise _Changed(str(exc)) from None
             raise
         body = resp["Body"]
