@@ -136,15 +136,15 @@ class RangeServer:
                     server.fail_next -= 1
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
-                    self.end_headers()
                     server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
                     return
                 path = os.path.join(server.root, self.path.lstrip("/").split("?")[0])
                 if not os.path.isfile(path):
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
-                    self.end_headers()
                     server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
                     return
                 with open(path, "rb") as f:
                     data = f.read()
@@ -153,8 +153,8 @@ class RangeServer:
                 if want is not None and want != etag:
                     self.send_response(412)
                     self.send_header("Content-Length", "0")
-                    self.end_headers()
                     server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
                     return
                 rng = self.headers.get("Range")
                 body, status = data, 200
@@ -175,10 +175,11 @@ class RangeServer:
                     self.send_header(
                         "Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}"
                     )
+                # counted before the answer leaves: a client that has it sees it counted
+                server.counter.note(self.command, self.path, rng, 0 if head_only else len(body))
                 self.end_headers()
                 if not head_only:
                     self.wfile.write(body)
-                server.counter.note(self.command, self.path, rng, 0 if head_only else len(body))
 
             def do_GET(self) -> None:
                 self._answer(False)

@@ -43,6 +43,7 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import threading
@@ -545,27 +546,24 @@ def download(
 WINDOW = 1 << 20
 
 
-class RemoteFile:
+class RemoteFile(io.RawIOBase):
     """A read-only file over a :class:`RemoteSource` for the decompressors of
     compressed shards: after a seek, one request of :data:`WINDOW` bytes (or what
     a read asks, if more) serves the reads that follow."""
 
     def __init__(self, source: RemoteSource) -> None:
+        super().__init__()
         self.source = source
         self.size = source.size
         self._pos = 0
         self._buf = b""
         self._buf_at = 0
-        self.closed = False
 
     def readable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
         return True
-
-    def writable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self._pos
@@ -575,7 +573,7 @@ class RemoteFile:
         self._pos = max(0, base + offset)
         return self._pos
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             size = self.size - self._pos
         end = min(self._pos + size, self.size)
@@ -597,5 +595,5 @@ class RemoteFile:
         raise OSError("a remote shard has no file descriptor")
 
     def close(self) -> None:
-        self.closed = True
         self._buf = b""
+        super().close()
