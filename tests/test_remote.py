@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - the dev and remote extras install them
     pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
 
 from features import b, ex_bytes
-from remote_servers import RangeServer, S3Server
+
+from shardcat.testing.servers import RangeServer, S3Server
 
 BUCKET = "shards"
 RECORDS = 2000  # per shard, ~4 KB each: four shards of ~8 MB

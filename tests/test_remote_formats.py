@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import test_contract as contracts
-from remote_servers import RangeServer
 
 from shardcat import Catalog
 from shardcat.testing.formats import BIG_RECORDS, COMPRESSORS, RECORDS
+from shardcat.testing.servers import RangeServer
 
 try:
     import aiohttp  # noqa: F401

@@ -1,6 +1,7 @@
-"""Servers on loopback for the remote-storage tests: moto's S3 server (a real HTTP
-server speaking S3) and a small HTTP server with Range and ETag support, both
-counting the requests and body bytes they serve."""
+"""Servers on loopback for the remote-storage tests and benchmarks: moto's S3
+server (a real HTTP server speaking S3; needs ``moto[server]``, in the ``dev``
+extra) and a small HTTP server with Range and ETag support, both counting the
+requests and body bytes they serve."""
 
 from __future__ import annotations
 
