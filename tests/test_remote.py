@@ -13,6 +13,8 @@ import os
 import random
 import sqlite3
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 
 from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError, TFRecordWriter
 from shardcat.paths import brace_expand
-from shardcat.readers import remote
+from shardcat.readers import cache, remote, remote_file
 
 try:
     import boto3
@@ -247,7 +249,7 @@ def test_gzip_tfrecord_on_s3_reads_from_the_nearest_seek_point(
     counter.reset()
     assert reader.get_raw("r3_1900") == local.get_raw("r3_1900")
     assert 1 <= len(counter.gets()) <= 2
-    assert counter.body_bytes <= 2 * remote.WINDOW < size / 3  # not from the start
+    assert counter.body_bytes <= 2 * remote_file.WINDOW < size / 3  # not from the start
     assert reader.get_many(["r3_5", "r3_1000"], raw=True) == local.get_many(
         ["r3_5", "r3_1000"], raw=True
     )
@@ -398,3 +400,103 @@ def test_brace_expand() -> None:
 def test_is_url() -> None:
     assert remote.is_url("s3://b/k") and remote.is_url("https://h/p")
     assert not remote.is_url("/data/x.tfrecord") and not remote.is_url("file:///x")
+
+
+# -- the node-local cache -------------------------------------------------------------
+
+
+def _cached(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if not p.name.endswith((".lock", ".part")))
+
+
+def _wait_for(check: Any, what: str) -> None:
+    """Poll ``check()`` (a background download) up to a minute; no timing asserted."""
+    for _ in range(600):
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still waiting for {what}")
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "cache"
+    yield directory
+    cache.configure_cache(None)
+    cache._config.clear()
+
+
+def test_cache_serves_whole_shards_locally(
+    s3: dict[str, Any], s3_catalog: Catalog, cache_dir: Path
+) -> None:
+    cache.configure_cache(cache_dir, 1 << 30)
+    keys = _keys(300, seed=9)
+    with s3_catalog.dataset("train") as reader:
+        for s in range(4):
+            reader.get_raw(f"r{s}_0")  # opens each shard's source: its download starts
+        _wait_for(lambda: len(_cached(cache_dir)) == 4, "four cached shards")
+        with s3_catalog.dataset("train") as again:  # new sources find the copies
+            counter = s3["server"].counter
+            counter.reset()
+            assert again.get_many(keys, raw=True) == s3_catalog.dataset("local").get_many(
+                keys, raw=True
+            )
+            assert again.get_raw("r3_3") == s3_catalog.dataset("local").get_raw("r3_3")
+            assert counter.requests == []
+    sizes = sorted(p.stat().st_size for p in _cached(cache_dir))
+    assert sizes == sorted(
+        (s3["local"] / f"train-{s:05d}.tfrecord").stat().st_size for s in range(4)
+    )
+
+
+def test_cache_stays_under_its_cap_with_concurrent_processes(
+    s3_catalog: Catalog, s3: dict[str, Any], cache_dir: Path
+) -> None:
+    shard = (s3["local"] / "train-00000.tfrecord").stat().st_size
+    cap = int(2.5 * shard)  # room for two shards of four
+    cache.configure_cache(cache_dir, cap)
+    cache_dir.mkdir()
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(sum(p.stat().st_size for p in cache_dir.iterdir() if p.exists()))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    keys = _keys(100, seed=4)
+    with s3_catalog.dataset("train") as reader:
+        children = [
+            ctx.Process(target=_epochs, args=(reader, keys, out, cache_dir)) for _ in range(4)
+        ]
+        for child in children:
+            child.start()
+        results = [out.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+    stop.set()
+    watcher.join()
+    expected = s3_catalog.dataset("local").get_many(keys, raw=True)
+    assert all(r == expected for r in results)
+    assert all(c.exitcode == 0 for c in children)
+    assert max(seen) <= cap
+    assert 1 <= len(_cached(cache_dir)) <= 2
+    assert not [p for p in cache_dir.iterdir() if p.name.endswith(".part")]
+
+
+def _epochs(reader: Any, keys: list[str], out: Any, directory: Path) -> None:
+    """A DataLoader worker's epochs: every shard in turn, then its downloads finished."""
+    for s in range(4):
+        with reader.catalog.dataset("train") as fresh:
+            fresh.get_raw(f"r{s}_1")
+            time.sleep(0.3)  # let downloads run (and race) between processes
+    mine = f".{os.getpid()}."
+    _wait_for(
+        lambda: not [p for p in directory.iterdir() if mine in p.name and p.name.endswith(".part")],
+        "this worker's downloads",
+    )
+    out.put(reader.get_many(keys, raw=True))

@@ -30,6 +30,9 @@ none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"`` /
 :data:`RETRIES` times with exponential backoff from :data:`BACKOFF` seconds; then
 a :class:`~shardcat.errors.ShardIOError` naming the URL.
 
+**Node-local cache** (optional: :mod:`shardcat.readers.cache`): whole shards on
+local disk under a size cap, read with ``os.pread`` when present.
+
 **Fork safety.** Filesystem instances (their aiohttp sessions and event loop
 thread) and the fetch pool are kept per process, keyed by ``os.getpid()``: a
 forked DataLoader worker makes its own and never uses its parent's connections.
@@ -43,7 +46,6 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import threading
@@ -53,6 +55,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from shardcat.errors import CatalogError, MissingShardError, ShardIOError, StaleShardError
+from shardcat.readers import cache as _cache
 from shardcat.readers.rawio import Source
 
 __all__ = [
@@ -426,8 +429,28 @@ class RemoteSource(Source):
         self._fs = filesystem(url, options)
         self._batch: list[tuple[int, int, Future[bytes]]] = []
         self._direct = protocol_of(url) in ("s3", "s3a", "http", "https")
+        self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
+        self._closed = False
         if not self._direct or (self._etag is None and fingerprint is not None):
             self._check_info(mtime_ns)  # no conditional reads: check once now
+        config = _cache.cache_config()
+        if config is not None and size > 0:
+            identity = fingerprint or f"{size}:{mtime_ns}"
+            self._local = _cache.open_cached(config, url, identity, size)
+            if self._local is None:
+                threading.Thread(target=self._fill, args=(config, identity), daemon=True).start()
+
+    def _fill(self, config: _cache.CacheConfig, identity: str) -> None:
+        """Fetch the whole shard into the node-local cache; read it from there after."""
+        try:
+            fd = _cache.fill(config, self.path, identity, self.size, self._remote, STREAM_CHUNK)
+        except Exception:  # the cache is an optimisation: reads go to the store
+            return
+        if fd is not None:
+            if self._closed:
+                os.close(fd)
+            else:
+                self._local = fd
 
     def _check_info(self, mtime_ns: int) -> None:
         now = self._info()
@@ -456,7 +479,15 @@ class RemoteSource(Source):
         )
 
     def fetch(self, start: int, end: int) -> bytes:
-        """Bytes ``start:end`` (within the indexed size) in one request, checked."""
+        """Bytes ``start:end`` (within the indexed size) in one request, checked (or
+        from the node-local cached copy)."""
+        local = self._local
+        if local is not None:
+            return os.pread(local, end - start, start)
+        return self._remote(start, end)
+
+    def _remote(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` from the store, in one request, checked."""
         if start >= end:
             return b""
         try:
@@ -484,6 +515,8 @@ class RemoteSource(Source):
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Start fetching ``(offset, length)`` ranges, merged (see the module
         docstring); later reads inside them are served from these requests."""
+        if self._local is not None:
+            return  # read locally
         spans: list[list[int]] = []
         for offset, length in sorted(ranges):
             start, stop = max(0, offset), min(offset + length, self.size)
@@ -505,6 +538,10 @@ class RemoteSource(Source):
 
     def close(self) -> None:
         self._batch = []
+        self._closed = True
+        local, self._local = self._local, None
+        if local is not None:
+            os.close(local)
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -531,6 +568,7 @@ def download(
     source.path, source.size, source._fs, source._batch = url, info.size, fs, []
     source._fingerprint = info.fingerprint
     source._etag = _etag_of(info.fingerprint)
+    source._local, source._closed = None, False
     end = info.size if limit is None else min(limit, info.size)
     with open(target, "wb") as f:
         at = 0
@@ -539,61 +577,3 @@ def download(
             f.write(source.fetch(at, stop))
             at = stop
     return info
-
-
-#: how much a compressed remote shard's file reads per request, from where the
-#: decompressor seeks (its nearest seek point)
-WINDOW = 1 << 20
-
-
-class RemoteFile(io.RawIOBase):
-    """A read-only file over a :class:`RemoteSource` for the decompressors of
-    compressed shards: after a seek, one request of :data:`WINDOW` bytes (or what
-    a read asks, if more) serves the reads that follow."""
-
-    def __init__(self, source: RemoteSource) -> None:
-        super().__init__()
-        self.source = source
-        self.size = source.size
-        self._pos = 0
-        self._buf = b""
-        self._buf_at = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            size = self.size - self._pos
-        end = min(self._pos + size, self.size)
-        if end <= self._pos:
-            return b""
-        if not (self._buf_at <= self._pos and end <= self._buf_at + len(self._buf)):
-            stop = min(max(end, self._pos + WINDOW), self.size)
-            self._buf, self._buf_at = self.source.fetch(self._pos, stop), self._pos
-        data = self._buf[self._pos - self._buf_at : end - self._buf_at]
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def fileno(self) -> int:
-        raise OSError("a remote shard has no file descriptor")
-
-    def close(self) -> None:
-        self._buf = b""
-        super().close()

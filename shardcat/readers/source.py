@@ -31,7 +31,7 @@ puts the file check of a :class:`FileSource` behind any other source.
 by :class:`~shardcat.readers.remote.RemoteSource` (``pread`` is one ranged
 request, conditional on the indexed ETag; sessions kept per process);
 ``open_source`` picks it by the URL scheme, and a compressed remote shard
-decompresses from a :class:`~shardcat.readers.remote.RemoteFile` over it.
+decompresses from a :class:`~shardcat.readers.remote_file.RemoteFile` over it.
 """
 
 from __future__ import annotations
@@ -255,7 +255,8 @@ def open_source(
     :mod:`shardcat.readers.compressed`). A URL is read remotely, through fsspec
     with ``storage_options`` (see :mod:`shardcat.readers.remote`)."""
     if _URL.match(path) and not path.startswith("file://"):
-        from shardcat.readers.remote import RemoteFile, RemoteSource
+        from shardcat.readers.remote import RemoteSource
+        from shardcat.readers.remote_file import RemoteFile
 
         remote = RemoteSource(
             path, identity.size, identity.mtime_ns, identity.fingerprint, storage_options
