@@ -421,6 +421,8 @@ class RemoteSource(Source):
         mtime_ns: int,
         fingerprint: str | None,
         options: Mapping[str, Any] | None = None,
+        *,
+        use_cache: bool = True,
     ) -> None:
         self.path = url
         self.size = size
@@ -431,9 +433,9 @@ class RemoteSource(Source):
         self._direct = protocol_of(url) in ("s3", "s3a", "http", "https")
         self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
         self._closed = False
-        if not self._direct or (self._etag is None and fingerprint is not None):
+        if not self._direct or self._etag is None:
             self._check_info(mtime_ns)  # no conditional reads: check once now
-        config = _cache.cache_config()
+        config = _cache.cache_config() if use_cache else None
         if config is not None and size > 0:
             identity = fingerprint or f"{size}:{mtime_ns}"
             self._local = _cache.open_cached(config, url, identity, size)
@@ -563,12 +565,7 @@ def download(
     with large sequential reads, one pass; returns the identity of the version read
     (every chunk is conditional on the ETag of the first)."""
     info = remote_info(url, options)
-    fs = filesystem(url, options)
-    source = RemoteSource.__new__(RemoteSource)
-    source.path, source.size, source._fs, source._batch = url, info.size, fs, []
-    source._fingerprint = info.fingerprint
-    source._etag = _etag_of(info.fingerprint)
-    source._local, source._closed = None, False
+    source = RemoteSource(url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False)
     end = info.size if limit is None else min(limit, info.size)
     with open(target, "wb") as f:
         at = 0
