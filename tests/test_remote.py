@@ -193,11 +193,15 @@ def test_s3_changed_and_deleted_objects_are_errors_naming_the_url(
     catalogs: Any, s3: dict[str, Any], tmp_path: Path
 ) -> None:
     client, url = s3["client"], f"s3://{BUCKET}/changing/x.tfrecord"
-    client.upload_file(str(_small_shard(tmp_path / "x.tfrecord", "x")), BUCKET, "changing/x.tfrecord")
+    client.upload_file(
+        str(_small_shard(tmp_path / "x.tfrecord", "x")), BUCKET, "changing/x.tfrecord"
+    )
     cat = catalogs(tmp_path / "c.sqlite")
     reader = cat.ingest(url, "t", storage_options={"endpoint_url": s3["endpoint"]})
     assert reader.get_feature("x3", "image") == b"x-3" * 50
-    client.upload_file(str(_small_shard(tmp_path / "y.tfrecord", "y")), BUCKET, "changing/x.tfrecord")
+    client.upload_file(
+        str(_small_shard(tmp_path / "y.tfrecord", "y")), BUCKET, "changing/x.tfrecord"
+    )
     with pytest.raises(StaleShardError, match=r"s3://shards/changing/x\.tfrecord changed"):
         reader.get_feature("x3", "image")
     with pytest.raises(StaleShardError, match=r"s3://shards/changing/x\.tfrecord changed"):
@@ -206,7 +210,9 @@ def test_s3_changed_and_deleted_objects_are_errors_naming_the_url(
     assert reader.get_feature("y3", "image") == b"y-3" * 50
     assert reader.get_raw("x3") is None
     client.delete_object(Bucket=BUCKET, Key="changing/x.tfrecord")
-    with pytest.raises(MissingShardError, match=r"s3://shards/changing/x\.tfrecord no longer exists"):
+    with pytest.raises(
+        MissingShardError, match=r"s3://shards/changing/x\.tfrecord no longer exists"
+    ):
         reader.get_feature("y3", "image")
 
 
