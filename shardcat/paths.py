@@ -1,5 +1,6 @@
-"""Paths: the shard files a path, glob, directory or list of them stands for, and
-the default name of a dataset over them."""
+"""Paths: the shard files a path, glob, directory or list of them stands for
+(URLs too: brace ranges expanded here, globs through fsspec), and the default
+name of a dataset over them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,24 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shardcat.catalog.schema import is_dataset_name
 
-__all__ = ["PathsLike", "as_patterns", "default_dataset_name", "resolve_paths"]
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _is_url(path: str) -> bool:
+    return _URL.match(path) is not None and not path.startswith("file://")
+
+
+__all__ = [
+    "PathsLike",
+    "as_patterns",
+    "brace_expand",
+    "default_dataset_name",
+    "resolve_paths",
+]
 
 PathsLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 # Shard numbering at the end of a file stem: "-00003", "_00003-of-00016", ".7".
@@ -29,16 +44,60 @@ def as_patterns(paths: PathsLike) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-def resolve_paths(paths: PathsLike) -> list[str]:
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def brace_expand(pattern: str) -> list[str]:
+    """``pattern`` with its braces expanded, as webdataset and the shell do:
+    ``{000..099}`` is a range (the width of its first bound kept: ``000``, ``001``...),
+    ``{a,b}`` a choice; several braces multiply. No brace: ``[pattern]``."""
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    body, head, tail = m.group(1), pattern[: m.start()], pattern[m.end() :]
+    r = _RANGE.match(body)
+    if r is not None:
+        lo, hi = int(r.group(1)), int(r.group(2))
+        width = len(r.group(1)) if r.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        choices = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    elif "," in body:
+        choices = body.split(",")
+    else:
+        choices = ["{" + body + "}"]  # not a brace expression: literal
+        return [head + choices[0] + t for t in brace_expand(tail)]
+    return [head + c + t for c in choices for t in brace_expand(tail)]
+
+
+def _remote(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
+    from shardcat.readers.remote import glob_urls
+
+    found: list[str] = []
+    for one in brace_expand(pattern):
+        found.extend(
+            u
+            for u in glob_urls(one, storage_options)
+            if not _NOT_A_SHARD.search(u.rsplit("/", 1)[-1])
+        )
+    return found
+
+
+def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them.
 
     A directory or a glob stands for its files except catalogs (``*.sqlite*``),
     legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
     and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
-    explicitly is taken as it is.
+    explicitly is taken as it is. URLs (``s3://bucket/train/*.tfrecord``,
+    ``https://host/shard-{000..099}.tar``) stay URLs: braces are expanded, globs
+    listed through fsspec with ``storage_options``.
     """
     found: set[str] = set()
     for pattern in as_patterns(paths):
+        if _is_url(pattern):
+            found.update(_remote(pattern, storage_options))
+            continue
         pattern = os.path.expanduser(pattern)
         if os.path.isdir(pattern):
             matches = [
@@ -60,9 +119,10 @@ def resolve_paths(paths: PathsLike) -> list[str]:
 
 def default_dataset_name(files: Sequence[str]) -> str:
     """A SQL-friendly name for a shard set: the common stem prefix, or the directory name."""
-    stems = [Path(f).name.split(".")[0] for f in files]
+    stems = [Path(f.rsplit("/", 1)[-1]).name.split(".")[0] for f in files]
     # character-wise on purpose: "train-00001" and "train-00002" share "train-0000"
     prefix = _SHARD_SUFFIX.sub("", os.path.commonprefix(stems))  # noqa: RUF071
-    base = prefix or Path(files[0]).parent.name or "dataset"
+    parent = files[0].rsplit("/", 1)[0] if _is_url(files[0]) else str(Path(files[0]).parent)
+    base = prefix or Path(parent).name or "dataset"
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or "dataset"
     return slug if is_dataset_name(slug) else f"d_{slug}"

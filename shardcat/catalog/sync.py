@@ -52,15 +52,20 @@ Judge = Callable[[Any, str], "bool | None"]
 
 def stored_path(path: str, catalog_dir: str) -> str:
     """How a shard path is stored: relative to the catalog's directory when below it
-    (a server catalog has none: ``catalog_dir`` "", every path absolute)."""
-    if not catalog_dir:
+    (a server catalog has none: ``catalog_dir`` "", every path absolute; a URL,
+    ``scheme://...``, as it is)."""
+    if not catalog_dir or "://" in path:
         return path
     rel = os.path.relpath(path, catalog_dir)
     return path if rel.startswith(os.pardir) else Path(rel).as_posix()
 
 
 def absolute_path(stored: str, catalog_dir: str) -> str:
-    return stored if os.path.isabs(stored) or not catalog_dir else os.path.join(catalog_dir, stored)
+    return (
+        stored
+        if os.path.isabs(stored) or not catalog_dir or "://" in stored
+        else os.path.join(catalog_dir, stored)
+    )
 
 
 def bump_version(conn: Connection, dataset_id: int) -> None:

@@ -15,7 +15,7 @@ from shardcat.cli.common import (
     open_catalog,
     progress_bar,
 )
-from shardcat.cli.options import CatalogOpt, DatasetArg, OnDuplicateOpt
+from shardcat.cli.options import CatalogOpt, DatasetArg, OnDuplicateOpt, storage_options
 from shardcat.errors import CatalogError, IngestError
 from shardcat.facade import tasks
 from shardcat.facade.ingest import ShardOutcome
@@ -65,6 +65,16 @@ def ingest(
             "dot of the basename) or tfd (at the last dot, as tfd-utils)."
         ),
     ] = None,
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage-option",
+            "-o",
+            help="KEY=VALUE for URLs (s3://, https://...): an fsspec storage option such as "
+            "endpoint_url=http://host:9000 or anon=true; repeatable. Stored with the "
+            "dataset without secrets (key, secret, token, password...).",
+        ),
+    ] = None,
 ) -> None:
     """Index shards into the catalog (only new or changed shards are read).
 
@@ -84,6 +94,7 @@ def ingest(
         on_duplicate=on_duplicate,
         rescan=rescan,
         grouping=grouping,
+        options={"storage_options": storage_options(storage_option)} if storage_option else {},
     )
     shards = {"total": 0}
     try:

@@ -1,17 +1,28 @@
 """The option and argument declarations the commands share (``--catalog``, the
 dataset argument, ``--json``, ``--readonly/--immutable``, a record's key,
-``--on-duplicate``), declared once so every command spells them alike."""
+``--on-duplicate``), declared once so every command spells them alike; and the
+parsing of ``--storage-option KEY=VALUE``."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
 from shardcat.catalog.commit import DUPLICATE_POLICIES
 from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR
+from shardcat.errors import CatalogError
 
-__all__ = ["CatalogOpt", "DatasetArg", "JsonOpt", "KeyArg", "OnDuplicateOpt", "ReadModeOpt"]
+__all__ = [
+    "CatalogOpt",
+    "DatasetArg",
+    "JsonOpt",
+    "KeyArg",
+    "OnDuplicateOpt",
+    "ReadModeOpt",
+    "storage_options",
+]
 
 # No envvar= here: catalog_path() reads $SHARDCAT_CATALOG, so it can tell a path
 # given on the command line from a default and say which catalog it used.
@@ -44,3 +55,18 @@ ReadModeOpt = Annotated[
 OnDuplicateOpt = Annotated[
     str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
 ]
+
+
+def storage_options(pairs: list[str]) -> dict[str, Any]:
+    """``--storage-option KEY=VALUE`` pairs as fsspec storage options: a value that
+    reads as JSON (``true``, ``3``, ``{"a": 1}``) is that value, else the text."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise CatalogError(f"--storage-option takes KEY=VALUE, not {pair!r}")
+        try:
+            options[name] = json.loads(text)
+        except ValueError:
+            options[name] = text
+    return options

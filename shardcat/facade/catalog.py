@@ -26,15 +26,26 @@ from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
-from shardcat.facade.ingest import ProvideEntries, judge_files, raise_for_failures, run_ingest
+from shardcat.facade.ingest import (
+    ProvideEntries,
+    judge_files,
+    local_copy,
+    raise_for_failures,
+    run_ingest,
+)
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
 from shardcat.readers.formats import detect_format, get_format
 from shardcat.readers.reader import Reader
+from shardcat.readers.remote import configure, is_url, protocol_of, public_options
+from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "migrate"]
+
+# the bytes of a remote shard its format and options are detected from
+_SNIFF_REMOTE = 4 << 20
 
 
 class Catalog(Store):
@@ -53,7 +64,7 @@ class Catalog(Store):
     def normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""
         return [
-            stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
+            p if is_url(p) else stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
             for p in as_patterns(paths)
         ]
 
@@ -81,6 +92,12 @@ class Catalog(Store):
         """The rule ingest reads ``files`` with: the format (None or ``"auto"``:
         detected from the first file's bytes), the options detected from the first
         file and the options given."""
+        if is_url(files[0]):  # detected from a local copy of the object's first bytes
+            with local_copy(files[0], opts.options.get(STORAGE_OPTIONS), _SNIFF_REMOTE) as (
+                head,
+                _,
+            ):
+                return self._rule([head], opts)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
         explicit = opts.explicit()
@@ -118,6 +135,7 @@ class Catalog(Store):
         lease: float = DEFAULT_LEASE,
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> Reader:
         """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
 
@@ -148,9 +166,15 @@ class Catalog(Store):
         ``progress(outcome, total_shards)`` is called after every shard this
         process indexed. Other processes ingesting the same dataset at the
         same time share the work; every shard is indexed once.
+        ``storage_options``: for URLs (``s3://``, ``https://``...: see
+        :mod:`shardcat.readers.remote`), the fsspec options (``endpoint_url``,
+        ``anon``...); stored with the dataset without secrets (keys, tokens,
+        passwords), which this process keeps in memory only.
         Raises :class:`IngestError` naming each shard that failed (the others
         are committed).
         """
+        if storage_options:
+            options = {**(options or {}), STORAGE_OPTIONS: dict(storage_options)}
         opts = IngestOptions(
             format=format,
             key=key,
@@ -174,8 +198,15 @@ class Catalog(Store):
         provided: Mapping[str, ProvideEntries] | None = None,
     ) -> Reader:
         """:meth:`ingest` with its options as one :class:`IngestOptions`."""
+        given = opts.options.get(STORAGE_OPTIONS)
+        if given:  # kept by this process (and its workers) in full, stored without secrets
+            for pattern in as_patterns(paths):
+                if is_url(os.fspath(pattern)):
+                    configure(protocol_of(os.fspath(pattern)), **given)
+            opts = opts.with_(options={**opts.options, STORAGE_OPTIONS: public_options(given)})
         engine = self._writer()
-        files = resolve_paths(paths)
+        remote_options = opts.options.get(STORAGE_OPTIONS)
+        files = resolve_paths(paths, remote_options)
         if not files:
             raise CatalogError(f"no files match {as_patterns(paths)}")
         # Precedence: detected from the first shard < stored with the dataset < given here.
@@ -200,8 +231,12 @@ class Catalog(Store):
                 name = self.unused_name(base)
         # A new dataset may take options that only all its shards tell (RecordIO: .idx
         # keys that collide across shards); read outside the write lock, once.
-        first = {} if self.has_dataset(name) else fmt.detect_dataset_options(files, rule.explicit)
-        stats, same_file = judge_files(files, self.directory)
+        first = (
+            {}
+            if self.has_dataset(name) or is_url(files[0])
+            else fmt.detect_dataset_options(files, rule.explicit)
+        )
+        stats, same_file = judge_files(files, self.directory, remote_options)
         dataset_id, dataset_options, key_rule = self.ensure_dataset(
             name,
             rule,

@@ -62,7 +62,11 @@ class _PathReader(Reader):
         files = resolve_paths(paths)
         if not files:
             raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
-        shard_dir = os.path.commonpath([str(Path(f).parent) for f in files])
+        shard_dir = (  # remote shards: the catalog goes to the working directory
+            os.getcwd()
+            if any("://" in f for f in files)
+            else os.path.commonpath([str(Path(f).parent) for f in files])
+        )
         if index_file is not None:  # a tfd-utils pickle: imported once into a catalog beside it
             index_file = catalog_for_legacy_index(index_file, paths, opts, readonly=readonly)
         catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)

@@ -9,14 +9,21 @@ rule too), and scans each claimed shard with its format
 (:meth:`~shardcat.readers.formats.Format.scan_shard`: plain or compressed, with
 seek points) in this process or a pool of forked workers. Other processes
 doing the same at the same time share the work; every shard is indexed once.
+
+A shard stored as a URL (see :mod:`shardcat.readers.remote`) is judged by its
+object identity (size, ETag/version, Last-Modified), and indexed by streaming it
+once into a temporary local file (large sequential reads, each conditional on
+the ETag of the first) that the format scans as usual, then deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +50,19 @@ from shardcat.catalog.commit import (
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, ShardcatError
+from shardcat.readers import remote
 from shardcat.readers.formats import ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
+from shardcat.readers.view import STORAGE_OPTIONS
 
-__all__ = ["ProvideEntries", "ShardOutcome", "judge_files", "raise_for_failures", "run_ingest"]
+__all__ = [
+    "ProvideEntries",
+    "ShardOutcome",
+    "judge_files",
+    "local_copy",
+    "raise_for_failures",
+    "run_ingest",
+]
 
 POLL_SECONDS = 0.2
 
@@ -72,6 +88,9 @@ def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
     size or mtime differ, or inode/ctime differ and so does the fingerprint; None when
     it is the same content under another inode/ctime (copied, chmod, ``touch -r``
     of unchanged bytes): the stored identity needs updating, not the records."""
+    if remote.is_url(path):
+        info = getattr(st, "remote_info", None) or remote.RemoteInfo(st.st_size, None, None, 0)
+        return remote.remote_mismatch(row.size, row.mtime_ns, row.fingerprint, info) is None
     indexed = Identity(row.size, row.mtime_ns, row.ino, row.ctime_ns, row.fingerprint)
     if mismatch(indexed, st, lambda: fingerprint_file(path, st.st_size)) is not None:
         return False
@@ -79,20 +98,28 @@ def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
 
 
 def judge_files(
-    files: Iterable[str], catalog_dir: str
+    files: Iterable[str], catalog_dir: str, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, os.stat_result], Callable[[Any, str], bool | None]]:
     """The stat of each file (by stored path; files gone since they were listed are
     left out, as not in the set) and the judge :func:`~shardcat.catalog.sync.sync_shards`
     asks whether a file is still the version its row indexed."""
     found: dict[str, tuple[str, os.stat_result]] = {}
+    infos: dict[str, remote.RemoteInfo] = {}
     for path in files:
         try:
-            found[stored_path(path, catalog_dir)] = (path, os.stat(path))
+            if remote.is_url(path):
+                infos[path] = info = remote.remote_info(path, storage_options)
+                found[path] = (path, info.as_stat())
+            else:
+                found[stored_path(path, catalog_dir)] = (path, os.stat(path))
         except FileNotFoundError:
             continue
 
     def judge(row: Any, stored: str) -> bool | None:
         path, st = found[stored]
+        if path in infos:
+            now = infos[path]
+            return remote.remote_mismatch(row.size, row.mtime_ns, row.fingerprint, now) is None
         return same_file(row, st, path)
 
     return {k: st for k, (_, st) in found.items()}, judge
@@ -137,6 +164,8 @@ def index_claimed(
     """
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
+    if remote.is_url(path):
+        return _index_remote(engine, job, shard_id, stored, owner, path)
     try:
         st = os.stat(path)
         fp = fingerprint_file(path, st.st_size)
@@ -180,6 +209,69 @@ def index_claimed(
         release(
             engine, job.dataset_id, shard_id, owner, failed=None
         )  # give it back; caller sees why
+        raise
+
+
+@contextlib.contextmanager
+def local_copy(
+    url: str, options: Mapping[str, Any] | None, limit: int | None = None
+) -> Iterator[tuple[str, remote.RemoteInfo]]:
+    """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
+    file, deleted on exit; with the identity of the version read."""
+    suffix = "-" + url.rsplit("/", 1)[-1][-60:]
+    fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp, remote.download(url, tmp, options, limit)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _index_remote(
+    engine: Engine, job: IngestJob, shard_id: int, stored: str, owner: str, url: str
+) -> ShardOutcome:
+    """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned."""
+    fmt = get_format(job.format)
+    tmp = ""
+    try:
+        with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
+            scanned = fmt.scan_shard(tmp, job.options)
+        columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
+        within = len(scanned.columns) - len(columns)
+        seek = (
+            None
+            if scanned.seek_kind is None or scanned.seek_index is None
+            else (scanned.seek_kind, scanned.seek_index)
+        )
+        with engine.begin() as conn:
+            if not still_mine(conn, shard_id, owner):
+                return ShardOutcome(stored, 0, CLAIM_LOST)
+            n, dropped = commit_shard(
+                conn,
+                job,
+                shard_id,
+                stored,
+                columns,
+                info.as_stat(),
+                info.fingerprint or "",
+                scanned.compression,
+                seek,
+                within,
+            )
+        return ShardOutcome(stored, n, duplicates=dropped)
+    except SQLAlchemyError as exc:
+        with contextlib.suppress(SQLAlchemyError):
+            release(engine, job.dataset_id, shard_id, owner, failed=None)
+        raise catalog_error(job.catalog, exc) from None
+    except (ShardcatError, OSError) as exc:
+        message = str(exc).replace(tmp, url) if tmp else str(exc)
+        if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
+            message = f"{url}: {exc.strerror or exc}"
+        release(engine, job.dataset_id, shard_id, owner, failed=message)
+        return ShardOutcome(stored, 0, message)
+    except BaseException:
+        release(engine, job.dataset_id, shard_id, owner, failed=None)
         raise
 
 

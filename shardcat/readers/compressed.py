@@ -386,12 +386,17 @@ class CompressedSource(Source):
     """
 
     def __init__(
-        self, fd: int, path: str, compression: str, load_seek_index: Callable[[], bytes | None]
+        self,
+        fd: int | Any,
+        path: str,
+        compression: str,
+        load_seek_index: Callable[[], bytes | None],
     ) -> None:
         self.path = path
         self.compression = compression
         self._lock = threading.Lock()
-        self._file = os.fdopen(fd, "rb")
+        # a descriptor, or a file object (a remote shard's, with its ``size``)
+        self._file = os.fdopen(fd, "rb") if isinstance(fd, int) else fd
         try:
             lib = _library(compression)
             blob = load_seek_index()
@@ -455,7 +460,10 @@ class CompressedSource(Source):
 
     def _bz2_blocks(self, data: bytes) -> dict[int, int]:
         try:
-            return _unpack_blocks(data, os.fstat(self._file.fileno()).st_size * 8)
+            size = getattr(self._file, "size", None)
+            if size is None:
+                size = os.fstat(self._file.fileno()).st_size
+            return _unpack_blocks(data, size * 8)
         except ValueError as exc:
             raise self._bad("index", exc) from None
 
@@ -523,11 +531,15 @@ def _unpack_blocks(data: bytes, file_bits: int) -> dict[int, int]:
 
 
 def open_compressed_source(
-    fd: int, path: str, compression: str, load_seek_index: Callable[[], bytes | None]
+    fd: int | Any, path: str, compression: str, load_seek_index: Callable[[], bytes | None]
 ) -> CompressedSource:
-    """The source of a compressed shard; it owns ``fd`` (closed here on errors).
+    """The source of a compressed shard; it owns ``fd`` (a descriptor, or a file
+    object such as a remote shard's; closed here on errors).
     A stream or seek index that cannot be opened is a :class:`CorruptRecordError`."""
     if compression not in COMPRESSIONS:
-        os.close(fd)
+        if isinstance(fd, int):
+            os.close(fd)
+        else:
+            fd.close()
         raise CatalogError(f"{path}: unknown compression {compression!r}")
     return CompressedSource(fd, path, compression, load_seek_index)

@@ -70,6 +70,12 @@ from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
 __all__ = ["CatalogLike", "Reader"]
 
 
+# how far a batch's prefetched range reaches before and after a record's stored
+# location: a tar member's header block, a TFRecord frame's header and CRC
+_PREFETCH_BEFORE = 512
+_PREFETCH_AFTER = 64
+
+
 def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
     """A stored location's extents (JSON ``[[offset, length], ...]``)."""
     return None if text is None else tuple((int(a), int(b)) for a, b in json.loads(text))
@@ -293,7 +299,9 @@ class Reader(DatasetView):
         plain = Location(0, 0) if self._one_range else None
         touched: dict[int, tuple[Source, Source]] = {}  # shard -> (source, its unchecked)
         at = self._at
-        for row in sorted(rows, key=operator.itemgetter(1, at)):  # shards front to back
+        ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
+        self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)
             if opened is None:
@@ -318,11 +326,38 @@ class Reader(DatasetView):
     ) -> list[dict[str, bytes]]:
         """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place)."""
         members = lookup.members_at(conn, self._sql, [(r[1], r[2]) for r in rows])
+        ahead = (
+            self._prefetch([(rows[m[0]][1], m[2], m[3]) for m in members])
+            if len(members) > 1
+            else []
+        )
         out: list[dict[str, bytes]] = [{} for _ in rows]
         for index, name, offset, length, extents in members:
             row = rows[index]
             out[row[0]][name] = self._read(row[1], Location(offset, length, _extents(extents)))
+        for source in ahead:  # ends their batch
+            source.check()
         return out
+
+    def _prefetch(self, ranges: Sequence[tuple[int, int, int]]) -> list[Source]:
+        """Hand the sources that fetch ahead (remote shards: see
+        :mod:`shardcat.readers.remote`) the ``(shard, offset, length)`` ranges a batch
+        is about to read, widened by a frame's header/footer; local sources have no
+        ``prefetch`` and are left alone. Returns the sources that took them (their
+        ``check()`` ends the batch)."""
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for shard_id, offset, length in ranges:
+            by_shard.setdefault(shard_id, []).append(
+                (offset - _PREFETCH_BEFORE, length + _PREFETCH_BEFORE + _PREFETCH_AFTER)
+            )
+        took = []
+        for shard_id, spans in by_shard.items():
+            source = self._source(shard_id)
+            prefetch = getattr(source, "prefetch", None)
+            if prefetch is not None:
+                prefetch(spans)
+                took.append(source)
+        return took
 
     def _missing_message(self, missing: list[str]) -> str:
         shown = ", ".join(repr(k) for k in missing[:5])

@@ -27,20 +27,20 @@ imports the other's sources): ``pread(length, offset)``, ``path`` for errors,
 file; the compressed source reads a decompressed stream; :class:`CheckedSource`
 puts the file check of a :class:`FileSource` behind any other source.
 
-**Next: remote shards.** A source for object storage (HTTP ranges, S3/GCS
-through fsspec) fits the same interface: ``pread`` is one ranged request,
-``check`` compares the object's ETag/generation (or size and last-modified)
-with what the catalog recorded instead of ``fstat``, and ``close`` returns its
-session to a pool keyed by process (a child after ``fork`` opens its own).
-``open_source`` would pick it by the shard's URL scheme; nothing here assumes
-a file descriptor beyond :class:`FileSource` itself.
+**Remote shards.** A shard stored as a URL (``s3://``, ``https://``...) is read
+by :class:`~shardcat.readers.remote.RemoteSource` (``pread`` is one ranged
+request, conditional on the indexed ETag; sessions kept per process);
+``open_source`` picks it by the URL scheme, and a compressed remote shard
+decompresses from a :class:`~shardcat.readers.remote_file.RemoteFile` over it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c as _crc32c
 
@@ -62,6 +62,7 @@ __all__ = [
 
 _FINGERPRINT_SPAN = 64 * 1024
 _CHUNK = 1 << 20
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def fingerprint_fd(fd: int, size: int) -> str:
@@ -247,10 +248,22 @@ def open_source(
     identity: Identity,
     compression: str | None,
     load_seek_index: Callable[[], bytes | None],
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Source:
     """The source for a shard's indexed version; ``load_seek_index`` fetches its seek
     points when needed. Compressed shards read in decompressed-stream offsets (see
-    :mod:`shardcat.readers.compressed`)."""
+    :mod:`shardcat.readers.compressed`). A URL is read remotely, through fsspec
+    with ``storage_options`` (see :mod:`shardcat.readers.remote`)."""
+    if _URL.match(path) and not path.startswith("file://"):
+        from shardcat.readers.remote import RemoteSource
+        from shardcat.readers.remote_file import RemoteFile
+
+        remote = RemoteSource(
+            path, identity.size, identity.mtime_ns, identity.fingerprint, storage_options
+        )
+        if compression is None:
+            return remote
+        return open_compressed_source(RemoteFile(remote), path, compression, load_seek_index)
     checked = open_file(path, identity)
     if compression is None:
         return checked

@@ -30,6 +30,9 @@ from shardcat.readers.pool import SourcePool
 from shardcat.readers.rawio import Source
 from shardcat.readers.source import Identity, open_source
 
+#: the dataset option holding the storage options of remote shards (without secrets)
+STORAGE_OPTIONS = "storage_options"
+
 __all__ = ["CatalogLike", "DatasetView", "follows_reindex"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -208,7 +211,11 @@ class DatasetView:
             source = self._pool.add(
                 shard_id,
                 open_source(
-                    shard.path, shard.identity, shard.compression, lambda: self._seek_index(shard)
+                    shard.path,
+                    shard.identity,
+                    shard.compression,
+                    lambda: self._seek_index(shard),
+                    self.options.get(STORAGE_OPTIONS),
                 ),
             )
         return source

@@ -1,0 +1,576 @@
+"""Shards on object storage (``s3://``, ``http(s)://``, ``gs://``... through fsspec):
+URLs, the identity of a remote object, and :class:`RemoteSource`, the byte
+source whose ``pread`` is one ranged request.
+
+**One request per read, no readahead.** ``pread(length, offset)`` is exactly one
+ranged GET of the bytes asked for (clamped to the object's indexed size), never
+through an fsspec file with a block cache. S3 (s3fs) and HTTP(S) are requested
+directly with ``If-Match: <ETag>``, so the object's identity is checked by the
+read itself, at no extra request: a changed object answers 412 (or another
+ETag) and the read is a :class:`~shardcat.errors.StaleShardError` naming the
+URL, a deleted one answers 404 (:class:`~shardcat.errors.MissingShardError`).
+Other protocols (``gs://``, ``az://``, ``hdfs://``) read with
+``fs.cat_file(path, start, end)`` and check ``fs.info`` (size, ETag/generation,
+mtime) once when the source opens.
+
+**Batches** (``Reader.get_many``) first hand a source all the ranges they will
+read (:meth:`RemoteSource.prefetch`): ranges closer than :data:`MERGE_GAP`
+(256 KiB: on object storage a request costs more than reading that much more)
+are merged into one request of at most :data:`MAX_SPAN` (2 MiB) bytes, and the
+requests of every shard of the batch run concurrently on a bounded pool
+(:data:`CONCURRENCY` threads per process); reads are then served from those
+bytes. A read that no prefetched range covers is its own request.
+
+**Identity** of a remote object, as the catalog stores it in the shard row's
+existing columns: ``size``; ``mtime_ns`` (Last-Modified, 0 when the store gives
+none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"`` /
+``"etag#<hash>"`` for a long ETag); inode and ctime NULL.
+
+**Transient errors** (5xx, connection reset or refused, timeouts) are retried
+:data:`RETRIES` times with exponential backoff from :data:`BACKOFF` seconds; then
+a :class:`~shardcat.errors.ShardIOError` naming the URL.
+
+**Node-local cache** (optional: :mod:`shardcat.readers.cache`): whole shards on
+local disk under a size cap, read with ``os.pread`` when present.
+
+**Fork safety.** Filesystem instances (their aiohttp sessions and event loop
+thread) and the fetch pool are kept per process, keyed by ``os.getpid()``: a
+forked DataLoader worker makes its own and never uses its parent's connections.
+
+**Storage options** (endpoint, region, anonymous access...) come from fsspec's
+own configuration and environment, from the dataset (stored at ingest, without
+secrets: :func:`public_options`) and from :func:`configure` in this process
+(secrets may go there; they are never written to the catalog).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from shardcat.errors import CatalogError, MissingShardError, ShardIOError, StaleShardError
+from shardcat.readers import cache as _cache
+from shardcat.readers.rawio import Source
+
+__all__ = [
+    "CONCURRENCY",
+    "MAX_SPAN",
+    "MERGE_GAP",
+    "RemoteInfo",
+    "RemoteSource",
+    "configure",
+    "download",
+    "filesystem",
+    "glob_urls",
+    "is_url",
+    "public_options",
+    "remote_info",
+    "remote_mismatch",
+]
+
+#: ranges of a batch this close (bytes between them) are fetched as one request
+MERGE_GAP = 256 * 1024
+#: the most bytes one merged request asks for
+MAX_SPAN = 2 * 1024 * 1024
+#: concurrent requests of a batch, per process
+CONCURRENCY = 16
+#: retries of a transient error, and the first backoff (doubled each time)
+RETRIES = 4
+BACKOFF = 0.05
+#: the size of each read when a whole object is streamed (ingest)
+STREAM_CHUNK = 8 * 1024 * 1024
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SECRET = re.compile(r"key|secret|token|password|passwd|credential|session|auth", re.I)
+_HINT = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path
+    (``file://`` URLs count as local)."""
+    m = _URL.match(path)
+    return m is not None and m.group(1).lower() != "file"
+
+
+def protocol_of(url: str) -> str:
+    m = _URL.match(url)
+    return "file" if m is None else m.group(1).lower()
+
+
+def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without anything that looks like a secret (keys naming a key,
+    secret, token, password, credential, session or auth), recursively: what is
+    stored with a dataset."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if _SECRET.search(str(name)):
+            continue
+        out[name] = public_options(value) if isinstance(value, Mapping) else value
+    return out
+
+
+_configured: dict[str, dict[str, Any]] = {}
+
+
+def configure(protocol: str, **options: Any) -> None:
+    """Storage options for ``protocol`` in this process (and the workers it forks),
+    over those stored with datasets; may hold secrets (never stored)."""
+    _configured[protocol] = dict(options)
+
+
+_filesystems: dict[tuple[int, str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
+    """This process's fsspec filesystem for ``url``'s protocol and ``options``
+    (a child after ``fork`` makes its own: see the module docstring)."""
+    protocol = protocol_of(url)
+    merged = {**(options or {}), **_configured.get(protocol, {})}
+    key = (os.getpid(), protocol, repr(sorted(merged.items())))
+    fs = _filesystems.get(key)
+    if fs is not None:
+        return fs
+    with _lock:
+        fs = _filesystems.get(key)
+        if fs is None:
+            try:
+                import fsspec
+            except ImportError:
+                raise CatalogError(
+                    f"{url}: reading object storage needs fsspec: pip install 'shardcat[remote]'"
+                ) from None
+            try:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **merged)
+            except (ImportError, ValueError) as exc:
+                package = _HINT.get(protocol, f"the fsspec implementation of {protocol}://")
+                raise CatalogError(
+                    f"{url}: cannot open {protocol}:// ({exc}); install {package} "
+                    "(pip install 'shardcat[remote]' for s3 and http; gcsfs, adlfs for gs, az)"
+                ) from None
+            _filesystems[key] = fs
+    return fs
+
+
+# -- identity ----------------------------------------------------------------------
+
+
+class RemoteInfo:
+    """What the store says of an object: size, ETag, version, mtime (ns, 0: none)."""
+
+    __slots__ = ("etag", "mtime_ns", "size", "version")
+
+    def __init__(self, size: int, etag: str | None, version: str | None, mtime_ns: int) -> None:
+        self.size, self.etag, self.version, self.mtime_ns = size, etag, version, mtime_ns
+
+    def as_stat(self) -> os.stat_result:
+        """The identity as a stat result, for the ingest's bookkeeping: size, mtime;
+        inode and ctime None (stored NULL)."""
+        seconds = self.mtime_ns / 1e9
+        fields: list[Any] = [0o100444, None, 0, 1, 0, 0, self.size]
+        fields += [seconds] * 6 + [self.mtime_ns, self.mtime_ns, None]
+        return os.stat_result(fields)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """How the catalog stores the ETag (or version) in the shard's fingerprint column."""
+        if self.etag:
+            text = f"etag:{self.etag}"
+            if len(text) <= 64:
+                return text
+            return "etag#" + hashlib.sha256(self.etag.encode()).hexdigest()[:40]
+        if self.version:
+            return f"version:{self.version}"[:64]
+        return None
+
+
+def _mtime_ns(info: Mapping[str, Any]) -> int:
+    for name in ("LastModified", "last_modified", "mtime", "updated", "Last-Modified"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1e9)
+        if isinstance(value, (int, float)):
+            return int(value * 1e9)
+        if isinstance(value, str):
+            from email.utils import parsedate_to_datetime
+
+            try:
+                return int(parsedate_to_datetime(value).timestamp() * 1e9)
+            except (TypeError, ValueError):
+                try:
+                    from datetime import datetime
+
+                    return int(
+                        datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9
+                    )
+                except ValueError:
+                    continue
+    return 0
+
+
+def _info_of(info: Mapping[str, Any]) -> RemoteInfo:
+    etag = info.get("ETag") or info.get("etag") or info.get("generation")
+    version = info.get("VersionId") or info.get("version_id")
+    return RemoteInfo(
+        int(info.get("size") or 0),
+        None if etag is None else str(etag),
+        None if version is None else str(version),
+        _mtime_ns(info),
+    )
+
+
+def remote_info(url: str, options: Mapping[str, Any] | None = None) -> RemoteInfo:
+    """The object's identity now; :class:`MissingShardError` if it does not exist."""
+    fs = filesystem(url, options)
+    try:
+        info = _retrying(url, lambda: fs.info(url))
+    except FileNotFoundError:
+        raise MissingShardError(f"{url} does not exist (deleted or moved?)", url) from None
+    if info.get("type") == "directory":
+        raise MissingShardError(f"{url} is a directory, not a shard", url)
+    return _info_of(info)
+
+
+def remote_mismatch(
+    size: int, mtime_ns: int, fingerprint: str | None, now: RemoteInfo
+) -> str | None:
+    """What makes the object ``now`` another version than the one indexed with
+    ``size``/``mtime_ns``/``fingerprint``; None when it is that version. The ETag (or
+    version) decides when recorded; else size and mtime."""
+    if now.size != size:
+        return f"its size is {now.size} bytes, the catalog indexed {size}"
+    if fingerprint is not None and now.fingerprint is not None:
+        return None if now.fingerprint == fingerprint else "its ETag differs"
+    if mtime_ns and now.mtime_ns and now.mtime_ns != mtime_ns:
+        return "it was modified (Last-Modified differs)"
+    return None
+
+
+def glob_urls(pattern: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """The objects a URL stands for: itself when it exists, else its glob matches."""
+    fs = filesystem(pattern, options)
+    protocol = protocol_of(pattern)
+    if not any(c in pattern for c in "*?["):
+        return [pattern]
+    found = _retrying(pattern, lambda: fs.glob(pattern))
+    out = []
+    for path in found:
+        url = path if is_url(path) else f"{protocol}://{path}"
+        out.append(url)
+    return sorted(out)
+
+
+# -- requests ----------------------------------------------------------------------
+
+
+class _Changed(Exception):
+    """The store answered 412 (If-Match failed) or another ETag than recorded."""
+
+
+class _Transient(Exception):
+    """A 5xx answer: worth retrying."""
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, (_Transient, TimeoutError, ConnectionError)):
+        return True
+    name = type(exc).__name__
+    if name in {
+        "ServerDisconnectedError",
+        "ClientConnectorError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "IncompleteRead",
+    }:
+        return True
+    if isinstance(exc, (FileNotFoundError, PermissionError, _Changed)):
+        return False
+    return isinstance(exc, OSError) and any(
+        word in str(exc) for word in ("503", "500", "502", "504", "SlowDown", "reset", "refused")
+    )
+
+
+def _retrying(url: str, call: Callable[[], Any]) -> Any:
+    """``call()``, retried on transient errors with backoff; then a ShardIOError."""
+    delay = BACKOFF
+    for attempt in range(RETRIES + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            if attempt == RETRIES:
+                raise ShardIOError(
+                    f"{url}: the store did not answer after {RETRIES + 1} attempts: "
+                    f"{type(exc).__name__}: {exc}",
+                    url,
+                ) from None
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _get_s3(fs: Any, url: str, start: int, end: int | None, etag: str | None) -> tuple[bytes, Any]:
+    import fsspec.asyn
+
+    bucket, key, version = fs.split_path(url)
+
+    async def go() -> tuple[bytes, Any]:
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if end is not None:
+            kw["Range"] = f"bytes={start}-{end - 1}"
+        if etag:
+            kw["IfMatch"] = etag
+        if version:
+            kw["VersionId"] = version
+        try:
+            resp = await fs._call_s3("get_object", **kw)
+        except OSError as exc:
+            text = str(exc)
+            if "PreconditionFailed" in text or "412" in text or "pre-condition" in text:
+                raise _Changed(str(exc)) from None
+            raise
+        body = resp["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return data, resp.get("ETag")
+
+    return fsspec.asyn.sync(fs.loop, go)  # type: ignore[no-any-return]
+
+
+def _get_http(
+    fs: Any, url: str, start: int, end: int | None, etag: str | None
+) -> tuple[bytes, Any]:
+    import fsspec.asyn
+
+    async def go() -> tuple[bytes, Any]:
+        session = await fs.set_session()
+        headers = {}
+        if end is not None:
+            headers["Range"] = f"bytes={start}-{end - 1}"
+        if etag:
+            headers["If-Match"] = etag
+        async with session.get(fs.encode_url(url), headers=headers) as r:
+            if r.status == 404:
+                raise FileNotFoundError(url)
+            if r.status == 412:
+                raise _Changed("412 Precondition Failed")
+            if r.status >= 500:
+                raise _Transient(f"HTTP {r.status}")
+            if r.status >= 400:
+                raise OSError(f"HTTP {r.status} {r.reason}")
+            data = await r.read()
+            if r.status == 200 and end is not None:  # the server ignored Range
+                data = data[start:end]
+            return data, r.headers.get("ETag")
+
+    return fsspec.asyn.sync(fs.loop, go)  # type: ignore[no-any-return]
+
+
+def _get(
+    fs: Any, url: str, start: int, end: int | None, etag: str | None
+) -> tuple[bytes, str | None]:
+    """Bytes ``start:end`` of the object (``end`` None: to its end) in one request,
+    conditional on ``etag`` where the protocol allows; and the ETag answered."""
+    protocol = protocol_of(url)
+    if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
+        return _get_s3(fs, url, start, end, etag)
+    if protocol in ("http", "https") and hasattr(fs, "set_session"):
+        return _get_http(fs, url, start, end, etag)
+    return fs.cat_file(url, start=start, end=end), None
+
+
+def _etag_of(fingerprint: str | None) -> str | None:
+    if fingerprint is not None and fingerprint.startswith("etag:"):
+        return fingerprint[5:]
+    return None
+
+
+class RemoteSource(Source):
+    """An object on remote storage as a :class:`Source`: each ``pread`` one ranged
+    request, conditional on the indexed ETag (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        mtime_ns: int,
+        fingerprint: str | None,
+        options: Mapping[str, Any] | None = None,
+        *,
+        use_cache: bool = True,
+    ) -> None:
+        self.path = url
+        self.size = size
+        self._fingerprint = fingerprint
+        self._etag = _etag_of(fingerprint)
+        self._fs = filesystem(url, options)
+        self._batch: list[tuple[int, int, Future[bytes]]] = []
+        self._direct = protocol_of(url) in ("s3", "s3a", "http", "https")
+        self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
+        self._closed = False
+        if not self._direct or self._etag is None:
+            self._check_info(mtime_ns)  # no conditional reads: check once now
+        config = _cache.cache_config() if use_cache else None
+        if config is not None and size > 0:
+            identity = fingerprint or f"{size}:{mtime_ns}"
+            self._local = _cache.open_cached(config, url, identity, size)
+            if self._local is None:
+                threading.Thread(target=self._fill, args=(config, identity), daemon=True).start()
+
+    def _fill(self, config: _cache.CacheConfig, identity: str) -> None:
+        """Fetch the whole shard into the node-local cache; read it from there after."""
+        try:
+            fd = _cache.fill(config, self.path, identity, self.size, self._remote, STREAM_CHUNK)
+        except Exception:  # the cache is an optimisation: reads go to the store
+            return
+        if fd is not None:
+            if self._closed:
+                os.close(fd)
+            else:
+                self._local = fd
+
+    def _check_info(self, mtime_ns: int) -> None:
+        now = self._info()
+        problem = remote_mismatch(self.size, mtime_ns, self._fingerprint, now)
+        if problem is not None:
+            raise self._stale(problem)
+
+    def _info(self) -> RemoteInfo:
+        try:
+            return _info_of(_retrying(self.path, lambda: self._fs.info(self.path)))
+        except FileNotFoundError:
+            raise self._missing() from None
+
+    def _missing(self) -> MissingShardError:
+        return MissingShardError(
+            f"{self.path} no longer exists (deleted or moved after it was indexed); "
+            "re-ingest the dataset to drop it",
+            self.path,
+        )
+
+    def _stale(self, problem: str) -> StaleShardError:
+        return StaleShardError(
+            f"{self.path} changed after it was indexed: {problem}; re-ingest it "
+            "(catalog ingest, or reader.rebuild_index())",
+            self.path,
+        )
+
+    def fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` (within the indexed size) in one request, checked (or
+        from the node-local cached copy)."""
+        local = self._local
+        if local is not None:
+            return os.pread(local, end - start, start)
+        return self._remote(start, end)
+
+    def _remote(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` from the store, in one request, checked."""
+        if start >= end:
+            return b""
+        try:
+            data, etag = _retrying(
+                self.path, lambda: _get(self._fs, self.path, start, end, self._etag)
+            )
+        except FileNotFoundError:
+            raise self._missing() from None
+        except _Changed:
+            raise self._stale("its ETag differs") from None
+        if self._etag is not None and etag is not None and etag != self._etag:
+            raise self._stale("its ETag differs")
+        if len(data) != end - start:
+            raise self._stale(f"a read of {end - start} bytes at byte {start} got {len(data)}")
+        return bytes(data)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        end = min(offset + length, self.size)
+        for start, stop, future in self._batch:
+            if start <= offset and end <= stop:
+                data = future.result()
+                return data[offset - start : end - start]
+        return self.fetch(offset, end)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Start fetching ``(offset, length)`` ranges, merged (see the module
+        docstring); later reads inside them are served from these requests."""
+        if self._local is not None:
+            return  # read locally
+        spans: list[list[int]] = []
+        for offset, length in sorted(ranges):
+            start, stop = max(0, offset), min(offset + length, self.size)
+            if start >= stop:
+                continue
+            if spans and start - spans[-1][1] <= MERGE_GAP and stop - spans[-1][0] <= MAX_SPAN:
+                spans[-1][1] = max(spans[-1][1], stop)
+            else:
+                spans.append([start, stop])
+        pool = _pool()
+        self._batch = [(a, b, pool.submit(self.fetch, a, b)) for a, b in spans]
+
+    def check(self) -> None:
+        """Every read was conditional on the ETag: nothing more to ask. Ends a batch
+        (its prefetched bytes are dropped)."""
+        batch, self._batch = self._batch, []
+        for _, _, future in batch:
+            future.cancel()
+
+    def close(self) -> None:
+        self._batch = []
+        self._closed = True
+        local, self._local = self._local, None
+        if local is not None:
+            os.close(local)
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's bounded pool for a batch's requests."""
+    pid = os.getpid()
+    pool = _pools.get(pid)
+    if pool is None:
+        pool = _pools.setdefault(pid, ThreadPoolExecutor(CONCURRENCY, "shardcat-remote"))
+    return pool
+
+
+def download(
+    url: str, target: str, options: Mapping[str, Any] | None = None, limit: int | None = None
+) -> RemoteInfo:
+    """Stream the object (its first ``limit`` bytes) into the local file ``target``
+    with large sequential reads, one pass; returns the identity of the version read
+    (every chunk is conditional on the ETag of the first)."""
+    info = remote_info(url, options)
+    source = RemoteSource(url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False)
+    end = info.size if limit is None else min(limit, info.size)
+    with open(target, "wb") as f:
+        at = 0
+        while at < end:
+            stop = min(at + STREAM_CHUNK, end)
+            f.write(source.fetch(at, stop))
+            at = stop
+    return info

@@ -1,0 +1,209 @@
+"""Servers on loopback for the remote-storage tests and benchmarks: moto's S3
+server (a real HTTP server speaking S3; needs ``moto[server]``, in the ``dev``
+extra) and a small HTTP server with Range and ETag support, both counting the
+requests and body bytes they serve."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import logging
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Counter:
+    """Requests by method and body bytes served, since the last :meth:`reset`."""
+
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    body_bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, method: str, path: str, range_header: str | None, sent: int) -> None:
+        with self.lock:
+            self.requests.append((method, path, range_header))
+            self.body_bytes += sent
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.body_bytes = 0
+
+    def gets(self, under: str = "") -> list[tuple[str, str, str | None]]:
+        return [r for r in self.requests if r[0] == "GET" and under in r[1]]
+
+
+class _Counting:
+    """WSGI middleware: counts requests and the body bytes of their answers."""
+
+    def __init__(self, app: Any, counter: Counter) -> None:
+        self.app, self.counter = app, counter
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        body = list(self.app(environ, start_response))
+        self.counter.note(
+            environ["REQUEST_METHOD"],
+            environ.get("PATH_INFO", ""),
+            environ.get("HTTP_RANGE"),
+            sum(len(b) for b in body),
+        )
+        return body
+
+
+class S3Server:
+    """moto's S3 server on a free loopback port, with a :class:`Counter`."""
+
+    def __init__(self) -> None:
+        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        self.counter = Counter()
+        self.port = free_port()
+        counter = self.counter
+        port = self.port
+
+        class Quiet(MotoRequestHandler):  # type: ignore[misc]
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        class Counting(ThreadedMotoServer):
+            def _server_entry(self) -> None:
+                app = _Counting(DomainDispatcherApplication(create_backend_app), counter)
+                self._server = make_server("127.0.0.1", port, app, True, request_handler=Quiet)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self._server = Counting("127.0.0.1", port, verbose=False)
+        self.endpoint = f"http://127.0.0.1:{port}"
+
+    def start(self) -> None:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class RangeServer:
+    """Serves the files of ``root`` over HTTP with ``Range`` (one range), ``ETag``
+    (of the file's content), ``If-Match`` (412) and ``Last-Modified``; ``fail_next``
+    answers that many requests with 503; counts what it serves."""
+
+    def __init__(self, root: str, port: int | None = None) -> None:
+        self.root = root
+        self.port = port or free_port()
+        self.counter = Counter()
+        self.fail_next = 0
+        self.connections: set[socket.socket] = set()
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                server.connections.add(self.connection)
+
+            def _answer(self, head_only: bool) -> None:
+                if server.fail_next > 0:
+                    server.fail_next -= 1
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
+                    return
+                path = os.path.join(server.root, self.path.lstrip("/").split("?")[0])
+                if not os.path.isfile(path):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
+                    return
+                with open(path, "rb") as f:
+                    data = f.read()
+                etag = '"' + hashlib.md5(data).hexdigest() + '"'
+                want = self.headers.get("If-Match")
+                if want is not None and want != etag:
+                    self.send_response(412)
+                    self.send_header("Content-Length", "0")
+                    server.counter.note(self.command, self.path, None, 0)
+                    self.end_headers()
+                    return
+                rng = self.headers.get("Range")
+                body, status = data, 200
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+                if m is not None:
+                    start = int(m.group(1))
+                    end = int(m.group(2)) + 1 if m.group(2) else len(data)
+                    end = min(end, len(data))
+                    body, status = data[start:end], 206
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("ETag", etag)
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header(
+                    "Last-Modified", self.date_time_string(int(os.stat(path).st_mtime))
+                )
+                if status == 206:
+                    self.send_header(
+                        "Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}"
+                    )
+                # counted before the answer leaves: a client that has it sees it counted
+                server.counter.note(self.command, self.path, rng, 0 if head_only else len(body))
+                self.end_headers()
+                if not head_only:
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._answer(False)
+
+            def do_HEAD(self) -> None:
+                self._answer(True)
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving, and drop the connections kept alive (a killed server)."""
+        for conn in list(self.connections):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.connections.clear()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join()

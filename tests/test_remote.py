@@ -1,0 +1,508 @@
+"""Shards on object storage: moto's S3 server and a Range-capable HTTP server on
+loopback (started here, stopped at the end), counting the requests and bytes
+they serve: one request per record, coalesced batches, stale and missing
+objects, retries, a server killed mid-read, forked readers, secrets never
+stored, compressed shards read from their seek points."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import multiprocessing
+import os
+import random
+import sqlite3
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError, TFRecordWriter
+from shardcat.paths import brace_expand
+from shardcat.readers import cache, remote, remote_file
+
+try:
+    import boto3
+    import moto  # noqa: F401
+    import s3fs  # noqa: F401
+except ImportError:  # pragma: no cover - the dev and remote extras install them
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
+
+from features import b, ex_bytes
+
+from shardcat.testing.servers import RangeServer, S3Server
+
+BUCKET = "shards"
+RECORDS = 2000  # per shard, ~4 KB each: four shards of ~8 MB
+PAYLOAD = 4000
+
+
+def _write_shards(root: Path) -> list[Path]:
+    rng = random.Random(7)
+    paths = []
+    for s in range(4):
+        path = root / f"train-{s:05d}.tfrecord"
+        with TFRecordWriter(path) as w:
+            for i in range(RECORDS):
+                w.write(ex_bytes(key=b(f"r{s}_{i}".encode()), image=b(rng.randbytes(PAYLOAD))))
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The S3 server, a bucket with four ~8 MB TFRecord shards, their local copies."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = S3Server()
+    server.start()
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    local = tmp_path_factory.mktemp("local")
+    for path in _write_shards(local):
+        client.upload_file(str(path), BUCKET, f"train/{path.name}")
+    try:
+        yield {"server": server, "client": client, "local": local, "endpoint": server.endpoint}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServer]:
+    root = tmp_path_factory.mktemp("www")
+    _write_shards(root)
+    server = RangeServer(str(root))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def catalogs() -> Iterator[Any]:
+    """``catalogs(path)``: a Catalog closed when the test ends."""
+    opened: list[Catalog] = []
+
+    def make(path: Path) -> Catalog:
+        opened.append(Catalog(path))
+        return opened[-1]
+
+    yield make
+    for cat in opened:
+        cat.close()
+
+
+@pytest.fixture(scope="session")
+def s3_catalog_file(s3: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A catalog with the S3 shards as dataset ``train``, their local copies as ``local``."""
+    path = tmp_path_factory.mktemp("cat") / "train.sqlite"
+    with Catalog(path) as cat:
+        cat.ingest(
+            f"s3://{BUCKET}/train/*.tfrecord",
+            "train",
+            storage_options={"endpoint_url": s3["endpoint"], "key": "testing", "secret": "testing"},
+            workers=2,
+        ).close()
+        cat.ingest(str(s3["local"]), "local").close()
+    return path
+
+
+@pytest.fixture
+def s3_catalog(s3_catalog_file: Path, catalogs: Any) -> Catalog:
+    return catalogs(s3_catalog_file)  # type: ignore[no-any-return]
+
+
+def _keys(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [f"r{rng.randrange(4)}_{rng.randrange(RECORDS)}" for _ in range(n)]
+
+
+# -- S3 --------------------------------------------------------------------------
+
+
+def test_s3_ingest_reads_back_identical_to_the_local_copy(s3_catalog: Catalog) -> None:
+    train, local = s3_catalog.dataset("train"), s3_catalog.dataset("local")
+    assert len(train) == len(local) == 4 * RECORDS
+    keys = _keys(200, seed=3)
+    assert train.get_many(keys, raw=True) == local.get_many(keys, raw=True)
+    info = s3_catalog.info("train")
+    assert info.source == [f"s3://{BUCKET}/train/*.tfrecord"]
+    paths = [r[0] for r in s3_catalog.query("SELECT path FROM shardcat_shards ORDER BY path")]
+    assert f"s3://{BUCKET}/train/train-00000.tfrecord" in paths
+
+
+def test_s3_one_record_is_one_request_of_its_size(s3: dict[str, Any], s3_catalog: Catalog) -> None:
+    reader = s3_catalog.dataset("train")
+    record = len(reader.get_raw("r2_1234"))  # the source opened (no request by itself)
+    counter = s3["server"].counter
+    counter.reset()
+    value = reader.get_feature("r2_1234", "image")
+    assert value == s3_catalog.dataset("local").get_feature("r2_1234", "image")
+    assert len(counter.requests) == 1
+    assert counter.requests[0][0] == "GET"
+    assert record <= counter.body_bytes <= record + 16  # the payload, never a readahead
+
+
+def test_s3_get_many_coalesces_1000_random_records(s3: dict[str, Any], s3_catalog: Catalog) -> None:
+    reader = s3_catalog.dataset("train")
+    keys = _keys(1000, seed=11)
+    reader.get_raw(keys[0])
+    counter = s3["server"].counter
+    counter.reset()
+    got = reader.get_many(keys, raw=True)
+    assert got == s3_catalog.dataset("local").get_many(keys, raw=True)
+    assert len(counter.gets()) <= 40
+    assert len(counter.requests) == len(counter.gets())  # no HEAD, no listing
+
+
+def test_storage_options_are_stored_without_secrets(
+    s3: dict[str, Any], s3_catalog: Catalog
+) -> None:
+    assert s3_catalog.info("train").options["storage_options"] == {"endpoint_url": s3["endpoint"]}
+    with sqlite3.connect(s3_catalog.path) as conn:
+        text = json.dumps(conn.execute("SELECT * FROM shardcat_datasets").fetchall())
+    assert "secret" not in text and "testing" not in text
+    given = {
+        "key": "k",
+        "secret": "s",
+        "token": "t",
+        "anon": True,
+        "client_kwargs": {"aws_session_token": "x", "region_name": "r"},
+    }
+    assert remote.public_options(given) == {"anon": True, "client_kwargs": {"region_name": "r"}}
+
+
+def _small_shard(path: Path, prefix: str, n: int = 10) -> Path:
+    with TFRecordWriter(path) as w:
+        for i in range(n):
+            w.write(
+                ex_bytes(key=b(f"{prefix}{i}".encode()), image=b(f"{prefix}-{i}".encode() * 50))
+            )
+    return path
+
+
+def test_s3_changed_and_deleted_objects_are_errors_naming_the_url(
+    catalogs: Any, s3: dict[str, Any], tmp_path: Path
+) -> None:
+    client, url = s3["client"], f"s3://{BUCKET}/changing/x.tfrecord"
+    client.upload_file(
+        str(_small_shard(tmp_path / "x.tfrecord", "x")), BUCKET, "changing/x.tfrecord"
+    )
+    cat = catalogs(tmp_path / "c.sqlite")
+    reader = cat.ingest(url, "t", storage_options={"endpoint_url": s3["endpoint"]})
+    assert reader.get_feature("x3", "image") == b"x-3" * 50
+    client.upload_file(
+        str(_small_shard(tmp_path / "y.tfrecord", "y")), BUCKET, "changing/x.tfrecord"
+    )
+    with pytest.raises(StaleShardError, match=r"s3://shards/changing/x\.tfrecord changed"):
+        reader.get_feature("x3", "image")
+    with pytest.raises(StaleShardError, match=r"s3://shards/changing/x\.tfrecord changed"):
+        reader.get_many(["x1", "x2"])
+    reader = cat.ingest(url, "t")  # the ETag differs: re-indexed
+    assert reader.get_feature("y3", "image") == b"y-3" * 50
+    assert reader.get_raw("x3") is None
+    client.delete_object(Bucket=BUCKET, Key="changing/x.tfrecord")
+    with pytest.raises(
+        MissingShardError, match=r"s3://shards/changing/x\.tfrecord no longer exists"
+    ):
+        reader.get_feature("y3", "image")
+
+
+def _child(url_reader: Any, keys: list[str], out: Any) -> None:
+    data = url_reader.get_many(keys, raw=True)
+    pids = sorted({key[0] for key in remote._filesystems})
+    out.put((data, pids, os.getpid()))
+
+
+def test_forked_reader_opens_its_own_session(s3_catalog: Catalog) -> None:
+    reader = s3_catalog.dataset("train")
+    keys = _keys(50, seed=5)
+    expected = reader.get_many(keys, raw=True)  # the parent's session is open now
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child, args=(reader, keys, out))
+    child.start()
+    data, pids, pid = out.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert data == expected
+    assert pid in pids and pid != os.getpid()
+    assert reader.get_many(keys, raw=True) == expected  # the parent's still works
+
+
+def test_gzip_tfrecord_on_s3_reads_from_the_nearest_seek_point(
+    catalogs: Any, s3: dict[str, Any], tmp_path: Path
+) -> None:
+    pytest.importorskip("indexed_gzip")
+    src = (s3["local"] / "train-00003.tfrecord").read_bytes()
+    (tmp_path / "z.tfrecord.gz").write_bytes(gzip.compress(src, compresslevel=1))
+    size = (tmp_path / "z.tfrecord.gz").stat().st_size
+    s3["client"].upload_file(str(tmp_path / "z.tfrecord.gz"), BUCKET, "gz/z.tfrecord.gz")
+    cat = catalogs(tmp_path / "c.sqlite")
+    reader = cat.ingest(
+        f"s3://{BUCKET}/gz/z.tfrecord.gz", "z", storage_options={"endpoint_url": s3["endpoint"]}
+    )
+    local = cat.ingest(str(s3["local"] / "train-00003.tfrecord"), "l")
+    counter = s3["server"].counter
+    counter.reset()
+    assert reader.get_raw("r3_1900") == local.get_raw("r3_1900")
+    assert 1 <= len(counter.gets()) <= 2
+    assert counter.body_bytes <= 2 * remote_file.WINDOW < size / 3  # not from the start
+    assert reader.get_many(["r3_5", "r3_1000"], raw=True) == local.get_many(
+        ["r3_5", "r3_1000"], raw=True
+    )
+
+
+def test_tfrecord_random_access_on_s3(catalogs: Any, s3: dict[str, Any], tmp_path: Path) -> None:
+    from shardcat import TFRecordRandomAccess
+
+    remote.configure("s3", endpoint_url=s3["endpoint"])
+    try:
+        with TFRecordRandomAccess(
+            f"s3://{BUCKET}/train/train-0000[01].tfrecord", index_file=str(tmp_path / "i.sqlite")
+        ) as reader:
+            assert len(reader) == 2 * RECORDS
+            local = catalogs(tmp_path / "l.sqlite").ingest(
+                str(s3["local"] / "train-00001.tfrecord")
+            )
+            assert reader.get_feature("r1_9", "image") == local.get_feature("r1_9", "image")
+    finally:
+        remote._configured.pop("s3", None)
+
+
+def test_cli_ingest_with_storage_options(s3: dict[str, Any], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    where = tmp_path / "cli.sqlite"
+    result = CliRunner().invoke(
+        app,
+        [
+            "ingest",
+            f"s3://{BUCKET}/train/train-00002.tfrecord",
+            "-d",
+            "cli",
+            "-c",
+            str(where),
+            "--storage-option",
+            f"endpoint_url={s3['endpoint']}",
+            "--storage-option",
+            "key=testing",
+            "--storage-option",
+            "secret=hunter2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "2,000 records" in result.output
+    assert Catalog(where).info("cli").options["storage_options"] == {"endpoint_url": s3["endpoint"]}
+    assert b"hunter2" not in where.read_bytes()
+
+
+# -- HTTP ------------------------------------------------------------------------
+
+
+def test_http_brace_ingest_single_reads_and_batches(
+    catalogs: Any, http: RangeServer, s3: dict[str, Any], tmp_path: Path
+) -> None:
+    cat = catalogs(tmp_path / "web.sqlite")
+    reader = cat.ingest(f"{http.url}/train-{{00000..00003}}.tfrecord", "web")
+    assert len(reader) == 4 * RECORDS
+    local = cat.ingest(str(s3["local"]), "local")
+    reader.get_raw("r0_0")
+    http.counter.reset()
+    assert reader.get_raw("r3_77") == local.get_raw("r3_77")
+    assert [r[0] for r in http.counter.requests] == ["GET"]
+    assert http.counter.body_bytes <= PAYLOAD + 64
+    keys = _keys(1000, seed=2)
+    http.counter.reset()
+    assert reader.get_many(keys, raw=True) == local.get_many(keys, raw=True)
+    assert len(http.counter.requests) <= 40
+
+
+def test_http_tar_member_is_one_request(catalogs: Any, http: RangeServer, tmp_path: Path) -> None:
+    tar = Path(http.root) / "web-000.tar"
+    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for i in range(20):
+            for ext, data in (("jpg", os.urandom(3000)), ("cls", str(i).encode())):
+                member = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                member.size = len(data)
+                import io
+
+                archive.addfile(member, io.BytesIO(data))
+    cat = catalogs(tmp_path / "tar.sqlite")
+    reader = cat.ingest(f"{http.url}/web-{{000..000}}.tar", "tar")
+    local = cat.ingest(str(tar), "tarlocal")
+    reader.get_feature("s001", "cls")
+    http.counter.reset()
+    assert reader.get_feature("s007", "jpg") == local.get_feature("s007", "jpg")
+    assert len(http.counter.requests) == 1 and http.counter.body_bytes == 3000
+    http.counter.reset()
+    assert reader.get_record("s009") == local.get_record("s009")
+    assert len(http.counter.requests) == 1  # the sample's members, one request
+
+
+def test_http_retries_transient_errors_then_fails_naming_the_url(
+    catalogs: Any, http: RangeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "BACKOFF", 0.01)
+    cat = catalogs(tmp_path / "r.sqlite")
+    reader = cat.ingest(f"{http.url}/train-00001.tfrecord", "r")
+    expected = reader.get_raw("r1_3")
+    http.counter.reset()
+    http.fail_next = 2
+    assert reader.get_raw("r1_3") == expected
+    assert len(http.counter.requests) == 3
+    http.fail_next = remote.RETRIES + 1
+    with pytest.raises(ShardIOError, match=r"train-00001\.tfrecord: the store did not answer"):
+        reader.get_raw("r1_4")
+    http.fail_next = 0
+    assert reader.get_raw("r1_4") is not None
+
+
+def test_server_killed_mid_read_then_back(
+    catalogs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "BACKOFF", 0.01)
+    root = tmp_path / "www"
+    root.mkdir()
+    _small_shard(root / "k.tfrecord", "k", 100)
+    server = RangeServer(str(root))
+    server.start()
+    try:
+        cat = catalogs(tmp_path / "k.sqlite")
+        reader = cat.ingest(f"{server.url}/k.tfrecord", "k")
+        keys = [f"k{i}" for i in range(100)]
+        expected = reader.get_many(keys, raw=True)
+        server.stop()
+        with pytest.raises(ShardIOError, match=r"k\.tfrecord"):
+            reader.get_raw("k5")
+        server = RangeServer(str(root), port=server.port)
+        server.start()
+        assert reader.get_many(keys, raw=True) == expected
+    finally:
+        server.stop()
+
+
+# -- paths ------------------------------------------------------------------------
+
+
+def test_brace_expand() -> None:
+    assert brace_expand("s-{000..003}.tar") == ["s-000.tar", "s-001.tar", "s-002.tar", "s-003.tar"]
+    assert brace_expand("{a,b}/x-{1..2}") == ["a/x-1", "a/x-2", "b/x-1", "b/x-2"]
+    assert brace_expand("x-{8..10}") == ["x-8", "x-9", "x-10"]
+    assert brace_expand("plain") == ["plain"]
+    assert brace_expand("odd-{x}.tar") == ["odd-{x}.tar"]
+
+
+def test_is_url() -> None:
+    assert remote.is_url("s3://b/k") and remote.is_url("https://h/p")
+    assert not remote.is_url("/data/x.tfrecord") and not remote.is_url("file:///x")
+
+
+# -- the node-local cache -------------------------------------------------------------
+
+
+def _cached(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if not p.name.endswith((".lock", ".part")))
+
+
+def _wait_for(check: Any, what: str) -> None:
+    """Poll ``check()`` (a background download) up to a minute; no timing asserted."""
+    for _ in range(600):
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still waiting for {what}")
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "cache"
+    yield directory
+    cache.configure_cache(None)
+    cache._config.clear()
+
+
+def test_cache_serves_whole_shards_locally(
+    s3: dict[str, Any], s3_catalog: Catalog, cache_dir: Path
+) -> None:
+    cache.configure_cache(cache_dir, 1 << 30)
+    keys = _keys(300, seed=9)
+    with s3_catalog.dataset("train") as reader:
+        for s in range(4):
+            reader.get_raw(f"r{s}_0")  # opens each shard's source: its download starts
+        _wait_for(lambda: len(_cached(cache_dir)) == 4, "four cached shards")
+        with s3_catalog.dataset("train") as again:  # new sources find the copies
+            counter = s3["server"].counter
+            counter.reset()
+            assert again.get_many(keys, raw=True) == s3_catalog.dataset("local").get_many(
+                keys, raw=True
+            )
+            assert again.get_raw("r3_3") == s3_catalog.dataset("local").get_raw("r3_3")
+            assert counter.requests == []
+    sizes = sorted(p.stat().st_size for p in _cached(cache_dir))
+    assert sizes == sorted(
+        (s3["local"] / f"train-{s:05d}.tfrecord").stat().st_size for s in range(4)
+    )
+
+
+def test_cache_stays_under_its_cap_with_concurrent_processes(
+    s3_catalog: Catalog, s3: dict[str, Any], cache_dir: Path
+) -> None:
+    shard = (s3["local"] / "train-00000.tfrecord").stat().st_size
+    cap = int(2.5 * shard)  # room for two shards of four
+    cache.configure_cache(cache_dir, cap)
+    cache_dir.mkdir()
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(sum(p.stat().st_size for p in cache_dir.iterdir() if p.exists()))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    keys = _keys(100, seed=4)
+    with s3_catalog.dataset("train") as reader:
+        children = [
+            ctx.Process(target=_epochs, args=(reader, keys, out, cache_dir)) for _ in range(4)
+        ]
+        for child in children:
+            child.start()
+        results = [out.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+    stop.set()
+    watcher.join()
+    expected = s3_catalog.dataset("local").get_many(keys, raw=True)
+    assert all(r == expected for r in results)
+    assert all(c.exitcode == 0 for c in children)
+    assert max(seen) <= cap
+    assert 1 <= len(_cached(cache_dir)) <= 2
+    assert not [p for p in cache_dir.iterdir() if p.name.endswith(".part")]
+
+
+def _epochs(reader: Any, keys: list[str], out: Any, directory: Path) -> None:
+    """A DataLoader worker's epochs: every shard in turn, then its downloads finished."""
+    for s in range(4):
+        with reader.catalog.dataset("train") as fresh:
+            fresh.get_raw(f"r{s}_1")
+            time.sleep(0.3)  # let downloads run (and race) between processes
+    mine = f".{os.getpid()}."
+    _wait_for(
+        lambda: not [p for p in directory.iterdir() if mine in p.name and p.name.endswith(".part")],
+        "this worker's downloads",
+    )
+    out.put(reader.get_many(keys, raw=True))
