@@ -278,7 +278,9 @@ def test_tfrecord_random_access_on_s3(catalogs: Any, s3: dict[str, Any], tmp_pat
         remote._configured.pop("s3", None)
 
 
-def test_cli_ingest_with_storage_options(s3: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["train-00002.tfrecord", "train-0000[2].tfrecord"])
+def test_cli_ingest_with_storage_options(s3: dict[str, Any], tmp_path: Path, name: str) -> None:
+    """One object, and a glob (listed with the options too: the endpoint is not AWS)."""
     from typer.testing import CliRunner
 
     from shardcat.cli import app
@@ -288,7 +290,7 @@ def test_cli_ingest_with_storage_options(s3: dict[str, Any], tmp_path: Path) -> 
         app,
         [
             "ingest",
-            f"s3://{BUCKET}/train/train-00002.tfrecord",
+            f"s3://{BUCKET}/train/{name}",
             "-d",
             "cli",
             "-c",

@@ -32,6 +32,7 @@ from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
+from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
 __all__ = [
@@ -132,7 +133,7 @@ def ingest(
     ``no files match ...``). ``progress(outcome, total_shards)`` as for
     :meth:`Catalog.ingest`; :class:`IngestError` names the shards that failed.
     """
-    if not resolve_paths(paths):
+    if not resolve_paths(paths, opts.options.get(STORAGE_OPTIONS)):  # remote globs list with them
         raise CatalogError(f"no files match {as_patterns(paths)}")
     indexed = 0
 
