@@ -17,10 +17,12 @@ __all__ = [
     "KeyNotFoundError",
     "LegacyIndexError",
     "MissingShardError",
+    "NetworkFilesystemWarning",
     "NoSuchFeatureError",
     "SchemaVersionError",
     "ShardIOError",
     "ShardcatError",
+    "ShardcatWarning",
     "StaleShardError",
     "StaleWriterError",
     "StorageBusyError",
@@ -147,3 +149,12 @@ class StorageShapeError(StorageValueError, RuntimeError):
 
     A ``ValueError``, and a ``RuntimeError`` as torch's ``view`` raises in tensorblob.
     """
+
+
+class ShardcatWarning(UserWarning):
+    """Base class of the warnings shardcat gives (the CLI prints them as one line)."""
+
+
+class NetworkFilesystemWarning(ShardcatWarning):
+    """A writable SQLite catalog opened on a network filesystem (NFS, CIFS, FUSE,
+    Lustre, ...), where SQLite's locks and WAL shared memory are not reliable."""

@@ -29,14 +29,17 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog import reuse, schema, tables
+from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
     connect_readonly,
+    file_identity,
     fork_generation,
     locate,
     make_engine,
+    make_readonly_engine,
     open_error,
     unsaved_wal,
 )
@@ -147,6 +150,8 @@ class Store:
         self._snapshot_at = 0.0
         self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
         self._engine: Engine | None = None
+        # (device, inode, size, mtime, ctime) of an immutable catalog's file when opened
+        self._identity: tuple[int, ...] | None = None
         try:
             if self.readonly:
                 if not self.path.is_file():
@@ -174,6 +179,7 @@ class Store:
                     )
             else:
                 _refuse_foreign(self.path)
+                warn_if_network(self.path)
                 self._engine = make_engine(self.path)
                 version = self._open_schema(self._engine)
                 if version is not None and version > SCHEMA_VERSION:
@@ -268,20 +274,61 @@ class Store:
         self._check_open()
         conn = self._ro
         if conn is None or self._ro_generation != fork_generation():
+            if self.immutable:
+                self._check_unchanged()
             # A connection inherited through fork is dropped, never used or closed here.
             conn = self._ro = connect_readonly(self.path, immutable=self.immutable)
             self._ro_generation = fork_generation()
         if snapshot:
             now = time.monotonic()
             if now - self._snapshot_at > SNAPSHOT_SECONDS or not conn.in_transaction:
+                if self.immutable:
+                    self._check_unchanged()
                 if conn.in_transaction:
                     conn.execute("COMMIT")
                 conn.execute("BEGIN")
                 self._snapshot_at = now
                 self.snapshot_serial += 1  # readers re-check their dataset's version
-        elif conn.in_transaction:
-            conn.execute("COMMIT")
+        else:
+            if self.immutable:
+                self._check_unchanged()
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         return conn
+
+    def _check_unchanged(self) -> None:
+        """Refuse to go on reading an immutable catalog whose file changed since it was
+        opened (replaced, or rewritten in place: another device, inode, size, mtime or
+        ctime): SQLite trusts an immutable file never to change, so it could return
+        rows of another catalog, or of no consistent one. One ``stat`` per read
+        snapshot (at most every ``SNAPSHOT_SECONDS``), per other call and per fork."""
+        now = file_identity(self.path)
+        if self._identity is None and now is not None:
+            self._identity = now
+        elif now != self._identity:
+            raise CatalogError(
+                f"immutable catalog {self.path} changed since it was opened ("
+                + ("it is gone" if now is None else "replaced or rewritten")
+                + "): reopen it (Catalog(path, immutable=True)) to read the new file"
+            )
+
+    @contextlib.contextmanager
+    def read_transaction(self) -> Iterator[Connection]:
+        """A SQLAlchemy connection in one read transaction: every statement on it sees
+        the same moment of the catalog (a snapshot's rows, whatever writers commit
+        meanwhile). On a catalog opened read-only it runs on read-only connections."""
+        self.reader_connection()  # closed? an immutable file changed?
+        own = None if self._engine else make_readonly_engine(self.path, immutable=self.immutable)
+        engine = self._engine or own
+        assert engine is not None
+        sqlite = engine.dialect.name == "sqlite"
+        opts = {"immediate": False} if sqlite else {"isolation_level": "REPEATABLE READ"}
+        try:
+            with engine.connect().execution_options(**opts) as conn, conn.begin():
+                yield conn
+        finally:
+            if own is not None:
+                own.dispose()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Any]:
