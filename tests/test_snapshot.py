@@ -113,7 +113,7 @@ def test_snapshot_reads_the_same_bytes(source: Path, tmp_path: Path) -> None:
             assert a.where("label = 3") == b.where("label = 3") != []
             assert a.get_feature("k1_007", "label") == 3
         with snap.dataset("samples") as a, src.dataset("samples") as b:
-            assert a.get_feature("s005", "jpg") == b.get_feature("s005", "jpg") != None
+            assert a.get_feature("s005", "jpg") == b.get_feature("s005", "jpg") is not None
         assert snap.info("train").indexed == ["label"]
         seek = "SELECT shard_id, kind, data FROM shardcat_seek_indexes"
         assert snap.query(seek) == src.query(seek) != []
@@ -123,13 +123,20 @@ def test_snapshot_reads_the_same_bytes(source: Path, tmp_path: Path) -> None:
         paths = [r[0] for r in snap.query("SELECT path FROM shardcat_shards ORDER BY path")]
         assert paths == sorted(
             str(source.parent / p)
-            for p in ("packed.tar.gz", "samples.tar", *(f"train/part-{s}.tfrecord" for s in range(3)))
+            for p in (
+                "packed.tar.gz",
+                "samples.tar",
+                *(f"train/part-{s}.tfrecord" for s in range(3)),
+            )
         )
         info = snap.snapshot_info()
         assert info is not None and info.snapshot_of == str(source)
-        versions = {d.name: src.reader_connection().execute(
-            "SELECT version FROM shardcat_datasets WHERE name = ?", (d.name,)
-        ).fetchone()[0] for d in src.datasets()}
+        versions = {
+            d.name: src.reader_connection()
+            .execute("SELECT version FROM shardcat_datasets WHERE name = ?", (d.name,))
+            .fetchone()[0]
+            for d in src.datasets()
+        }
         assert info.versions == versions
         assert src.snapshot_info() is None
 
@@ -233,9 +240,7 @@ def test_verify_and_stats_name_the_source(source: Path, tmp_path: Path) -> None:
     assert "snapshot of" not in done.stderr
 
 
-def test_snapshot_opens_immutable_from_a_read_only_directory(
-    source: Path, tmp_path: Path
-) -> None:
+def test_snapshot_opens_immutable_from_a_read_only_directory(source: Path, tmp_path: Path) -> None:
     from test_readonly_modes import _read_only_mount
 
     published = source.parent / "ro"
@@ -298,7 +303,7 @@ def test_a_writable_catalog_on_nfs_warns_once(
         Catalog(shared / "c.sqlite").close()
     (warning,) = caught
     text = str(warning.message)
-    assert f"catalog {shared / 'c.sqlite'} is on a network filesystem (nfs4 mounted at {shared})"
+    assert f"(nfs4 mounted at {shared})" in text
     assert text.startswith(f"catalog {shared / 'c.sqlite'} is on a network filesystem (nfs4 ")
     assert "postgresql://" in text and "catalog snapshot" in text and "immutable=True" in text
     with warnings.catch_warnings():

@@ -223,9 +223,7 @@ def _copy_dataset(
         options[DROPPED] = {moved(p): n for p, n in options[DROPPED].items()}
     source = [moved(p) for p in json.loads(row["source"])]
     dst.execute(
-        d.insert().values(
-            {**row, "options": json.dumps(options), "source": json.dumps(source)}
-        )
+        d.insert().values({**row, "options": json.dumps(options), "source": json.dumps(source)})
     )
 
     indexed = s.c.dataset_id == dataset_id, s.c.generation.is_not(None)
@@ -241,9 +239,11 @@ def _copy_dataset(
         dst.execute(s.insert(), [{**r, **clean, "path": moved(r["path"])} for r in shard_rows])
     shard_ids = select(s.c.id).where(*indexed).scalar_subquery()
 
-    field_rows = src.execute(
-        select(f).where(f.c.dataset_id == dataset_id).order_by(f.c.idx)
-    ).mappings().all()
+    field_rows = (
+        src.execute(select(f).where(f.c.dataset_id == dataset_id).order_by(f.c.idx))
+        .mappings()
+        .all()
+    )
     tables.create_records_table(dst, dataset_id, key_index=False)
     records_name = schema.records_table_name(dataset_id)
     for r in field_rows:

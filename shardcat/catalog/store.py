@@ -29,7 +29,6 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog import reuse, schema, tables
-from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
@@ -44,6 +43,7 @@ from shardcat.catalog.engine import (
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
+from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.catalog.sync import DROPPED, Judge, sync_shards
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new

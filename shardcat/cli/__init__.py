@@ -52,7 +52,19 @@ def _root(
     set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
 
 
-for module in (ingest, migrate, info, records, sql, index, verify, export, convert, skill, snapshot):
+for module in (
+    ingest,
+    migrate,
+    info,
+    records,
+    sql,
+    index,
+    verify,
+    export,
+    convert,
+    skill,
+    snapshot,
+):
     module.register(app)
 
 

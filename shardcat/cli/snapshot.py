@@ -53,7 +53,9 @@ def snapshot(
             )
         if d.left_out:
             states = ", ".join(f"{n} {state}" for state, n in sorted(d.left_out.items()))
-            typer.echo(f"{d.name}: left out {sum(d.left_out.values())} shard(s) never indexed ({states})")
+            typer.echo(
+                f"{d.name}: left out {sum(d.left_out.values())} shard(s) never indexed ({states})"
+            )
     typer.echo(f"{result.path}: {result.provenance.describe()} ({result.bytes:,} bytes)", err=True)
 
 
