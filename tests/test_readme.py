@@ -19,7 +19,10 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
-RUN, NOT_RUN_COUNT = 5, 4  # the command line, Python, Parquet, snapshot, TensorDB; make, layout, ...
+RUN, NOT_RUN_COUNT = (
+    5,
+    4,
+)  # the command line, Python, Parquet, snapshot, TensorDB; make, layout, ...
 RUNNERS = {
     "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
     "python": lambda path: [sys.executable, str(path)],

@@ -308,6 +308,6 @@ def _stream(src: Connection, dst: Connection, query: Any, into: str, cols: Itera
     n = 0
     result = src.execute(query.execution_options(yield_per=BATCH))
     for part in result.partitions():
-        cursor.executemany(sql, part)
+        cursor.executemany(sql, list(map(tuple, part)))
         n += len(part)
     return n
