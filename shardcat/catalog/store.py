@@ -130,7 +130,8 @@ class Store:
     it opens immutable when the main file holds every commit.
     ``immutable=True`` also promises SQLite that nobody writes it, so no locks
     are taken and the ``-wal`` file is not read: it refuses a catalog whose
-    ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`).
+    ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`), and
+    reads fail with :class:`CatalogError` once the file is replaced or rewritten.
     Errors opening the file are :class:`CatalogError` naming it.
     """
 
