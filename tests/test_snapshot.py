@@ -95,7 +95,11 @@ def same_reads(a: Catalog, b: Catalog) -> None:
     )
 
 
-def test_snapshot_reads_the_same_bytes(source: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["sqlite-copies-rows", "portable-sql"])
+def test_snapshot_reads_the_same_bytes(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool
+) -> None:
+    monkeypatch.setattr(snapshot, "FAST_SQLITE", fast)
     out = source.parent / "published" / "snap.sqlite"
     with Catalog(source, readonly=True) as cat:
         result = cat.snapshot(["train", "samples", "packed"], out)
@@ -141,7 +145,11 @@ def test_snapshot_reads_the_same_bytes(source: Path, tmp_path: Path) -> None:
         assert src.snapshot_info() is None
 
 
-def test_tar_members_and_gzip_seek_points_are_used(source: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["sqlite-copies-rows", "portable-sql"])
+def test_tar_members_and_gzip_seek_points_are_used(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool
+) -> None:
+    monkeypatch.setattr(snapshot, "FAST_SQLITE", fast)
     out = tmp_path / "snap.sqlite"
     with Catalog(source) as cat:
         cat.snapshot(["samples", "packed"], out)
@@ -440,5 +448,22 @@ def test_a_forked_worker_refuses_a_changed_file(two_snapshots: tuple[Path, Path]
     assert kind == "error" and "changed since it was opened" in value
 
 
-def test_snapshot_module_names_what_it_holds() -> None:
-    assert snapshot.__doc__ and "tmp-<pid>" in snapshot.__doc__
+def test_a_commit_between_the_reads_is_refused(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attached copy reads its own moment of a SQLite source: a commit after the
+    portable reads (here: a version bump) is caught, and nothing is left behind."""
+    real = snapshot._copy_attached
+
+    def then_commit(*args: object) -> int:
+        with sqlite3.connect(source) as conn:
+            conn.execute("UPDATE shardcat_datasets SET version = version + 1")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshot, "_copy_attached", then_commit)
+    with (
+        Catalog(source) as cat,
+        pytest.raises(CatalogError, match="changed while the snapshot was taken"),
+    ):
+        cat.snapshot("train", tmp_path / "s.sqlite")
+    assert sorted(os.listdir(tmp_path)) == ["data"]

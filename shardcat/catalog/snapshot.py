@@ -3,7 +3,10 @@ catalog, for readers on many hosts (``Catalog(path, immutable=True)``).
 
 The source is read through SQLAlchemy Core in one read transaction (one moment
 of the catalog, whatever its writers commit meanwhile; the statements are
-portable, so the source may be any backend the store runs on). The snapshot is
+portable, so the source may be any backend the store runs on). A SQLite
+source's records and members are copied by SQLite itself (the source attached
+read-only: ``FAST_SQLITE``), checked to be the same moment by the dataset's
+``version``. The snapshot is
 a fresh catalog created the normal way (:class:`~shardcat.catalog.store.Store`),
 filled with every shard that has an indexed version (what readers see: shards
 waiting for a re-index keep their last indexed version; shards never indexed,
@@ -48,6 +51,9 @@ __all__ = ["Provenance", "SnapshotResult", "provenance", "take"]
 
 # Rows read from the source and written per batch.
 BATCH = 20_000
+# A SQLite source's records and members are copied by SQLite (the source attached
+# read-only to the snapshot's connection) instead of through Python: ~10x faster.
+FAST_SQLITE = True
 _META = ("snapshot_of", "snapshot_at", "snapshot_datasets")
 _RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item")
 _MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents")
@@ -121,12 +127,23 @@ def take(
         with warnings.catch_warnings():  # a snapshot is meant for network filesystems
             warnings.simplefilter("ignore", NetworkFilesystemWarning)
             Store(tmp).close()  # an empty catalog of the current schema
-        with store.read_transaction() as src, _writer(tmp) as dst:
+        attach = None
+        if FAST_SQLITE and store.path.is_file():  # a SQLite source: bulk rows in SQL
+            attach = store.path.resolve().as_uri() + (
+                "?mode=ro&immutable=1" if store.immutable else "?mode=ro"
+            )
+        with store.read_transaction() as src, _writer(tmp, attach) as dst:
             prov = Provenance(_source_name(store, src), _utc_now(), {})
             copies = [
-                _copy_dataset(src, dst, name, store.directory, str(target.parent))
+                _copy_dataset(src, dst, name, store.directory, str(target.parent), attach)
                 for name in wanted
             ]
+            if attach is not None:  # DDL must not see the source's objects
+                dst.exec_driver_sql("COMMIT")
+                dst.exec_driver_sql("DETACH DATABASE src")
+                dst.exec_driver_sql("BEGIN")
+            for name in wanted:
+                _index_and_view(src, dst, name)
             prov.versions.update({c.name: c.version for c in copies})
             dst.execute(
                 schema.catalog_meta.insert(),
@@ -177,13 +194,16 @@ def _utc_now() -> str:
 
 
 @contextlib.contextmanager
-def _writer(path: Path) -> Iterator[Connection]:
+def _writer(path: Path, attach: str | None) -> Iterator[Connection]:
     """A connection on the new file in one write transaction, in rollback-journal
     mode (the finished file needs no companion files) and unsynced (the caller
-    syncs the file once, before it is renamed into place)."""
+    syncs the file once, before it is renamed into place); ``attach``: a SQLite
+    source's URI, attached read-only as ``src``."""
     raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     raw.execute("PRAGMA journal_mode = DELETE")
     raw.execute("PRAGMA synchronous = OFF")
+    if attach is not None:
+        raw.execute("ATTACH DATABASE ? AS src", (attach,))
     engine = create_engine("sqlite+pysqlite://", creator=lambda: raw, poolclass=StaticPool)
     try:
         with engine.connect() as conn:
@@ -209,7 +229,7 @@ def _sync(path: Path) -> None:
 
 
 def _copy_dataset(
-    src: Connection, dst: Connection, name: str, src_dir: str, dst_dir: str
+    src: Connection, dst: Connection, name: str, src_dir: str, dst_dir: str, attached: str | None
 ) -> DatasetCopy:
     d, s, f = schema.datasets, schema.shards, schema.fields
     row = src.execute(select(d).where(d.c.name == name)).mappings().one()
@@ -255,38 +275,43 @@ def _copy_dataset(
         dst.execute(f.insert(), [dict(r) for r in field_rows])
 
     cols = [*_RECORD_COLUMNS, *(f"v{int(r['idx'])}" for r in field_rows)]
-    records = table(records_name, *(column(c) for c in cols))
-    n = _stream(
-        src,
-        dst,
-        select(*records.c)
-        .where(records.c.shard_id.in_(shard_ids))
-        .order_by(records.c.shard_id, records.c.ordinal),
-        records_name,
-        cols,
-    )
     m = schema.members
-    _stream(
-        src,
-        dst,
-        select(*(m.c[c] for c in _MEMBER_COLUMNS))
-        .where(m.c.shard_id.in_(shard_ids))
-        .order_by(m.c.shard_id, m.c.ordinal, m.c.name),
-        m.name,
-        _MEMBER_COLUMNS,
-    )
+    if attached is not None:  # the same rows, copied by SQLite itself
+        ids = [int(r["id"]) for r in shard_rows]
+        n = _copy_attached(dst, records_name, cols, ids, "shard_id, ordinal")
+        _copy_attached(dst, m.name, _MEMBER_COLUMNS, ids, "shard_id, ordinal, name")
+        version = dst.exec_driver_sql(
+            "SELECT version FROM src.shardcat_datasets WHERE id = ?", (dataset_id,)
+        ).scalar()
+        if version != row["version"]:  # (a commit between the two reads)
+            raise CatalogError(
+                f"dataset {name!r} changed while the snapshot was taken: take it again"
+            )
+    else:
+        records = table(records_name, *(column(c) for c in cols))
+        n = _stream(
+            src,
+            dst,
+            select(*records.c)
+            .where(records.c.shard_id.in_(shard_ids))
+            .order_by(records.c.shard_id, records.c.ordinal),
+            records_name,
+            cols,
+        )
+        _stream(
+            src,
+            dst,
+            select(*(m.c[c] for c in _MEMBER_COLUMNS))
+            .where(m.c.shard_id.in_(shard_ids))
+            .order_by(m.c.shard_id, m.c.ordinal, m.c.name),
+            m.name,
+            _MEMBER_COLUMNS,
+        )
     k = schema.seek_indexes
     seeks = src.execute(select(k).where(k.c.shard_id.in_(shard_ids))).mappings().all()
     if seeks:
         dst.execute(k.insert(), [{**r, "data": bytes(r["data"])} for r in seeks])
 
-    have = {i["name"] for i in inspect(src).get_indexes(records_name)}
-    if schema.key_index_name(dataset_id) in have:
-        tables.create_key_index(dst, dataset_id)
-    for r in field_rows:
-        if tables.field_index_name(dataset_id, int(r["idx"])) in have:
-            tables.create_field_index(dst, dataset_id, name, r["column_name"])
-    tables.create_view(dst, dataset_id, name)
     return DatasetCopy(
         name,
         int(row["version"]),
@@ -295,6 +320,37 @@ def _copy_dataset(
         awaiting,
         {str(state): int(count) for state, count in never},
     )
+
+
+def _index_and_view(src: Connection, dst: Connection, name: str) -> None:
+    """The key index, the field indexes the source has and the view of a copied dataset
+    (after its rows: an index built at once is a sort, and compact)."""
+    dataset_id = int(
+        dst.execute(select(schema.datasets.c.id).where(schema.datasets.c.name == name)).scalar_one()
+    )
+    records_name = schema.records_table_name(dataset_id)
+    have = {i["name"] for i in inspect(src).get_indexes(records_name)}
+    if schema.key_index_name(dataset_id) in have:
+        tables.create_key_index(dst, dataset_id)
+    for column_name, _, idx in tables.field_columns(dst, dataset_id).values():
+        if tables.field_index_name(dataset_id, idx) in have:
+            tables.create_field_index(dst, dataset_id, name, column_name)
+    tables.create_view(dst, dataset_id, name)
+
+
+def _copy_attached(
+    dst: Connection, into: str, cols: Sequence[str], shard_ids: list[int], order: str
+) -> int:
+    """Copy the rows of the shards ``shard_ids`` of the attached source's table ``into``."""
+    if not shard_ids:
+        return 0
+    names = ", ".join(f'"{c}"' for c in cols)
+    ids = ", ".join(str(i) for i in shard_ids)
+    done = dst.exec_driver_sql(
+        f'INSERT INTO main."{into}" ({names}) SELECT {names} FROM src."{into}" '
+        f"WHERE shard_id IN ({ids}) ORDER BY {order}"
+    )
+    return int(done.rowcount)
 
 
 def _stream(src: Connection, dst: Connection, query: Any, into: str, cols: Iterable[str]) -> int:
