@@ -17,12 +17,14 @@ __all__ = [
     "KeyNotFoundError",
     "LegacyIndexError",
     "MissingShardError",
+    "NetworkFilesystemWarning",
     "NoSuchFeatureError",
     "SamplerError",
     "SamplerStateError",
     "SchemaVersionError",
     "ShardIOError",
     "ShardcatError",
+    "ShardcatWarning",
     "StaleShardError",
     "StaleWriterError",
     "StorageBusyError",
@@ -158,3 +160,12 @@ class SamplerError(ShardcatError, ValueError):
 class SamplerStateError(SamplerError):
     """A sampler state that does not belong to this sampler: another dataset length,
     seed or shuffle, so loading it would silently continue a different order."""
+
+
+class ShardcatWarning(UserWarning):
+    """Base class of the warnings shardcat gives (the CLI prints them as one line)."""
+
+
+class NetworkFilesystemWarning(ShardcatWarning):
+    """A writable SQLite catalog opened on a network filesystem (NFS, CIFS, FUSE,
+    Lustre, ...), where SQLite's locks and WAL shared memory are not reliable."""

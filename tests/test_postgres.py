@@ -418,3 +418,33 @@ def test_batches_are_one_query_each(tmp_path, pg_url, monkeypatch):
                 assert len(lookups) == want, lookups
             monkeypatch.setattr(postgres.ServerConnection, "execute", real)
             assert len(tf.get_many(keys[::2])) == 150
+
+
+def test_snapshot_of_a_server_catalog_reads_the_same(tmp_path, pg_url):
+    """``catalog snapshot`` of a PostgreSQL catalog: one SQLite file for readers on any host."""
+    data = tmp_path / "data"
+    make_sample(data / "tf", shards=3, records=240)
+    _tar_gz(data, 60)
+    with Catalog(pg_url) as server:
+        server.ingest(str(data / "tf" / "*.tfrecord"), "train").close()
+        server.ingest(str(data / "*.tar.gz"), "web").close()
+        server.create_index("train", "label")
+        out = data / "catalog.sqlite"  # beside the shards: their paths are stored relative
+        done = server.snapshot(["train", "web"], out)
+        assert done.provenance.snapshot_of == postgres.display(pg_url)
+        with Catalog(out, immutable=True) as snap:
+            assert snap.info("train").indexed == ["label"]
+            assert snap.query("SELECT path FROM shardcat_shards ORDER BY path")[0][0] == (
+                "s.tar.gz"
+            )
+            for name in ("train", "web"):
+                with server.dataset(name) as a, snap.dataset(name) as b:
+                    keys = a.get_keys()
+                    assert b.get_keys() == keys and len(keys) > 0
+                    assert b.get_many(keys, raw=True) == a.get_many(keys, raw=True)
+                    assert b.get_many_at(slice(0, len(keys), 5), raw=True) == a.get_many_at(
+                        slice(0, len(keys), 5), raw=True
+                    )
+            assert snap.query("SELECT count(*) FROM train WHERE label < 3") == server.query(
+                "SELECT count(*) FROM train WHERE label < 3"
+            )

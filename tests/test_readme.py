@@ -21,7 +21,7 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
-RUN, NOT_RUN_COUNT = 8, 4  # command line, Python, Parquet, torch, TensorDB, server x2; make, ...
+RUN, NOT_RUN_COUNT = 9, 4  # command line, Python, Parquet, torch, snapshot, TensorDB, server x2, S3
 RUNNERS = {
     "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
     "python": lambda path: [sys.executable, str(path)],

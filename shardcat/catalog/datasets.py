@@ -1,19 +1,25 @@
-"""What the catalog says of a dataset: :class:`DatasetInfo` (its rule, options,
-shard and record counts, SQL fields and which of them are indexed), read on the
-store's read-only connection."""
+"""A dataset's row: :func:`ensure` creates it (or checks the rule it is read with)
+and syncs its shard rows; :class:`DatasetInfo` is what the catalog says of it (its
+rule, options, shard and record counts, SQL fields and which of them are indexed),
+read on the store's read-only connection."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
 
-from shardcat.catalog import schema, tables
-from shardcat.catalog.lookup import ReadConnection
+from sqlalchemy import Connection, select
 
-__all__ = ["DatasetInfo", "describe"]
+from shardcat.catalog import reuse, schema, tables
+from shardcat.catalog.lookup import ReadConnection
+from shardcat.catalog.sync import DROPPED, Judge, sync_shards
+from shardcat.errors import CatalogError
+
+__all__ = ["DatasetInfo", "describe", "ensure"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +89,69 @@ def describe(conn: ReadConnection, row: Sequence[Any], *, server: bool) -> Datas
         fields=cols,
         indexed=indexed,
     )
+
+
+def ensure(
+    conn: Connection,
+    name: str,
+    rule: reuse.Rule,
+    first: Mapping[str, Any],
+    source: Sequence[str],
+    files: Mapping[str, Any],
+    same_file: Judge,
+    rescan: bool,
+    seed: bool,
+) -> tuple[int, dict[str, Any], str]:
+    """:meth:`Store.ensure_dataset <shardcat.catalog.store.Store.ensure_dataset>` in the
+    caller's write transaction: the dataset row (created, or checked against ``rule``),
+    its options and source, its records table and view, and its shard rows."""
+    d = schema.datasets
+    row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
+    stored = dict(first) if row is None else json.loads(row.options)
+    opts: dict[str, Any] = rule.options(stored)
+    key_rule = rule.key_rule(opts)
+    if row is None:
+        inserted = conn.execute(
+            d.insert().values(
+                name=name,
+                format=rule.format,
+                key_rule=key_rule,
+                grouping=opts.get("grouping"),
+                # an empty DROPPED table: its counts are complete from the start
+                options=json.dumps({**opts, DROPPED: {}}),
+                source=json.dumps(list(source)),
+                created_at=time.time(),
+            )
+        ).inserted_primary_key
+        assert inserted is not None  # both databases report the new row's id
+        dataset_id = inserted[0]
+        tables.create_records_table(conn, dataset_id)
+        tables.create_view(conn, dataset_id, name)
+        if seed:  # rows another dataset already holds
+            reuse.seed(conn, dataset_id, name, opts, files, same_file)
+    else:
+        dataset_id = row.id
+        if (row.format, row.key_rule, row.grouping) != (
+            rule.format,
+            key_rule,
+            opts.get("grouping"),
+        ):
+            raise CatalogError(
+                f"dataset {name!r} holds {row.format} records keyed by "
+                f"{row.key_rule}, not {rule.format} keyed by {key_rule}"
+                + (f" (grouping {opts.get('grouping')})" if opts.get("grouping") else "")
+                + ": ingest into "
+                f"another dataset or drop it first (catalog drop {name})"
+            )
+        kept = {**opts, DROPPED: stored[DROPPED]} if DROPPED in stored else opts
+        if (row.options, row.source) != (json.dumps(kept), json.dumps(list(source))):
+            conn.execute(
+                d.update()
+                .where(d.c.id == dataset_id)
+                .values(options=json.dumps(kept), source=json.dumps(list(source)))
+            )
+        if stored.get("fields", True) != opts.get("fields", True):
+            rescan = True  # every shard gains (or loses) its field rows
+            tables.create_view(conn, dataset_id, name)
+    sync_shards(conn, dataset_id, files, same_file, rescan)
+    return dataset_id, opts, key_rule

@@ -311,3 +311,26 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+def make_readonly_engine(path: Path, *, immutable: bool = False) -> Engine:
+    """A SQLAlchemy engine on :func:`connect_readonly` connections (no pool), whose
+    transactions are read transactions (one snapshot of the file each)."""
+    engine = create_engine(
+        "sqlite+pysqlite://",
+        creator=lambda: connect_readonly(path, immutable=immutable),
+        poolclass=NullPool,
+    )
+    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+    return engine
+
+
+def file_identity(path: Path) -> tuple[int, ...] | None:
+    """``(device, inode, size, mtime_ns, ctime_ns)`` of a file; None when it is gone.
+    A file replaced (another inode) or rewritten in place (size, mtime, ctime) has
+    another identity."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

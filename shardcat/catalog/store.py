@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, delete, select
+from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from shardcat.catalog import datasets, postgres, reuse, schema, tables
 from shardcat.catalog import engine as engine_module
-from shardcat.catalog import postgres, reuse, schema, tables
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.datasets import DatasetInfo, describe
 from shardcat.catalog.engine import (
@@ -34,16 +34,19 @@ from shardcat.catalog.engine import (
     ENV_VAR,
     cannot_create_shm,
     connect_readonly,
+    file_identity,
     fork_generation,
     locate,
     make_engine,
+    make_readonly_engine,
     open_error,
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
 from shardcat.catalog.lookup import ReadConnection
+from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
-from shardcat.catalog.sync import DROPPED, Judge, sync_shards
+from shardcat.catalog.sync import Judge
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.errors import CatalogError, SchemaVersionError
 
@@ -104,7 +107,8 @@ class Store:
     it opens immutable when the main file holds every commit.
     ``immutable=True`` also promises SQLite that nobody writes it, so no locks
     are taken and the ``-wal`` file is not read: it refuses a catalog whose
-    ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`).
+    ``-wal`` holds commits not yet in the main file (see :meth:`checkpoint`), and
+    reads fail with :class:`CatalogError` once the file is replaced or rewritten.
     Errors opening the file are :class:`CatalogError` naming it.
 
     ``Store("postgresql://host/db")`` (any ``postgresql://``/``postgres://`` URL,
@@ -145,6 +149,8 @@ class Store:
         self._snapshot_at = 0.0
         self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
         self._engine: Engine | None = None
+        # (device, inode, size, mtime, ctime) of an immutable catalog's file when opened
+        self._identity: tuple[int, ...] | None = None
         try:
             if self.server:
                 self._open_server()
@@ -152,6 +158,7 @@ class Store:
                 self._open_readonly_file(self._file())
             else:
                 _refuse_foreign(self._file())
+                warn_if_network(self._file())
                 self._engine = make_engine(self._file())
                 version = self._open_schema(self._engine)
                 if version is not None and version > SCHEMA_VERSION:
@@ -311,6 +318,8 @@ class Store:
         self._check_open()
         conn = self._ro
         if conn is None or self._ro_generation != fork_generation():
+            if self.immutable:
+                self._check_unchanged()
             # A connection inherited through fork is dropped, never used or closed here.
             conn = self._ro = (
                 postgres.ServerConnection(self.location)
@@ -321,14 +330,60 @@ class Store:
         if snapshot:
             now = time.monotonic()
             if now - self._snapshot_at > SNAPSHOT_SECONDS or not conn.in_transaction:
+                if self.immutable:
+                    self._check_unchanged()
                 if conn.in_transaction:
                     conn.execute("COMMIT")
                 conn.execute("BEGIN")
                 self._snapshot_at = now
                 self.snapshot_serial += 1  # readers re-check their dataset's version
-        elif conn.in_transaction:
-            conn.execute("COMMIT")
+        else:
+            if self.immutable:
+                self._check_unchanged()
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         return conn
+
+    def _check_unchanged(self) -> None:
+        """Refuse to go on reading an immutable catalog whose file changed since it was
+        opened (replaced, or rewritten in place: another device, inode, size, mtime or
+        ctime): SQLite trusts an immutable file never to change, so it could return
+        rows of another catalog, or of no consistent one. One ``stat`` per read
+        snapshot (at most every ``SNAPSHOT_SECONDS``), per other call and per fork."""
+        now = file_identity(self._file())
+        if self._identity is None and now is not None:
+            self._identity = now
+        elif now != self._identity:
+            raise CatalogError(
+                f"immutable catalog {self.path} changed since it was opened ("
+                + ("it is gone" if now is None else "replaced or rewritten")
+                + "): reopen it (Catalog(path, immutable=True)) to read the new file"
+            )
+
+    @contextlib.contextmanager
+    def read_transaction(self) -> Iterator[Connection]:
+        """A SQLAlchemy connection in one read transaction: every statement on it sees
+        the same moment of the catalog (a snapshot's rows, whatever writers commit
+        meanwhile). On a catalog opened read-only it runs on read-only connections."""
+        self.reader_connection()  # closed? an immutable file changed?
+        own = None
+        if self._engine is None:
+            own = (
+                make_engine(self.location)
+                if self.server
+                else make_readonly_engine(self._file(), immutable=self.immutable)
+            )
+        engine = self._engine or own
+        assert engine is not None
+        opts: dict[str, Any] = {"immediate": False}  # no write lock (nor the server's)
+        if self.server:
+            opts.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        try:
+            with engine.connect().execution_options(**opts) as conn, conn.begin():
+                yield conn
+        finally:
+            if own is not None:
+                own.dispose()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Any]:
@@ -453,54 +508,7 @@ class Store:
         of shards another dataset holds with the same rule (:mod:`reuse`)."""
         check_name(name)
         with self._transaction() as conn:
-            d = schema.datasets
-            row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
-            stored = dict(first) if row is None else json.loads(row.options)
-            opts: dict[str, Any] = rule.options(stored)
-            key_rule = rule.key_rule(opts)
-            if row is None:
-                dataset_id = conn.execute(
-                    d.insert().values(
-                        name=name,
-                        format=rule.format,
-                        key_rule=key_rule,
-                        grouping=opts.get("grouping"),
-                        # an empty DROPPED table: its counts are complete from the start
-                        options=json.dumps({**opts, DROPPED: {}}),
-                        source=json.dumps(list(source)),
-                        created_at=time.time(),
-                    )
-                ).inserted_primary_key[0]
-                tables.create_records_table(conn, dataset_id)
-                tables.create_view(conn, dataset_id, name)
-                if seed:  # rows another dataset already holds
-                    reuse.seed(conn, dataset_id, name, opts, files, same_file)
-            else:
-                dataset_id = row.id
-                if (row.format, row.key_rule, row.grouping) != (
-                    rule.format,
-                    key_rule,
-                    opts.get("grouping"),
-                ):
-                    raise CatalogError(
-                        f"dataset {name!r} holds {row.format} records keyed by "
-                        f"{row.key_rule}, not {rule.format} keyed by {key_rule}"
-                        + (f" (grouping {opts.get('grouping')})" if opts.get("grouping") else "")
-                        + ": ingest into "
-                        f"another dataset or drop it first (catalog drop {name})"
-                    )
-                kept = {**opts, DROPPED: stored[DROPPED]} if DROPPED in stored else opts
-                if (row.options, row.source) != (json.dumps(kept), json.dumps(list(source))):
-                    conn.execute(
-                        d.update()
-                        .where(d.c.id == dataset_id)
-                        .values(options=json.dumps(kept), source=json.dumps(list(source)))
-                    )
-                if stored.get("fields", True) != opts.get("fields", True):
-                    rescan = True  # every shard gains (or loses) its field rows
-                    tables.create_view(conn, dataset_id, name)
-            sync_shards(conn, dataset_id, files, same_file, rescan)
-        return dataset_id, opts, key_rule
+            return datasets.ensure(conn, name, rule, first, source, files, same_file, rescan, seed)
 
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""

@@ -21,6 +21,7 @@ from shardcat.cli import (
     migrate,
     records,
     skill,
+    snapshot,
     sql,
     verify,
 )
@@ -51,7 +52,19 @@ def _root(
     set_debug(debug or bool(os.environ.get("SHARDCAT_DEBUG")))
 
 
-for module in (ingest, migrate, info, records, sql, index, verify, export, convert, skill):
+for module in (
+    ingest,
+    migrate,
+    info,
+    records,
+    sql,
+    index,
+    verify,
+    export,
+    convert,
+    skill,
+    snapshot,
+):
     module.register(app)
 
 

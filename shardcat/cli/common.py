@@ -15,6 +15,7 @@ import sys
 import threading
 import traceback
 import unicodedata
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -26,7 +27,7 @@ from rich.text import Text
 
 from shardcat.catalog import postgres
 from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, locate
-from shardcat.errors import ShardcatError
+from shardcat.errors import ShardcatError, ShardcatWarning
 from shardcat.facade import tasks
 from shardcat.facade.catalog import Catalog
 
@@ -163,6 +164,22 @@ def _ctrl_c_stops_workers_quietly() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@contextlib.contextmanager
+def _plain_warnings() -> Iterator[None]:
+    """shardcat's warnings as one line ``warning: ...`` on stderr (no source line)."""
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, ShardcatWarning):
+                typer.echo(f"warning: {cli_message(str(message))}", err=True)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     if _debug:
         traceback.print_exc()
@@ -209,7 +226,7 @@ def handle_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> Any
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             _now.catalog = _now.note = None
             try:
-                with _ctrl_c_stops_workers_quietly():
+                with _ctrl_c_stops_workers_quietly(), _plain_warnings():
                     result = command(*args, **kwargs)
             except typer.Exit:  # a report with its own exit code (verify, migrate)
                 _announce()

@@ -28,6 +28,9 @@ def datasets(
     """List the datasets with their format, key rule and counts."""
     with open_to_read(catalog, readonly) as cat:
         infos = cat.datasets()
+        origin = cat.snapshot_info()
+    if origin is not None:
+        typer.echo(f"{cat.path}: {origin.describe()}", err=True)
     if json:
         print_json([dataclasses.asdict(d) for d in infos])
         return
@@ -65,6 +68,9 @@ def stats(
         cat.dataset(dataset) as reader,
     ):
         result = reader.get_stats()
+        origin = cat.snapshot_info()
+    if origin is not None:
+        typer.echo(f"{cat.path}: {origin.describe()}", err=True)
     if json:
         print_json(result)
         return

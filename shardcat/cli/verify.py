@@ -28,7 +28,10 @@ def verify(
         result = tasks.verify(
             cat, dataset, lambda done, total: bar.update(task, completed=done, total=total)
         )
+        origin = cat.snapshot_info()
     problems = result.problems
+    if origin is not None:
+        typer.echo(f"{cat.path}: {origin.describe()}", err=True)
     if json:
         print_json([{"path": p.path, "offset": p.offset, "problem": p.problem} for p in problems])
     else:

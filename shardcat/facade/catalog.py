@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from shardcat.catalog import reuse
+from shardcat.catalog import snapshot as snapshots
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
@@ -317,6 +318,28 @@ class Catalog(Store):
         """
         files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
         return super().query(sql, params, attach=files, timeout=timeout)
+
+    def snapshot(
+        self,
+        datasets: str | Sequence[str],
+        path: str | os.PathLike[str],
+        *,
+        overwrite: bool = False,
+    ) -> snapshots.SnapshotResult:
+        """Write a self-contained SQLite catalog of ``datasets`` to ``path``, for readers
+        opening it with ``Catalog(path, immutable=True)`` on any number of hosts.
+
+        Atomic (a temporary file beside ``path``, renamed over it when complete);
+        shard paths valid where it lies (relative to it when below its directory);
+        shards never indexed (pending, failed) are left out and counted in the
+        result. An existing ``path`` is refused unless ``overwrite``. See
+        :mod:`shardcat.catalog.snapshot`."""
+        names = [datasets] if isinstance(datasets, str) else list(datasets)
+        return snapshots.take(self, names, path, overwrite=overwrite)
+
+    def snapshot_info(self) -> snapshots.Provenance | None:
+        """Which catalog this snapshot was taken of and when (None: not a snapshot)."""
+        return snapshots.provenance(self.reader_connection())
 
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
         """Re-read every record of ``name`` checking framing and checksums.
