@@ -427,6 +427,30 @@ def test_an_immutable_reader_refuses_a_changed_file(
         assert reader.get_raw("k0_001") != expected  # reopened: the new file's bytes
 
 
+def test_a_rewrite_inside_a_read_snapshot_is_refused(
+    two_snapshots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within one read snapshot (no new one begins), every lookup still sees a file
+    rewritten in place, before SQLite could read a page of the new bytes."""
+    a, b = two_snapshots
+    monkeypatch.setattr(store_module, "SNAPSHOT_SECONDS", 3600.0)  # one snapshot throughout
+    with Catalog(a, immutable=True) as cat, cat.dataset("train") as reader:
+        serial = cat.snapshot_serial
+        expected = reader.get_raw("k0_001")
+        with open(a, "r+b") as f:
+            f.write(b.read_bytes())
+            f.truncate()
+        for read in (
+            lambda: reader.get_raw("k0_001"),
+            lambda: reader.get_many(["k0_001"]),
+            lambda: reader.get_record_at(3),
+        ):
+            with pytest.raises(CatalogError, match=CHANGED):
+                read()
+        assert cat.snapshot_serial == serial  # the same snapshot: the per-lookup check
+    assert expected is not None
+
+
 def _child_read(reader: object, out: object) -> None:
     try:
         out.put(("ok", reader.get_raw("k0_001")))  # type: ignore[attr-defined]
