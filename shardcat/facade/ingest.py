@@ -179,37 +179,67 @@ def index_claimed(
             st.st_ino,
         ) or fingerprint_file(path, after.st_size) != fp:
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
-        columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
-        within = len(scanned.columns) - len(columns)
-        seek = (
-            None
-            if scanned.seek_kind is None or scanned.seek_index is None
-            else (scanned.seek_kind, scanned.seek_index)
+        return _commit_scan(engine, job, shard_id, stored, owner, scanned, st, fp)
+    except BaseException as exc:
+        return _failed(engine, job, shard_id, stored, owner, exc, path)
+
+
+def _commit_scan(
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    scanned: ShardScan,
+    st: os.stat_result,
+    fp: str,
+) -> ShardOutcome:
+    """Commit a shard's scan, if this process still holds its claim."""
+    columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
+    within = len(scanned.columns) - len(columns)
+    seek = (
+        None
+        if scanned.seek_kind is None or scanned.seek_index is None
+        else (scanned.seek_kind, scanned.seek_index)
+    )
+    with engine.begin() as conn:
+        if not still_mine(conn, shard_id, owner):
+            return ShardOutcome(stored, 0, CLAIM_LOST)
+        n, dropped = commit_shard(
+            conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
         )
-        with engine.begin() as conn:
-            if not still_mine(conn, shard_id, owner):
-                return ShardOutcome(stored, 0, CLAIM_LOST)
-            n, dropped = commit_shard(
-                conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
-            )
-        return ShardOutcome(stored, n, duplicates=dropped)
-    except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)
-        try:
-            release(engine, job.dataset_id, shard_id, owner, failed=None)
-        except SQLAlchemyError:
-            pass  # the claim dies with this process; the next ingest takes it over
-        raise catalog_error(postgres.display(job.catalog), exc) from None
-    except (ShardcatError, OSError) as exc:
-        message = str(exc)
+    return ShardOutcome(stored, n, duplicates=dropped)
+
+
+def _failed(
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    exc: BaseException,
+    name: str,
+    local: str = "",
+) -> ShardOutcome:
+    """How the indexing of a claimed shard that raised ``exc`` ends: the shard failed
+    (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
+    URL, rather than the ``local`` copy it was read from), or given back (anything
+    else: the catalog's own failure is a :class:`CatalogError`, the rest is re-raised)."""
+    if isinstance(exc, (ShardcatError, OSError)):
+        message = str(exc).replace(local, name) if local else str(exc)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
-            message = f"{path}: {exc.strerror or exc}"
+            message = f"{name}: {exc.strerror or exc}"
         release(engine, job.dataset_id, shard_id, owner, failed=message)
         return ShardOutcome(stored, 0, message)
-    except BaseException:
-        release(
-            engine, job.dataset_id, shard_id, owner, failed=None
-        )  # give it back; caller sees why
-        raise
+    try:
+        release(engine, job.dataset_id, shard_id, owner, failed=None)  # give it back
+    except SQLAlchemyError:
+        if not isinstance(exc, SQLAlchemyError):
+            raise
+        # the claim dies with this process; the next ingest takes it over
+    if isinstance(exc, SQLAlchemyError):  # the catalog itself failed (disk full, I/O error)
+        raise catalog_error(postgres.display(job.catalog), exc) from None
+    raise exc
 
 
 @contextlib.contextmanager
@@ -237,42 +267,11 @@ def _index_remote(
     try:
         with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
             scanned = fmt.scan_shard(tmp, job.options)
-        columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
-        within = len(scanned.columns) - len(columns)
-        seek = (
-            None
-            if scanned.seek_kind is None or scanned.seek_index is None
-            else (scanned.seek_kind, scanned.seek_index)
+        return _commit_scan(
+            engine, job, shard_id, stored, owner, scanned, info.as_stat(), info.fingerprint or ""
         )
-        with engine.begin() as conn:
-            if not still_mine(conn, shard_id, owner):
-                return ShardOutcome(stored, 0, CLAIM_LOST)
-            n, dropped = commit_shard(
-                conn,
-                job,
-                shard_id,
-                stored,
-                columns,
-                info.as_stat(),
-                info.fingerprint or "",
-                scanned.compression,
-                seek,
-                within,
-            )
-        return ShardOutcome(stored, n, duplicates=dropped)
-    except SQLAlchemyError as exc:
-        with contextlib.suppress(SQLAlchemyError):
-            release(engine, job.dataset_id, shard_id, owner, failed=None)
-        raise catalog_error(job.catalog, exc) from None
-    except (ShardcatError, OSError) as exc:
-        message = str(exc).replace(tmp, url) if tmp else str(exc)
-        if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
-            message = f"{url}: {exc.strerror or exc}"
-        release(engine, job.dataset_id, shard_id, owner, failed=message)
-        return ShardOutcome(stored, 0, message)
-    except BaseException:
-        release(engine, job.dataset_id, shard_id, owner, failed=None)
-        raise
+    except BaseException as exc:
+        return _failed(engine, job, shard_id, stored, owner, exc, url, tmp)
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:
