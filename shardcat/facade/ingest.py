@@ -13,10 +13,11 @@ doing the same at the same time share the work; every shard is indexed once.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,29 @@ def _close_engines() -> None:
             engine.dispose()
 
 
+# The workers of one ingest take turns at the catalog's write lock through this lock
+# (set in each forked worker): a waiting worker wakes as soon as the other is done,
+# where SQLite's busy handler sleeps in steps of up to 100 ms and lets a worker that
+# commits and claims again at once starve the other one. Other processes (another
+# ingest, a server catalog's clients) still meet at the catalog's own locks.
+_turns: Any = None
+
+
+def _set_turns(lock: Any) -> None:
+    global _turns
+    _turns = lock
+
+
+@contextlib.contextmanager
+def _writer_turn() -> Iterator[None]:
+    """This worker's turn to write (a no-op outside a pool of workers)."""
+    if _turns is None:
+        yield
+        return
+    with _turns:
+        yield
+
+
 def index_claimed(
     engine: Engine,
     job: IngestJob,
@@ -157,7 +181,7 @@ def index_claimed(
             if scanned.seek_kind is None or scanned.seek_index is None
             else (scanned.seek_kind, scanned.seek_index)
         )
-        with engine.begin() as conn:
+        with _writer_turn(), engine.begin() as conn:
             if not still_mine(conn, shard_id, owner):
                 return ShardOutcome(stored, 0, CLAIM_LOST)
             n, dropped = commit_shard(
@@ -187,7 +211,8 @@ def _work_one(job: IngestJob) -> ShardOutcome | None:
     """Claim and index one shard in this process; None when nothing was claimable."""
     engine = _engine(job.catalog)
     owner = owner_id()
-    claimed = claim_next(engine, job.dataset_id, job.lease, owner)
+    with _writer_turn():
+        claimed = claim_next(engine, job.dataset_id, job.lease, owner)
     if claimed is None:
         return None
     return index_claimed(engine, job, claimed[0], claimed[1], owner)
@@ -261,7 +286,8 @@ def _share_work(
         if workers > 1 and open_count > 1 and not idle:
             _close_engines()  # no kept connection crosses the fork
             ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(min(workers, open_count)) as pool:
+            turns = ctx.Lock()
+            with ctx.Pool(min(workers, open_count), _set_turns, (turns,)) as pool:
                 for outcome in pool.imap_unordered(_work_one, [job] * open_count):
                     note(outcome)
         else:
