@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from itertools import chain, repeat
 from typing import Any
 
 from sqlalchemy import Connection
@@ -38,31 +37,30 @@ _MAX_VALUES = 999
 
 
 def _insert_rows(
-    conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+    conn: Connection, table: str, names: Sequence[str], columns: Sequence[Sequence[Any]], n: int
 ) -> None:
-    """Insert positional rows: ``COPY`` on PostgreSQL; on SQLite an ``executemany`` of
-    multi-row ``VALUES`` statements (a group of rows per statement), skipping
-    SQLAlchemy's per-row parameter processing."""
-    if not rows:
-        return
+    """Insert ``n`` rows given as one sequence per column: ``COPY`` on PostgreSQL; on
+    SQLite an ``executemany`` of multi-row ``VALUES`` statements (a group of rows per
+    statement), skipping SQLAlchemy's per-row parameter processing."""
     if conn.dialect.name == "postgresql":
-        postgres.copy_rows(conn.connection.driver_connection, table, columns, rows)
+        rows = list(zip(*columns, strict=True))
+        postgres.copy_rows(conn.connection.driver_connection, table, names, rows)
         return
+    width = len(names)
+    flat: list[Any] = [None] * (n * width)  # row after row, filled column by column
+    for j, values in enumerate(columns):
+        flat[j::width] = values
     quote = conn.dialect.identifier_preparer.quote
-    head = f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in columns)}) VALUES "
-    one = "(" + ", ".join("?" * len(columns)) + ")"
-    per = max(1, min(ROWS_PER_STATEMENT, _MAX_VALUES // len(columns)))
-    full = len(rows) // per * per
-    flat = list(chain.from_iterable(rows))
-    width = len(columns)
+    head = f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in names)}) VALUES "
+    one = "(" + ", ".join("?" * width) + ")"
+    per = max(1, min(ROWS_PER_STATEMENT, _MAX_VALUES // width))
+    full = n // per * per
     if full:
         step = per * width
         groups = [tuple(flat[i : i + step]) for i in range(0, full * width, step)]
         conn.exec_driver_sql(head + ", ".join([one] * per), groups)
-    if full < len(rows):
-        conn.exec_driver_sql(
-            head + ", ".join([one] * (len(rows) - full)), tuple(flat[full * width :])
-        )
+    if full < n:
+        conn.exec_driver_sql(head + ", ".join([one] * (n - full)), tuple(flat[full * width :]))
 
 
 def insert_columns(
@@ -85,9 +83,10 @@ def insert_columns(
     if n == 0:
         return 0
     names = list(columns)
-    values = [columns[c] if c in lists else repeat(columns[c], n) for c in names]
-    rows = list(zip(*values, strict=False))
-    if order_by is not None:
-        rows.sort(key=operator.itemgetter(names.index(order_by)))
-    _insert_rows(conn, table, names, rows)
+    values = [lists[c] if c in lists else [columns[c]] * n for c in names]
+    if order_by is not None and order_by in lists and n > 1:
+        order = sorted(range(n), key=lists[order_by].__getitem__)  # stable, as a row sort
+        pick = operator.itemgetter(*order)
+        values = [v if c not in lists else pick(v) for c, v in zip(names, values, strict=True)]
+    _insert_rows(conn, table, names, values, n)
     return n
