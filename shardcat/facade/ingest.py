@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -129,11 +130,7 @@ def _close_engines() -> None:
 # commits and claims again at once starve the other one. Other processes (another
 # ingest, a server catalog's clients) still meet at the catalog's own locks.
 _turns: Any = None
-
-
-def _set_turns(lock: Any) -> None:
-    global _turns
-    _turns = lock
+_UNSET: Any = object()
 
 
 @contextlib.contextmanager
@@ -153,11 +150,14 @@ def index_claimed(
     stored: str,
     owner: str,
     provide: ProvideEntries | None = None,
+    then: Callable[[], None] | None = None,
 ) -> ShardOutcome:
     """Scan a claimed shard and commit it (or record why it failed).
 
     ``provide`` may hand in the shard's entries instead of a scan (see
     :data:`ProvideEntries`); they go through the same checks and commit.
+    ``then`` runs after a successful commit in the same turn at the write lock
+    (a worker claims its next shard there); a catalog error in it is ignored.
     """
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
@@ -181,12 +181,18 @@ def index_claimed(
             if scanned.seek_kind is None or scanned.seek_index is None
             else (scanned.seek_kind, scanned.seek_index)
         )
-        with _writer_turn(), engine.begin() as conn:
-            if not still_mine(conn, shard_id, owner):
-                return ShardOutcome(stored, 0, CLAIM_LOST)
-            n, dropped = commit_shard(
-                conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
-            )
+        with _writer_turn():
+            with engine.begin() as conn:
+                if not still_mine(conn, shard_id, owner):
+                    return ShardOutcome(stored, 0, CLAIM_LOST)
+                n, dropped = commit_shard(
+                    conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
+                )
+            if then is not None:
+                try:
+                    then()
+                except SQLAlchemyError:
+                    pass  # the shard is committed; the caller meets the error again
         return ShardOutcome(stored, n, duplicates=dropped)
     except SQLAlchemyError as exc:  # the catalog itself failed (disk full, I/O error)
         try:
@@ -205,6 +211,83 @@ def index_claimed(
             engine, job.dataset_id, shard_id, owner, failed=None
         )  # give it back; caller sees why
         raise
+
+
+def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
+    """A forked worker: claim and index shards until none is claimable, sending
+    ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
+    ``("error", exception)``). The next claim follows each commit in the same turn
+    at the write lock, so this worker scans its next shard while the other commits
+    (claiming after the other's commit left it idle for that commit)."""
+    global _turns
+    _turns = turns
+    try:
+        engine = _engine(job.catalog)
+        owner = owner_id()
+        following: list[Any] = [_UNSET]
+
+        def claim() -> None:
+            following[0] = claim_next(engine, job.dataset_id, job.lease, owner)
+
+        with _writer_turn():
+            claim()
+        while (claimed := following[0]) is not None:
+            following[0] = _UNSET
+            out.send(
+                ("done", index_claimed(engine, job, claimed[0], claimed[1], owner, then=claim))
+            )
+            if following[0] is _UNSET:
+                with _writer_turn():
+                    claim()
+        out.send(("end", None))
+    except BaseException as exc:
+        try:
+            out.send(("error", exc))
+        except Exception:  # an exception that does not pickle
+            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", [])))
+    finally:
+        _close_engines()
+        out.close()
+
+
+def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
+    """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
+    re-raises the first worker's error (the others are stopped, as their claims are
+    taken over by the next ingest). A worker that dies leaves its claim to the
+    caller's next round."""
+    ctx = multiprocessing.get_context("fork")
+    turns = ctx.Lock()
+    procs: list[Any] = []
+    live: list[Any] = []
+    try:
+        for _ in range(count):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_work_all, args=(job, turns, writer), daemon=True)
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            live.append(reader)
+        while live:
+            waited: list[Any] = multiprocessing.connection.wait(live)
+            for ready in waited:
+                try:
+                    kind, value = ready.recv()
+                except EOFError:  # died without a word
+                    kind, value = "end", None
+                if kind == "done":
+                    note(value)
+                    continue
+                live.remove(ready)
+                ready.close()
+                if kind == "error":
+                    raise value
+    finally:
+        for reader in live:
+            reader.close()
+        for proc in procs:
+            if proc.is_alive() and live:
+                proc.terminate()
+            proc.join()
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:
@@ -285,11 +368,7 @@ def _share_work(
         done = len(outcomes)
         if workers > 1 and open_count > 1 and not idle:
             _close_engines()  # no kept connection crosses the fork
-            ctx = multiprocessing.get_context("fork")
-            turns = ctx.Lock()
-            with ctx.Pool(min(workers, open_count), _set_turns, (turns,)) as pool:
-                for outcome in pool.imap_unordered(_work_one, [job] * open_count):
-                    note(outcome)
+            _run_workers(job, min(workers, open_count), note)
         else:
             note(_work_one(job))
         idle = len(outcomes) == done
