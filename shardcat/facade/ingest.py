@@ -128,7 +128,8 @@ def _close_engines() -> None:
 # (set in each forked worker): a waiting worker wakes as soon as the other is done,
 # where SQLite's busy handler sleeps in steps of up to 100 ms and lets a worker that
 # commits and claims again at once starve the other one. Other processes (another
-# ingest, a server catalog's clients) still meet at the catalog's own locks.
+# ingest) still meet at the catalog's own locks. A server catalog has no such lock:
+# its workers write at once.
 _turns: Any = None
 _UNSET: Any = object()
 
@@ -256,7 +257,8 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     taken over by the next ingest). A worker that dies leaves its claim to the
     caller's next round."""
     ctx = multiprocessing.get_context("fork")
-    turns = ctx.Lock()
+    # a server catalog takes concurrent writers: no turns there
+    turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
     procs: list[Any] = []
     live: list[Any] = []
     try:
