@@ -7,8 +7,9 @@ a file is still the version its row indexed (size and mtime, then inode/ctime
 and the fingerprint: :func:`~shardcat.readers.source.mismatch`, the readers'
 rule too), and scans each claimed shard with its format
 (:meth:`~shardcat.readers.formats.Format.scan_shard`: plain or compressed, with
-seek points) in this process or a pool of forked workers. Other processes
-doing the same at the same time share the work; every shard is indexed once.
+seek points) in this process or in forked workers, each claiming shards until none
+is left. Other processes doing the same at the same time share the work; every
+shard is indexed once.
 """
 
 from __future__ import annotations
