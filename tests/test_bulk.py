@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.exc import IntegrityError
 
+from shardcat.catalog import bulk
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.engine import make_engine
 
@@ -57,9 +58,26 @@ def test_values_read_back_exactly(engine: Engine, values: list[Any]) -> None:
     assert rows(engine) == [
         (k, 7, 10 + n, v) for n, (k, v) in enumerate(zip(KEYS, values, strict=True))
     ]
-    assert [s for s in STATEMENTS if s.startswith("INSERT")] == [  # one executemany
-        "INSERT INTO t (k, c, i, v) VALUES (?, ?, ?, ?)"
+    assert [s for s in STATEMENTS if s.startswith("INSERT")] == [  # one statement, 8 rows
+        "INSERT INTO t (k, c, i, v) VALUES " + ", ".join(["(?, ?, ?, ?)"] * 8)
     ]
+
+
+@pytest.mark.parametrize("n", [1, 199, 200, 201, 450, 1000])
+def test_many_rows_go_in_groups_whole_and_in_order(engine: Engine, n: int) -> None:
+    """Rows go in statements of ROWS_PER_STATEMENT rows (the rest in one more): every
+    row read back whole, in the order given."""
+    keys = [f"k{i:05d}" for i in range(n)]
+    values: list[Any] = [[None, 1.5, b"\x00", "s", -(2**63)][i % 5] for i in range(n)]
+    assert insert(engine, {"k": keys, "c": 3, "i": range(n), "v": values}) == n
+    assert rows(engine) == [(k, 3, i, v) for i, (k, v) in enumerate(zip(keys, values, strict=True))]
+    with engine.connect() as conn:
+        in_order = [r[0] for r in conn.exec_driver_sql("SELECT k FROM t ORDER BY rowid")]
+    assert in_order == keys
+    inserts = [s for s in STATEMENTS if s.startswith("INSERT")]
+    per = bulk.ROWS_PER_STATEMENT
+    sizes = ([per] if n >= per else []) + ([n % per] if n % per else [])
+    assert [s.count("(?, ?, ?, ?)") for s in inserts] == sizes
 
 
 @pytest.mark.parametrize("key", ["a\x00b", "\\u0000 is six characters"])

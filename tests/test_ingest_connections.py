@@ -83,3 +83,65 @@ def test_forked_child_never_uses_the_parents_kept_connection(tmp_path: Path) -> 
         assert id(conn.connection.dbapi_connection) == parent_conn
         assert conn.execute(text("SELECT pid FROM t")).scalars().all() == [pid]
     engine.dispose()
+
+
+def test_each_worker_claims_its_next_shard_right_after_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 2 workers, a worker's next claim follows its commit in the same turn at the
+    write lock (it scans while the other commits), and every shard is reported once."""
+    from shardcat.facade import ingest
+
+    log = tmp_path / "events.log"
+    real_commit, real_claim = ingest.commit_shard, ingest.claim_next
+
+    def note(event: str) -> None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {event}\n")
+
+    def commit_shard(*args: Any, **kwargs: Any) -> Any:
+        note("commit")
+        return real_commit(*args, **kwargs)
+
+    def claim_next(*args: Any, **kwargs: Any) -> Any:
+        claimed = real_claim(*args, **kwargs)
+        note("claim" if claimed is not None else "none")
+        return claimed
+
+    monkeypatch.setattr(ingest, "commit_shard", commit_shard)  # the forked workers inherit it
+    monkeypatch.setattr(ingest, "claim_next", claim_next)
+    pattern = _shards(tmp_path / "ds", 6)
+    seen: list[str] = []
+    with (
+        Catalog(tmp_path / "c.sqlite") as cat,
+        cat.ingest(pattern, "train", workers=2, progress=lambda o, t: seen.append(o.path)) as r,
+    ):
+        assert len(r) == 30
+    assert sorted(seen) == [f"ds/part-{s:05d}.tfrecord" for s in range(6)]
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert sorted({pid for pid, _ in events}) != [str(os.getpid())]  # workers did it
+    assert [e for _, e in events].count("commit") == 6
+    for n, (pid, event) in enumerate(events):
+        if event == "commit":  # the very next write-lock holder is the same worker, claiming
+            assert events[n + 1][0] == pid and events[n + 1][1] in ("claim", "none")
+
+
+def test_a_worker_s_error_reaches_the_caller_and_the_next_ingest_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardcat.facade import ingest
+
+    real_commit = ingest.commit_shard
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("commit exploded")
+
+    monkeypatch.setattr(ingest, "commit_shard", failing)
+    pattern = _shards(tmp_path / "ds", 4)
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        with pytest.raises(RuntimeError, match="commit exploded"):
+            cat.ingest(pattern, "train", workers=2)
+        monkeypatch.setattr(ingest, "commit_shard", real_commit)
+        with cat.ingest(pattern, "train", workers=2) as reader:
+            assert len(reader) == 20
+            assert reader.get_feature("k3_4", "label") == 4

@@ -7,8 +7,9 @@ a file is still the version its row indexed (size and mtime, then inode/ctime
 and the fingerprint: :func:`~shardcat.readers.source.mismatch`, the readers'
 rule too), and scans each claimed shard with its format
 (:meth:`~shardcat.readers.formats.Format.scan_shard`: plain or compressed, with
-seek points) in this process or a pool of forked workers. Other processes
-doing the same at the same time share the work; every shard is indexed once.
+seek points) in this process or in forked workers, each claiming shards until none
+is left. Other processes doing the same at the same time share the work; every
+shard is indexed once.
 
 A shard stored as a URL (see :mod:`shardcat.readers.remote`) is judged by its
 object identity (size, ETag/version, Last-Modified), and indexed by streaming it
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import tempfile
 import time
@@ -149,6 +151,26 @@ def _close_engines() -> None:
             engine.dispose()
 
 
+# The workers of one ingest take turns at the catalog's write lock through this lock
+# (set in each forked worker): a waiting worker wakes as soon as the other is done,
+# where SQLite's busy handler sleeps in steps of up to 100 ms and lets a worker that
+# commits and claims again at once starve the other one. Other processes (another
+# ingest) still meet at the catalog's own locks. A server catalog has no such lock:
+# its workers write at once.
+_turns: Any = None
+_UNSET: Any = object()
+
+
+@contextlib.contextmanager
+def _writer_turn() -> Iterator[None]:
+    """This worker's turn to write (a no-op outside a pool of workers)."""
+    if _turns is None:
+        yield
+        return
+    with _turns:
+        yield
+
+
 def index_claimed(
     engine: Engine,
     job: IngestJob,
@@ -156,16 +178,19 @@ def index_claimed(
     stored: str,
     owner: str,
     provide: ProvideEntries | None = None,
+    then: Callable[[], None] | None = None,
 ) -> ShardOutcome:
     """Scan a claimed shard and commit it (or record why it failed).
 
     ``provide`` may hand in the shard's entries instead of a scan (see
     :data:`ProvideEntries`); they go through the same checks and commit.
+    ``then`` runs after a successful commit in the same turn at the write lock
+    (a worker claims its next shard there); a catalog error in it is ignored.
     """
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
     if remote.is_url(path):
-        return _index_remote(engine, job, shard_id, stored, owner, path)
+        return _index_remote(engine, job, shard_id, stored, owner, path, then)
     try:
         st = os.stat(path)
         fp = fingerprint_file(path, st.st_size)
@@ -179,7 +204,7 @@ def index_claimed(
             st.st_ino,
         ) or fingerprint_file(path, after.st_size) != fp:
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
-        return _commit_scan(engine, job, shard_id, stored, owner, scanned, st, fp)
+        return _commit_scan(engine, job, shard_id, stored, owner, scanned, st, fp, then)
     except BaseException as exc:
         return _failed(engine, job, shard_id, stored, owner, exc, path)
 
@@ -193,8 +218,10 @@ def _commit_scan(
     scanned: ShardScan,
     st: os.stat_result,
     fp: str,
+    then: Callable[[], None] | None,
 ) -> ShardOutcome:
-    """Commit a shard's scan, if this process still holds its claim."""
+    """Commit a shard's scan, if this process still holds its claim (``then``: see
+    :func:`index_claimed`)."""
     columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
     within = len(scanned.columns) - len(columns)
     seek = (
@@ -202,12 +229,18 @@ def _commit_scan(
         if scanned.seek_kind is None or scanned.seek_index is None
         else (scanned.seek_kind, scanned.seek_index)
     )
-    with engine.begin() as conn:
-        if not still_mine(conn, shard_id, owner):
-            return ShardOutcome(stored, 0, CLAIM_LOST)
-        n, dropped = commit_shard(
-            conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
-        )
+    with _writer_turn():
+        with engine.begin() as conn:
+            if not still_mine(conn, shard_id, owner):
+                return ShardOutcome(stored, 0, CLAIM_LOST)
+            n, dropped = commit_shard(
+                conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
+            )
+        if then is not None:
+            try:
+                then()
+            except SQLAlchemyError:
+                pass  # the shard is committed; the caller meets the error again
     return ShardOutcome(stored, n, duplicates=dropped)
 
 
@@ -259,7 +292,13 @@ def local_copy(
 
 
 def _index_remote(
-    engine: Engine, job: IngestJob, shard_id: int, stored: str, owner: str, url: str
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    url: str,
+    then: Callable[[], None] | None,
 ) -> ShardOutcome:
     """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned."""
     fmt = get_format(job.format)
@@ -268,17 +307,104 @@ def _index_remote(
         with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
             scanned = fmt.scan_shard(tmp, job.options)
         return _commit_scan(
-            engine, job, shard_id, stored, owner, scanned, info.as_stat(), info.fingerprint or ""
+            engine,
+            job,
+            shard_id,
+            stored,
+            owner,
+            scanned,
+            info.as_stat(),
+            info.fingerprint or "",
+            then,
         )
     except BaseException as exc:
         return _failed(engine, job, shard_id, stored, owner, exc, url, tmp)
+
+
+def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
+    """A forked worker: claim and index shards until none is claimable, sending
+    ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
+    ``("error", exception)``). The next claim follows each commit in the same turn
+    at the write lock, so this worker scans its next shard while the other commits
+    (claiming after the other's commit left it idle for that commit)."""
+    global _turns
+    _turns = turns
+    try:
+        engine = _engine(job.catalog)
+        owner = owner_id()
+        following: list[Any] = [_UNSET]
+
+        def claim() -> None:
+            following[0] = claim_next(engine, job.dataset_id, job.lease, owner)
+
+        with _writer_turn():
+            claim()
+        while (claimed := following[0]) is not None:
+            following[0] = _UNSET
+            out.send(
+                ("done", index_claimed(engine, job, claimed[0], claimed[1], owner, then=claim))
+            )
+            if following[0] is _UNSET:
+                with _writer_turn():
+                    claim()
+        out.send(("end", None))
+    except BaseException as exc:
+        try:
+            out.send(("error", exc))
+        except Exception:  # an exception that does not pickle
+            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", [])))
+    finally:
+        _close_engines()
+        out.close()
+
+
+def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
+    """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
+    re-raises the first worker's error (the others are stopped, as their claims are
+    taken over by the next ingest). A worker that dies leaves its claim to the
+    caller's next round."""
+    ctx = multiprocessing.get_context("fork")
+    # a server catalog takes concurrent writers: no turns there
+    turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
+    procs: list[Any] = []
+    live: list[Any] = []
+    try:
+        for _ in range(count):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_work_all, args=(job, turns, writer), daemon=True)
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            live.append(reader)
+        while live:
+            waited: list[Any] = multiprocessing.connection.wait(live)
+            for ready in waited:
+                try:
+                    kind, value = ready.recv()
+                except EOFError:  # died without a word
+                    kind, value = "end", None
+                if kind == "done":
+                    note(value)
+                    continue
+                live.remove(ready)
+                ready.close()
+                if kind == "error":
+                    raise value
+    finally:
+        for reader in live:
+            reader.close()
+        for proc in procs:
+            if proc.is_alive() and live:
+                proc.terminate()
+            proc.join()
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:
     """Claim and index one shard in this process; None when nothing was claimable."""
     engine = _engine(job.catalog)
     owner = owner_id()
-    claimed = claim_next(engine, job.dataset_id, job.lease, owner)
+    with _writer_turn():
+        claimed = claim_next(engine, job.dataset_id, job.lease, owner)
     if claimed is None:
         return None
     return index_claimed(engine, job, claimed[0], claimed[1], owner)
@@ -351,10 +477,7 @@ def _share_work(
         done = len(outcomes)
         if workers > 1 and open_count > 1 and not idle:
             _close_engines()  # no kept connection crosses the fork
-            ctx = multiprocessing.get_context("fork")
-            with ctx.Pool(min(workers, open_count)) as pool:
-                for outcome in pool.imap_unordered(_work_one, [job] * open_count):
-                    note(outcome)
+            _run_workers(job, min(workers, open_count), note)
         else:
             note(_work_one(job))
         idle = len(outcomes) == done
