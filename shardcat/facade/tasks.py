@@ -11,7 +11,7 @@ The commands only parse, call one of these and print; nothing here prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,13 +191,14 @@ def convert(
     workers: int | None = None,
     grouping: str = "tfd",
     progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[ConvertResult]:
     """Convert the tar archives ``inputs`` name (files, directories, globs: see
     :func:`shardcat.convert.tar_inputs`) to TFRecords with
     :func:`shardcat.convert.convert_tars`; ``workers`` None: one per CPU.
     ``progress(result, total_archives)`` after each archive. :class:`CatalogError`
     when no archive is found."""
-    sources = tar_inputs(inputs)
+    sources = tar_inputs(inputs, storage_options)
     if not sources:
         raise CatalogError(f"no tar archives found for {' '.join(as_patterns(inputs))}")
     return convert_tars(
@@ -207,6 +208,7 @@ def convert(
         workers=(os.cpu_count() or 1) if workers is None else workers,
         grouping=grouping,
         progress=progress,
+        storage_options=storage_options,
     )
 
 

@@ -1,0 +1,131 @@
+"""The tools beyond ingest and reads on shards in object storage (moto's S3 server
+on loopback, counting its requests): ``convert`` of remote tar archives,
+``migrate`` of legacy indexes whose shards are remote, ``verify``, RecordIO
+``.idx`` files beside remote ``.rec`` files, ingest judging shards from the
+listing, Parquet shards, and a PostgreSQL catalog over S3 shards."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardcat import Catalog, TFRecordWriter
+
+try:
+    import boto3
+    import moto  # noqa: F401
+    import s3fs  # noqa: F401
+except ImportError:  # pragma: no cover - the dev and remote extras install them
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
+
+from features import b, ex_bytes
+
+from shardcat.testing.servers import S3Server
+
+BUCKET = "tools"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """The S3 server and a boto3 client of it, with bucket ``tools``."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = S3Server()
+    server.start()
+    server.client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+    server.client.create_bucket(Bucket=BUCKET)
+    server.options = {"endpoint_url": server.endpoint}
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _upload(s3: Any, local: Path, prefix: str) -> str:
+    """Upload the files of ``local`` under ``prefix``; the URL of that prefix."""
+    for path in sorted(local.iterdir()):
+        s3.client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def _tar(path: Path, samples: int) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for i in range(samples):
+            for ext, data in (("jpg", f"{path.stem}-{i}".encode() * 50), ("cls", b"%d" % i)):
+                member = tarfile.TarInfo(f"{path.stem}_s{i:03d}.{ext}")
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+
+
+def _requests(s3: Any, prefix: str) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _ in s3.counter.requests if prefix in p]
+
+
+# -- convert ---------------------------------------------------------------------
+
+
+def test_convert_remote_tars_to_local_tfrecords(s3: Any, tmp_path: Path) -> None:
+    local = tmp_path / "tars"
+    local.mkdir()
+    for s in range(2):
+        _tar(local / f"web-{s:03d}.tar", 10)
+    url = _upload(s3, local, "convert")
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    out = tmp_path / "out"
+    s3.counter.reset()
+    result = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            f"{url}/*.tar",
+            "-o",
+            str(out),
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{url}/web-001.tar -> {out}/web-001.tfrecord (10 records)" in result.output
+    # one listing, then each archive: its HEAD and one GET of the whole object
+    gets = [p for m, p in _requests(s3, "/convert") if m == "GET" and p.endswith(".tar")]
+    assert sorted(gets) == [f"/{BUCKET}/convert/web-000.tar", f"/{BUCKET}/convert/web-001.tar"]
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        far = cat.ingest(str(out), "far")
+        near = cat.ingest(str(local), "near")
+        assert (
+            far.get_feature("web-000_s007", "jpg")
+            == near.get_feature("web-000_s007", "jpg")
+            == b"web-000-7" * 50
+        )
+    # remote sources need a local output directory, and are never deleted
+    result = CliRunner().invoke(
+        app, ["convert", f"{url}/web-000.tar", "--storage-option", f"endpoint_url={s3.endpoint}"]
+    )
+    assert result.exit_code != 0
+    assert "is remote: give a local --output-dir" in result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            f"{url}/web-000.tar",
+            "-o",
+            str(out),
+            "--delete",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+        ],
+    )
+    assert result.exit_code != 0
+    assert f"--delete removes local archives only, not {url}/web-000.tar" in result.output
