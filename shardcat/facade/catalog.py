@@ -28,6 +28,7 @@ from shardcat.catalog.sync import DROPPED, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
+    SNIFF_REMOTE,
     ProvideEntries,
     judge_files,
     local_copy,
@@ -44,9 +45,6 @@ from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "migrate"]
-
-# the bytes of a remote shard its format and options are detected from
-_SNIFF_REMOTE = 4 << 20
 
 
 class Catalog(Store):
@@ -94,7 +92,7 @@ class Catalog(Store):
         detected from the first file's bytes), the options detected from the first
         file and the options given."""
         if is_url(files[0]):  # detected from a local copy of the object's first bytes
-            with local_copy(files[0], opts.options.get(STORAGE_OPTIONS), _SNIFF_REMOTE) as (
+            with local_copy(files[0], opts.options.get(STORAGE_OPTIONS), SNIFF_REMOTE) as (
                 head,
                 _,
             ):

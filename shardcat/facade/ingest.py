@@ -165,7 +165,7 @@ def index_claimed(
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
     if remote.is_url(path):
-        return _index_remote(engine, job, shard_id, stored, owner, path)
+        return _index_remote(engine, job, shard_id, stored, owner, path, provide)
     try:
         st = os.stat(path)
         fp = fingerprint_file(path, st.st_size)
@@ -212,6 +212,10 @@ def index_claimed(
         raise
 
 
+#: the bytes of a remote shard its format and options are detected from
+SNIFF_REMOTE = 4 << 20
+
+
 @contextlib.contextmanager
 def local_copy(
     url: str, options: Mapping[str, Any] | None, limit: int | None = None
@@ -229,14 +233,26 @@ def local_copy(
 
 
 def _index_remote(
-    engine: Engine, job: IngestJob, shard_id: int, stored: str, owner: str, url: str
+    engine: Engine,
+    job: IngestJob,
+    shard_id: int,
+    stored: str,
+    owner: str,
+    url: str,
+    provide: ProvideEntries | None = None,
 ) -> ShardOutcome:
-    """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned."""
+    """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned
+    (or its entries from ``provide``, judged against the object's identity now)."""
     fmt = get_format(job.format)
     tmp = ""
     try:
-        with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
-            scanned = fmt.scan_shard(tmp, job.options)
+        scanned = None
+        if provide is not None:
+            info = remote.remote_info(url, job.options.get(STORAGE_OPTIONS))
+            scanned = provide(url, info.as_stat())
+        if scanned is None:
+            with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
+                scanned = fmt.scan_shard(tmp, job.options)
         columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
         within = len(scanned.columns) - len(columns)
         seek = (
