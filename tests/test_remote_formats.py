@@ -66,13 +66,19 @@ def test_remote_reads_equal_local(
         for original in root.iterdir():
             if original not in shards and not original.name.endswith(".idx"):
                 original.unlink()
-    by_position = case.FORMAT == "recordio"  # its keys live in an .idx beside the shard
-    key: dict[str, Any] = {"key": None} if by_position else {}
     urls = [f"{www.url}/{name}/{s.name}" for s in shards]
     with Catalog(tmp_path / "c.sqlite") as cat:
-        far = cat.ingest(urls, "far", **key)
-        near = cat.ingest([str(s) for s in shards], "near", **key)
+        far = cat.ingest(urls, "far")  # RecordIO: keyed by the .idx beside each .rec
+        near = cat.ingest([str(s) for s in shards], "near")
         assert len(far) == len(near) > 0
+        assert far.options.get("idx") == near.options.get("idx")
+        if case.FORMAT == "recordio" and compression is None:
+            assert far.options["idx"] is True
+            assert (
+                list(far.iter_keys())
+                == list(near.iter_keys())
+                == [k for k, _ in BIG_RECORDS] + [f"s1_{k}" for k, _ in RECORDS]
+            )
         everything = list(range(len(near)))
         assert far.get_many_at(everything, raw=True) == near.get_many_at(everything, raw=True)
         with cat.dataset("far") as fresh:  # a source opened for this read

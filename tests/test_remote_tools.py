@@ -209,3 +209,31 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     assert result.exit_code == 1
     assert f"{url}/{paths[0].name}: at byte 0: " in result.output
     assert "changed after it was indexed" in result.output
+
+
+# -- RecordIO .idx ---------------------------------------------------------------
+
+
+def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Path) -> None:
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+
+    local = tmp_path / "rec"
+    local.mkdir()
+    for s in range(2):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(50):
+                w.write(pack(IRHeader(0, float(i), i, 0), b"img%d-%d" % (s, i)), f"k{s}_{i}")
+    (local / "part-1.idx").rename(tmp_path / "kept.idx")  # part-1 has none on the store
+    url = _upload(s3, local, "rec")
+    (tmp_path / "kept.idx").rename(local / "part-1.idx")
+    with Catalog(tmp_path / "r.sqlite") as cat:
+        s3.counter.reset()
+        with pytest.raises(Exception, match=r"part-1.rec: no MXNet index part-1.idx beside it"):
+            cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        s3.client.upload_file(str(local / "part-1.idx"), BUCKET, "rec/part-1.idx")
+        far = cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        near = cat.ingest(str(local / "*.rec"), "near")
+        assert far.options["idx"] is near.options["idx"] is True
+        assert list(far.iter_keys()) == list(near.iter_keys())
+        assert far.get_raw("k1_33") == near.get_raw("k1_33")
+        assert far.get_raw("k1_33").endswith(b"img1-33")

@@ -34,6 +34,7 @@ from shardcat.facade.ingest import (
     local_copy,
     raise_for_failures,
     run_ingest,
+    sidecar_copy,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.legacy.report import MigrationReport
@@ -92,11 +93,11 @@ class Catalog(Store):
         detected from the first file's bytes), the options detected from the first
         file and the options given."""
         if is_url(files[0]):  # detected from a local copy of the object's first bytes
-            with local_copy(files[0], opts.options.get(STORAGE_OPTIONS), SNIFF_REMOTE) as (
-                head,
-                _,
-            ):
-                return self._rule([head], opts)
+            storage = opts.options.get(STORAGE_OPTIONS)
+            with local_copy(files[0], storage, SNIFF_REMOTE) as (head, _):
+                name = detect_format(head) if opts.format in (None, "auto") else str(opts.format)
+                with sidecar_copy(files[0], head, get_format(name), storage):  # RecordIO .idx
+                    return self._rule([head], opts)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
         explicit = opts.explicit()

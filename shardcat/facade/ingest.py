@@ -49,9 +49,9 @@ from shardcat.catalog.commit import (
 )
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import IngestError, ShardcatError
+from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote
-from shardcat.readers.formats import ShardScan, get_format
+from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -218,18 +218,52 @@ SNIFF_REMOTE = 4 << 20
 
 @contextlib.contextmanager
 def local_copy(
-    url: str, options: Mapping[str, Any] | None, limit: int | None = None
+    url: str,
+    options: Mapping[str, Any] | None,
+    limit: int | None = None,
+    fmt: Format | None = None,
 ) -> Iterator[tuple[str, remote.RemoteInfo]]:
     """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
-    file, deleted on exit; with the identity of the version read."""
+    file, deleted on exit; with the identity of the version read. With ``fmt``, the
+    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too."""
     suffix = "-" + url.rsplit("/", 1)[-1][-60:]
     fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix=suffix)
     os.close(fd)
     try:
-        yield tmp, remote.download(url, tmp, options, limit)
+        info = remote.download(url, tmp, options, limit)
+        if fmt is None:
+            yield tmp, info
+        else:
+            with sidecar_copy(url, tmp, fmt, options):
+                yield tmp, info
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def sidecar_copy(
+    url: str, copy: str, fmt: Format, options: Mapping[str, Any] | None
+) -> Iterator[str | None]:
+    """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
+    when the store has one, fetched beside ``copy`` (the shard's local copy) under
+    the name the format looks for there; deleted on exit. None: no sidecar."""
+    far, near = fmt.sidecar(url), fmt.sidecar(copy)
+    if far is None or near is None:
+        yield None
+        return
+    try:
+        remote.download(far, near, options)
+    except MissingShardError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
+        yield None
+        return
+    try:
+        yield near
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
 
 
 def _index_remote(
@@ -251,7 +285,7 @@ def _index_remote(
             info = remote.remote_info(url, job.options.get(STORAGE_OPTIONS))
             scanned = provide(url, info.as_stat())
         if scanned is None:
-            with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
+            with local_copy(url, job.options.get(STORAGE_OPTIONS), fmt=fmt) as (tmp, info):
                 scanned = fmt.scan_shard(tmp, job.options)
         columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
         within = len(scanned.columns) - len(columns)
@@ -281,7 +315,13 @@ def _index_remote(
             release(engine, job.dataset_id, shard_id, owner, failed=None)
         raise catalog_error(job.catalog, exc) from None
     except (ShardcatError, OSError) as exc:
-        message = str(exc).replace(tmp, url) if tmp else str(exc)
+        message = str(exc)
+        if tmp:  # name the object (and its sidecar), not their local copies
+            near, far = fmt.sidecar(tmp), fmt.sidecar(url)
+            if near is not None and far is not None:
+                message = message.replace(near, far)
+                message = message.replace(os.path.basename(near), far.rsplit("/", 1)[-1])
+            message = message.replace(tmp, url)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{url}: {exc.strerror or exc}"
         release(engine, job.dataset_id, shard_id, owner, failed=message)

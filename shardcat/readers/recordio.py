@@ -428,6 +428,9 @@ class RecordIOFormat(Format):
             for name, values in sorted(features_of(record).items())
         }
 
+    def sidecar(self, path: str) -> str | None:
+        return idx_path_for(path)
+
     def detect_options(self, path: str) -> dict[str, Any]:
         """``idx``: whether an MXNet ``.idx`` lies beside the file; ``header``: whether
         its first payload looks like an IRHeader (see the module docs)."""

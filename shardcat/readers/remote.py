@@ -237,9 +237,19 @@ def _info_of(info: Mapping[str, Any]) -> RemoteInfo:
     )
 
 
+def _forget(fs: Any, url: str) -> None:
+    """Drop what ``fs`` remembers of ``url`` and its folder (s3fs keeps listings per
+    instance, for the life of this process): the store's answer now, not a listing
+    made before an object was added or replaced."""
+    invalidate = getattr(fs, "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate(url)
+
+
 def remote_info(url: str, options: Mapping[str, Any] | None = None) -> RemoteInfo:
     """The object's identity now; :class:`MissingShardError` if it does not exist."""
     fs = filesystem(url, options)
+    _forget(fs, url)
     try:
         info = _retrying(url, lambda: fs.info(url))
     except FileNotFoundError:
