@@ -237,3 +237,40 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
         assert list(far.iter_keys()) == list(near.iter_keys())
         assert far.get_raw("k1_33") == near.get_raw("k1_33")
         assert far.get_raw("k1_33").endswith(b"img1-33")
+
+
+# -- ingest judges shards from the listing ---------------------------------------
+
+
+def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Path) -> None:
+    from legacy_fixtures import write_tfrecords
+
+    local = tmp_path / "listed"
+    paths = write_tfrecords(local, shards=4, per_shard=20)
+    url = _upload(s3, local, "listed")
+    with Catalog(tmp_path / "l.sqlite") as cat:
+        s3.counter.reset()
+        assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
+        methods = [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests]
+        # one listing of the bucket; per object: its GETs (4 MiB head once, each shard
+        # streamed once), no HEAD
+        assert methods.count(("GET", False)) == 1
+        assert [m for m, _ in methods].count("HEAD") == 0
+        assert methods.count(("GET", True)) == 1 + 4
+        s3.counter.reset()
+        assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
+        # unchanged: the listing and the format's head, nothing per object
+        assert [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests] == [
+            ("GET", False),
+            ("GET", True),
+        ]
+        # one object replaced: the listing's ETag says so, it alone is read again
+        s3.client.put_object(
+            Bucket=BUCKET, Key=f"listed/{paths[1].name}", Body=paths[2].read_bytes()
+        )
+        s3.counter.reset()
+        with pytest.raises(Exception, match="duplicate key 'r2_0'"):
+            cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)
+        assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
+        objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
+        assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one

@@ -107,8 +107,9 @@ def judge_files(
     infos: dict[str, remote.RemoteInfo] = {}
     for path in files:
         try:
-            if remote.is_url(path):
-                infos[path] = info = remote.remote_info(path, storage_options)
+            if remote.is_url(path):  # as listed by the glob, else one HEAD
+                info = remote.listed_info(path) or remote.remote_info(path, storage_options)
+                infos[path] = info
                 found[path] = (path, info.as_stat())
             else:
                 found[stored_path(path, catalog_dir)] = (path, os.stat(path))
