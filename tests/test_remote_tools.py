@@ -274,3 +274,38 @@ def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Pat
         assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
         objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
         assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one
+
+
+# -- Parquet ---------------------------------------------------------------------
+
+
+def test_parquet_rows_on_s3_are_their_row_group_and_footer(s3: Any, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow", reason="install shardcat[parquet]")
+    import pyarrow.parquet as pq
+
+    local = tmp_path / "pq"
+    local.mkdir()
+    for s in range(2):
+        table = pa.table(
+            {
+                "key": [f"p{s}_{i}" for i in range(100)],
+                "image": [os.urandom(500) for _ in range(100)],
+                "label": list(range(100)),
+            }
+        )
+        pq.write_table(table, local / f"part-{s}.parquet", row_group_size=10)
+    url = _upload(s3, local, "pq")
+    with Catalog(tmp_path / "p.sqlite") as cat:
+        far = cat.ingest(f"{url}/*.parquet", "far", storage_options=s3.options)
+        near = cat.ingest(str(local), "near")
+        assert len(far) == len(near) == 200
+        assert cat.query("SELECT sum(label) FROM far")[0][0] == 2 * sum(range(100))
+        far.get_record("p0_0")  # the source opened
+        s3.counter.reset()
+        row = far.get_record("p1_57")
+        assert row == near.get_record("p1_57") and row["label"] == 57
+        ranges = [r for m, _, r in s3.counter.requests if m == "GET"]
+        assert len(ranges) == len(s3.counter.requests) == 2, ranges  # row group, footer
+        keys = [f"p{i % 2}_{i}" for i in range(0, 100, 3)]
+        assert far.get_many(keys) == near.get_many(keys)
+        assert far.verify() == []
