@@ -309,3 +309,46 @@ def test_parquet_rows_on_s3_are_their_row_group_and_footer(s3: Any, tmp_path: Pa
         keys = [f"p{i % 2}_{i}" for i in range(0, 100, 3)]
         assert far.get_many(keys) == near.get_many(keys)
         assert far.verify() == []
+
+
+# -- a PostgreSQL catalog over S3 shards -----------------------------------------
+
+
+def test_postgres_catalog_with_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    from shardcat.testing.postgres import find_binaries, postgres_server
+
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
+        psycopg = None
+    if psycopg is None or find_binaries() is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server missing")
+        pytest.skip("psycopg or the PostgreSQL server binaries are missing")
+    from shardcat import TFRecordWriter, make_example
+
+    local = tmp_path / "pg"
+    local.mkdir()
+    paths = [local / f"pg-{s}.tfrecord" for s in range(3)]
+    for s, path in enumerate(paths):
+        with TFRecordWriter(path) as w:
+            for i in range(50):
+                image = f"img {s} {i} ".encode() * (20 + i)
+                w.write(make_example({"key": f"r{s}_{i}", "label": i % 7, "image": image}))
+    url = _upload(s3, local, "pg")
+    options = {**s3.options, "key": "testing", "secret": "testing"}
+    with postgres_server() as server:
+        with Catalog(server) as cat:
+            far = cat.ingest(f"{url}/*.tfrecord", "far", storage_options=options, workers=2)
+            assert len(far) == 150
+            assert cat.info("far").options["storage_options"] == s3.options  # no secrets
+        with Catalog(tmp_path / "local.sqlite") as near_cat, Catalog(server) as cat:
+            near = near_cat.ingest([str(p) for p in paths], "near")
+            far = cat.dataset("far")
+            keys = [f"r{s}_{i}" for s in range(3) for i in range(0, 50, 4)]
+            assert far.get_many(keys, raw=True) == near.get_many(keys, raw=True)
+            s3.counter.reset()
+            assert far.get_raw("r2_33") == near.get_raw("r2_33")
+            assert [m for m, _, _ in s3.counter.requests] == ["GET"]  # one ranged GET
+            assert cat.query("SELECT count(*) FROM far WHERE label = 3")[0][0] == 3 * 7
+            assert far.verify() == []
