@@ -32,6 +32,7 @@ from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
+from shardcat.readers.remote import configure, is_url, protocol_of
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
@@ -198,6 +199,9 @@ def convert(
     :func:`shardcat.convert.convert_tars`; ``workers`` None: one per CPU.
     ``progress(result, total_archives)`` after each archive. :class:`CatalogError`
     when no archive is found."""
+    for pattern in as_patterns(inputs):  # given here: over those of an earlier call
+        if storage_options and is_url(pattern):
+            configure(protocol_of(pattern), **storage_options)
     sources = tar_inputs(inputs, storage_options)
     if not sources:
         raise CatalogError(f"no tar archives found for {' '.join(as_patterns(inputs))}")
