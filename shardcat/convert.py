@@ -19,16 +19,19 @@ before it is renamed into place, and only then is the source deleted when
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
 from shardcat.paths import PathsLike, resolve_paths
+from shardcat.readers import remote, tfrecord
 from shardcat.readers import tar as tar_format
-from shardcat.readers import tfrecord
 from shardcat.readers.formats import detect_format
 from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordFormat
@@ -48,11 +51,17 @@ class ConvertResult:
     error: str | None = None
 
 
-def tar_inputs(spec: PathsLike) -> list[str]:
+def tar_inputs(spec: PathsLike, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The archives named by a file, a directory (its tar archives, detected by
-    content) or a glob, or a list of them; sorted and absolute."""
-    files = resolve_paths(spec)
-    return [p for p in files if p.endswith(TarFormat.EXTENSIONS) or _is_tar(p)]
+    content) or a glob, or a list of them; sorted and absolute. URLs
+    (``s3://bucket/train/*.tar``) are listed through fsspec with
+    ``storage_options``; remote archives are told by their name alone."""
+    files = resolve_paths(spec, dict(storage_options or {}))
+    return [
+        p
+        for p in files
+        if p.endswith(TarFormat.EXTENSIONS) or (not remote.is_url(p) and _is_tar(p))
+    ]
 
 
 def _is_tar(path: str) -> bool:
@@ -66,25 +75,56 @@ def _is_tar(path: str) -> bool:
 def output_path(source: str, output_dir: str | os.PathLike[str] | None = None) -> str:
     """``<archive name without its tar extension>.tfrecord`` in ``output_dir``
     (default: beside the archive)."""
-    name = os.path.basename(source)
+    name = source.rsplit("/", 1)[-1]
     for ext in sorted(TarFormat.EXTENSIONS, key=len, reverse=True):
         if name.endswith(ext) and len(name) > len(ext):
             name = name[: -len(ext)]
             break
+    if output_dir is None and remote.is_url(source):
+        raise CatalogError(f"{source} is remote: give a local --output-dir for its TFRecord")
     directory = os.fspath(output_dir) if output_dir is not None else os.path.dirname(source)
     return os.path.join(directory, name + ".tfrecord")
 
 
-def convert_tar(source: str, output: str, *, grouping: str = "tfd") -> int:
+@contextlib.contextmanager
+def _readable(source: str, storage_options: Mapping[str, Any] | None) -> Iterator[str]:
+    """A local file holding ``source``: itself, or for a URL the object streamed
+    once (large sequential reads) into a temporary file deleted on exit."""
+    if not remote.is_url(source):
+        yield source
+        return
+    fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix="-" + source.rsplit("/", 1)[-1][-60:])
+    os.close(fd)
+    try:
+        remote.download(source, tmp, storage_options)
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def convert_tar(
+    source: str,
+    output: str,
+    *,
+    grouping: str = "tfd",
+    storage_options: Mapping[str, Any] | None = None,
+) -> int:
     """Write the samples of one archive to the TFRecord ``output``; returns their
     number. The file appears at ``output`` only once it has been read back and
-    checked; on any error nothing is left there."""
+    checked; on any error nothing is left there. A remote ``source`` (a URL) is
+    read once, whole, with ``storage_options``."""
+    with _readable(source, storage_options) as local:
+        return _convert_local(local, source, output, grouping)
+
+
+def _convert_local(local: str, source: str, output: str, grouping: str) -> int:
     partial = f"{output}.partial-{os.getpid()}"
     written: list[tuple[str, int]] = []
     seen: dict[str, int] = {}
     try:
         with tfrecord.TFRecordWriter(partial) as writer:
-            for key, members in tar_format.iter_samples(source, grouping):
+            for key, members in tar_format.iter_samples(local, grouping):
                 if "key" in members:
                     raise CatalogError(
                         f"{source}: sample {key!r} has a member with feature 'key', which "
@@ -135,10 +175,13 @@ def _check_written(path: str, written: Sequence[tuple[str, int]]) -> None:
         )
 
 
-def _convert_one(job: tuple[str, str, bool, str]) -> ConvertResult:
-    source, output, delete, grouping = job
+_Job = tuple[str, str, bool, str, Mapping[str, Any] | None]
+
+
+def _convert_one(job: _Job) -> ConvertResult:
+    source, output, delete, grouping, storage_options = job
     try:
-        n = convert_tar(source, output, grouping=grouping)
+        n = convert_tar(source, output, grouping=grouping, storage_options=storage_options)
     except (ShardcatError, OSError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
@@ -159,16 +202,23 @@ def convert_tars(
     workers: int = 1,
     grouping: str = "tfd",
     progress: Callable[[ConvertResult, int], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[ConvertResult]:
     """Convert each archive to a TFRecord (see :func:`convert_tar`); ``workers``
     processes convert archives in parallel; ``progress(result, total archives)``
     after each one. A failed archive is reported in its
     result and the others go on; with ``delete``, a source is removed only
-    after its TFRecord was written and verified."""
+    after its TFRecord was written and verified (never a remote one: refused).
+    Remote sources (URLs) are read with ``storage_options``."""
     tar_format.check_grouping(grouping)
+    far = [s for s in sources if remote.is_url(s)]
+    if delete and far:
+        raise CatalogError(f"--delete removes local archives only, not {far[0]}")
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-    jobs = [(s, output_path(s, output_dir), delete, grouping) for s in sources]
+    jobs: list[_Job] = [
+        (s, output_path(s, output_dir), delete, grouping, storage_options) for s in sources
+    ]
     outputs = [j[1] for j in jobs]
     if len(set(outputs)) != len(outputs):
         dup = next(o for o in outputs if outputs.count(o) > 1)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from shardcat.cli.common import RERUN_TO_FINISH, handle_errors, print_json, progress_bar
-from shardcat.cli.options import JsonOpt
+from shardcat.cli.options import JsonOpt, StorageOpt, storage_options
 from shardcat.convert import ConvertResult
 from shardcat.errors import CatalogError
 from shardcat.facade import tasks
@@ -44,6 +44,7 @@ def convert(
         ),
     ] = "tfd",
     json_out: JsonOpt = False,
+    storage_option: StorageOpt = None,
 ) -> None:
     """Convert tar archives to TFRecord files, one <archive stem>.tfrecord per archive.
 
@@ -52,7 +53,9 @@ def convert(
     them. Compressed archives (.tar.gz, .tar.bz2, .tar.xz) work too. Each
     TFRecord is read back and checked before it replaces an older file, and
     --delete removes a tar only after that. The results ingest at once:
-    `catalog ingest 'OUT/*.tfrecord'`.
+    `catalog ingest 'OUT/*.tfrecord'`. Archives on object storage
+    (s3://bucket/train/*.tar, https://...) are read once each, into a local
+    --output-dir.
     """
     with progress_bar("convert", unit="archives", transient=json_out) as bar:
         task = bar.add_task("convert", total=None, records=0)
@@ -69,6 +72,7 @@ def convert(
             workers=workers,
             grouping=grouping,
             progress=progress,
+            storage_options=storage_options(storage_option),
         )
     failed = [r for r in results if r.error is not None]
     if json_out:

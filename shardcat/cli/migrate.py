@@ -19,7 +19,7 @@ from shardcat.cli.common import (
     print_json,
     progress_bar,
 )
-from shardcat.cli.options import CatalogOpt, JsonOpt, OnDuplicateOpt
+from shardcat.cli.options import CatalogOpt, JsonOpt, OnDuplicateOpt, StorageOpt, storage_options
 from shardcat.errors import CatalogError
 from shardcat.facade import tasks
 from shardcat.facade.migrate import MigrationStep
@@ -69,9 +69,11 @@ def migrate(
             "--remap",
             metavar="OLD=NEW",
             help="Rewrite shard paths recorded in tfd-utils indexes that start with OLD "
-            "(repeatable).",
+            "(repeatable); NEW may be a URL (s3://bucket/train) when the shards moved "
+            "to object storage.",
         ),
     ] = None,
+    storage_option: StorageOpt = None,
     fields: Annotated[
         bool | None,
         typer.Option(
@@ -164,6 +166,7 @@ def migrate(
             progress=progress,
             max_depth=depth,
             pattern=pattern or None,
+            storage_options=storage_options(storage_option) or None,
         )
     if outcome.report is not None:
         catalog_path(catalog)  # the command ends naming the catalog it imported into

@@ -21,6 +21,7 @@ __all__ = [
     "KeyArg",
     "OnDuplicateOpt",
     "ReadModeOpt",
+    "StorageOpt",
     "storage_options",
 ]
 
@@ -56,12 +57,22 @@ OnDuplicateOpt = Annotated[
     str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
 ]
 
+# --storage-option for commands reading URLs (ingest also has the short -o)
+StorageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        help="KEY=VALUE for URLs (s3://, https://...): an fsspec storage option such as "
+        "endpoint_url=http://host:9000 or anon=true; repeatable.",
+    ),
+]
 
-def storage_options(pairs: list[str]) -> dict[str, Any]:
+
+def storage_options(pairs: list[str] | None) -> dict[str, Any]:
     """``--storage-option KEY=VALUE`` pairs as fsspec storage options: a value that
     reads as JSON (``true``, ``3``, ``{"a": 1}``) is that value, else the text."""
     options: dict[str, Any] = {}
-    for pair in pairs:
+    for pair in pairs or []:
         name, sep, text = pair.partition("=")
         if not sep or not name:
             raise CatalogError(f"--storage-option takes KEY=VALUE, not {pair!r}")

@@ -28,11 +28,13 @@ from shardcat.catalog.sync import DROPPED, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
+    SNIFF_REMOTE,
     ProvideEntries,
     judge_files,
     local_copy,
     raise_for_failures,
     run_ingest,
+    sidecar_copy,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.legacy.report import MigrationReport
@@ -44,9 +46,6 @@ from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "migrate"]
-
-# the bytes of a remote shard its format and options are detected from
-_SNIFF_REMOTE = 4 << 20
 
 
 class Catalog(Store):
@@ -94,11 +93,11 @@ class Catalog(Store):
         detected from the first file's bytes), the options detected from the first
         file and the options given."""
         if is_url(files[0]):  # detected from a local copy of the object's first bytes
-            with local_copy(files[0], opts.options.get(STORAGE_OPTIONS), _SNIFF_REMOTE) as (
-                head,
-                _,
-            ):
-                return self._rule([head], opts)
+            storage = opts.options.get(STORAGE_OPTIONS)
+            with local_copy(files[0], storage, SNIFF_REMOTE) as (head, _):
+                name = detect_format(head) if opts.format in (None, "auto") else str(opts.format)
+                with sidecar_copy(files[0], head, get_format(name), storage):  # RecordIO .idx
+                    return self._rule([head], opts)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
         explicit = opts.explicit()

@@ -25,7 +25,7 @@ import multiprocessing.connection
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +51,9 @@ from shardcat.catalog.commit import (
 )
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import IngestError, ShardcatError
+from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote
-from shardcat.readers.formats import ShardScan, get_format
+from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -109,8 +109,9 @@ def judge_files(
     infos: dict[str, remote.RemoteInfo] = {}
     for path in files:
         try:
-            if remote.is_url(path):
-                infos[path] = info = remote.remote_info(path, storage_options)
+            if remote.is_url(path):  # as listed by the glob, else one HEAD
+                info = remote.listed_info(path) or remote.remote_info(path, storage_options)
+                infos[path] = info
                 found[path] = (path, info.as_stat())
             else:
                 found[stored_path(path, catalog_dir)] = (path, os.stat(path))
@@ -190,7 +191,7 @@ def index_claimed(
     path = absolute_path(stored, job.catalog_dir)
     fmt = get_format(job.format)
     if remote.is_url(path):
-        return _index_remote(engine, job, shard_id, stored, owner, path, then)
+        return _index_remote(engine, job, shard_id, stored, owner, path, provide, then)
     try:
         st = os.stat(path)
         fp = fingerprint_file(path, st.st_size)
@@ -252,14 +253,17 @@ def _failed(
     owner: str,
     exc: BaseException,
     name: str,
-    local: str = "",
+    renames: Sequence[tuple[str, str]] = (),
 ) -> ShardOutcome:
     """How the indexing of a claimed shard that raised ``exc`` ends: the shard failed
     (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
-    URL, rather than the ``local`` copy it was read from), or given back (anything
-    else: the catalog's own failure is a :class:`CatalogError`, the rest is re-raised)."""
+    URL, with ``renames`` (local copy -> what it is a copy of) applied in order), or
+    given back (anything else: the catalog's own failure is a :class:`CatalogError`,
+    the rest is re-raised)."""
     if isinstance(exc, (ShardcatError, OSError)):
-        message = str(exc).replace(local, name) if local else str(exc)
+        message = str(exc)
+        for local, shown in renames:
+            message = message.replace(local, shown)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{name}: {exc.strerror or exc}"
         release(engine, job.dataset_id, shard_id, owner, failed=message)
@@ -275,20 +279,58 @@ def _failed(
     raise exc
 
 
+#: the bytes of a remote shard its format and options are detected from
+SNIFF_REMOTE = 4 << 20
+
+
 @contextlib.contextmanager
 def local_copy(
-    url: str, options: Mapping[str, Any] | None, limit: int | None = None
+    url: str,
+    options: Mapping[str, Any] | None,
+    limit: int | None = None,
+    fmt: Format | None = None,
 ) -> Iterator[tuple[str, remote.RemoteInfo]]:
     """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
-    file, deleted on exit; with the identity of the version read."""
+    file, deleted on exit; with the identity of the version read. With ``fmt``, the
+    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too."""
     suffix = "-" + url.rsplit("/", 1)[-1][-60:]
     fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix=suffix)
     os.close(fd)
     try:
-        yield tmp, remote.download(url, tmp, options, limit)
+        info = remote.download(url, tmp, options, limit)
+        if fmt is None:
+            yield tmp, info
+        else:
+            with sidecar_copy(url, tmp, fmt, options):
+                yield tmp, info
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def sidecar_copy(
+    url: str, copy: str, fmt: Format, options: Mapping[str, Any] | None
+) -> Iterator[str | None]:
+    """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
+    when the store has one, fetched beside ``copy`` (the shard's local copy) under
+    the name the format looks for there; deleted on exit. None: no sidecar."""
+    far, near = fmt.sidecar(url), fmt.sidecar(copy)
+    if far is None or near is None:
+        yield None
+        return
+    try:
+        remote.download(far, near, options)
+    except MissingShardError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
+        yield None
+        return
+    try:
+        yield near
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
 
 
 def _index_remote(
@@ -298,14 +340,21 @@ def _index_remote(
     stored: str,
     owner: str,
     url: str,
+    provide: ProvideEntries | None,
     then: Callable[[], None] | None,
 ) -> ShardOutcome:
-    """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned."""
+    """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned
+    (or its entries from ``provide``, judged against the object's identity now)."""
     fmt = get_format(job.format)
     tmp = ""
     try:
-        with local_copy(url, job.options.get(STORAGE_OPTIONS)) as (tmp, info):
-            scanned = fmt.scan_shard(tmp, job.options)
+        scanned = None
+        if provide is not None:
+            info = remote.remote_info(url, job.options.get(STORAGE_OPTIONS))
+            scanned = provide(url, info.as_stat())
+        if scanned is None:
+            with local_copy(url, job.options.get(STORAGE_OPTIONS), fmt=fmt) as (tmp, info):
+                scanned = fmt.scan_shard(tmp, job.options)
         return _commit_scan(
             engine,
             job,
@@ -318,7 +367,13 @@ def _index_remote(
             then,
         )
     except BaseException as exc:
-        return _failed(engine, job, shard_id, stored, owner, exc, url, tmp)
+        renames = []
+        if tmp:  # name the object (and its sidecar), not their local copies
+            near, far = fmt.sidecar(tmp), fmt.sidecar(url)
+            if near is not None and far is not None:
+                renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
+            renames.append((tmp, url))
+        return _failed(engine, job, shard_id, stored, owner, exc, url, renames)
 
 
 def _work_all(job: IngestJob, turns: Any, out: Any) -> None:

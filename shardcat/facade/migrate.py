@@ -42,8 +42,8 @@ from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import CatalogError, IngestError
-from shardcat.facade.ingest import ProvideEntries, ShardOutcome
+from shardcat.errors import CatalogError, IngestError, MissingShardError
+from shardcat.facade.ingest import SNIFF_REMOTE, ProvideEntries, ShardOutcome, local_copy
 from shardcat.facade.options import KEEP, IngestOptions, Progress
 from shardcat.legacy.index import discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
@@ -52,6 +52,8 @@ from shardcat.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
 from shardcat.readers import mxnet_idx
 from shardcat.readers.formats import Columns, Entry, Mismatch, ShardScan, get_format
+from shardcat.readers.remote import configure, is_url, protocol_of, remote_info
+from shardcat.readers.view import STORAGE_OPTIONS
 
 __all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
 
@@ -86,13 +88,28 @@ def _parse_remap(
     return out
 
 
+def _detect_options(fmt: str, first: str, storage: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options ``fmt`` reads off the shard ``first`` (a remote one: off a local
+    copy of its first bytes, as ingest does)."""
+    if not is_url(first):
+        return get_format(fmt).detect_options(first)
+    with local_copy(first, storage, SNIFF_REMOTE) as (head, _):
+        return get_format(fmt).detect_options(head)
+
+
 def _options(
-    plan: Plan, fields: bool, key: str | None, stored: Mapping[str, Any]
+    plan: Plan,
+    fields: bool,
+    key: str | None,
+    stored: Mapping[str, Any],
+    storage: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The dataset options a fresh ingest of these shards would record, and what the
-    report should say about them."""
+    report should say about them. ``storage``: the fsspec options of remote shards."""
     first = min(plan.shards)
-    opts: dict[str, Any] = {**get_format(plan.format).detect_options(first), "fields": fields}
+    opts: dict[str, Any] = {**_detect_options(plan.format, first, storage), "fields": fields}
+    if storage:
+        opts[STORAGE_OPTIONS] = dict(storage)
     notes: list[str] = []
     if plan.format == "tfrecord":
         opts["key"] = (key or infer_key(plan.shards, opts)) if plan.keyed else None
@@ -148,6 +165,13 @@ def _stored_options(cat: Store | None, name: str | None) -> dict[str, Any] | Non
     return None if cat is None or name is None else cat.stored_options(name)
 
 
+def _stat(path: str, storage: Mapping[str, Any] | None) -> os.stat_result:
+    """The shard's stat; a remote object's identity (size, Last-Modified) as one."""
+    if is_url(path):
+        return remote_info(path, storage).as_stat()
+    return os.stat(path)
+
+
 def _provider(st: os.stat_result, entries: list[Entry], report: ShardReport) -> ProvideEntries:
     """The verified entries, handed to the ingest once it claimed the shard, unless
     the file changed since it was verified (then the ingest scans it)."""
@@ -193,6 +217,7 @@ def _migrate_plan(
     sample: int,
     tick: _Ticker,
     overrides: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> DatasetReport:
     fields = opts.fields
     key = None if not isinstance(opts.key, str) else opts.key
@@ -216,7 +241,11 @@ def _migrate_plan(
     if isinstance(catalog, Store):
         directory = catalog.directory
     else:
-        where = locate(catalog, os.path.commonpath([os.path.dirname(f) for f in plan.files]))
+        # remote shards: the default catalog (there is no "beside them" on object storage)
+        far = any(is_url(f) for f in plan.files)
+        where = locate(
+            catalog, None if far else os.path.commonpath([os.path.dirname(f) for f in plan.files])
+        )
         where = where.absolute()
         directory = str(where.parent)
     with _opened(catalog, where, dry_run, open_catalog) as cat:
@@ -228,7 +257,8 @@ def _migrate_plan(
             fields = bool(stored.get("fields", False))
         # shards migrated without fields are re-read when fields are asked for now
         rescan = fields and stored.get("fields") is False
-        options, notes = _options(plan, fields, key or stored.get("key"), stored)
+        storage = storage_options or stored.get(STORAGE_OPTIONS)
+        options, notes = _options(plan, fields, key or stored.get("key"), stored, storage)
         options.update(overrides or {})  # what a reader asks for (see migrate_for_reader)
         reports: dict[str, ShardReport] = {}
         provided: dict[str, ProvideEntries] = {}
@@ -240,7 +270,15 @@ def _migrate_plan(
                 "re-index",
                 resolved_by="" if shard is None else shard.resolved_by,
             )
-            st = os.stat(path)
+            try:
+                st = _stat(path, storage)
+            except MissingShardError:
+                report.action, report.reason = (
+                    "failed",
+                    "shard not found (is it moved? see --remap)",
+                )
+                tick("verify")
+                continue
             before = known.get(stored_path(path, directory))
             if (
                 not rescan
@@ -350,6 +388,7 @@ def migrate(
     progress: Progress | None = None,
     max_depth: int | None = None,
     pattern: str | Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> MigrationReport:
     """Import the legacy index files found for ``paths`` into the catalog.
 
@@ -374,6 +413,8 @@ def migrate(
     entries re-read per shard (0: all). ``workers``: processes re-indexing
     shards. ``on_duplicate``: as for :meth:`Catalog.ingest`.
     ``progress(step, total)``: ``step`` a :class:`MigrationStep`.
+    ``storage_options``: fsspec options for shards on object storage (a
+    ``remap`` to ``s3://...``), stored with the dataset without secrets.
     ``open_catalog(path, readonly=...)`` opens a catalog by path (the facade
     passes :class:`shardcat.Catalog`).
 
@@ -386,6 +427,10 @@ def migrate(
         workers=workers,
         on_duplicate=on_duplicate,
     )
+    remaps = _parse_remap(remap)
+    for _, new in remaps:  # this process's reads of the remapped URLs use them (secrets too)
+        if storage_options and is_url(new):
+            configure(protocol_of(new), **storage_options)
     with _gc_paused():
         return _migrate(
             paths,
@@ -393,12 +438,13 @@ def migrate(
             open_catalog=open_catalog,
             dataset=dataset,
             dry_run=dry_run,
-            remap=_parse_remap(remap),
+            remap=remaps,
             opts=opts,
             sample=sample,
             progress=progress,
             max_depth=max_depth,
             pattern=pattern,
+            storage_options=storage_options,
         )
 
 
@@ -432,6 +478,7 @@ def _migrate(
     reader_source: list[str] | None = None,
     reader_format: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> MigrationReport:
     """``migrate``; ``reader_source``: the patterns a reader was opened with, which
     the dataset is then made of (the index's entries for the shards it covers,
@@ -474,6 +521,7 @@ def _migrate(
             sample=sample,
             tick=tick,
             overrides=overrides,
+            storage_options=storage_options,
         )
         for plan in plans
     ]

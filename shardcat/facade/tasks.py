@@ -11,7 +11,7 @@ The commands only parse, call one of these and print; nothing here prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
+from shardcat.readers.remote import configure, is_url, protocol_of
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
@@ -191,13 +192,17 @@ def convert(
     workers: int | None = None,
     grouping: str = "tfd",
     progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[ConvertResult]:
     """Convert the tar archives ``inputs`` name (files, directories, globs: see
     :func:`shardcat.convert.tar_inputs`) to TFRecords with
     :func:`shardcat.convert.convert_tars`; ``workers`` None: one per CPU.
     ``progress(result, total_archives)`` after each archive. :class:`CatalogError`
     when no archive is found."""
-    sources = tar_inputs(inputs)
+    for pattern in as_patterns(inputs):  # given here: over those of an earlier call
+        if storage_options and is_url(pattern):
+            configure(protocol_of(pattern), **storage_options)
+    sources = tar_inputs(inputs, storage_options)
     if not sources:
         raise CatalogError(f"no tar archives found for {' '.join(as_patterns(inputs))}")
     return convert_tars(
@@ -207,6 +212,7 @@ def convert(
         workers=(os.cpu_count() or 1) if workers is None else workers,
         grouping=grouping,
         progress=progress,
+        storage_options=storage_options,
     )
 
 

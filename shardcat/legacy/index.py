@@ -60,6 +60,7 @@ from shardcat.paths import PathsLike, as_patterns
 from shardcat.readers import tfrecord as tfrecord_format
 from shardcat.readers.formats import Entry, detect_format
 from shardcat.readers.rawio import index_lines
+from shardcat.readers.remote import is_url
 
 __all__ = [
     "INDEX_SUFFIXES",
@@ -144,6 +145,8 @@ def _resolve(
     for old, new in sorted(remap, key=lambda r: len(r[0]), reverse=True):
         if _has_prefix(recorded, old):
             target = new.rstrip("/") + recorded[len(old.rstrip("/")) :]
+            if is_url(target):  # on object storage: checked when the shard is verified
+                return target, f"remapped {old}={new}"
             target = os.path.abspath(os.path.expanduser(target))
             return (target if os.path.isfile(target) else None), f"remapped {old}={new}"
     as_recorded = [

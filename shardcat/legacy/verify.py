@@ -9,7 +9,10 @@ RecordIO offsets; see the format modules):
 - compressed shards are always re-indexed (seek points come from the data);
 - a shard modified after the index file was written (its mtime is newer) is
   re-indexed: a copy that keeps mtimes (``mv``, ``cp -a``, ``rsync -a``)
-  keeps the import fast;
+  keeps the import fast; a remote object's Last-Modified is when it was
+  uploaded, not changed, so remote shards rely on the checks below (their
+  frames tiling the object's exact size, the sample re-read, fetched as few
+  merged ranged requests);
 - a sample of ``sample`` entries per shard (default 64: the first, the last
   and evenly spaced ones; 0 = all) is re-read by the format;
 - a damaged record or header found on the way is a mismatch too;
@@ -23,16 +26,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shardcat.errors import CorruptRecordError
+from shardcat.errors import CorruptRecordError, ShardIOError
 from shardcat.legacy.index import LegacyIndex, LegacyShard
-from shardcat.readers.compressed import detect_compression
+from shardcat.readers.compressed import compression_of, detect_compression
 from shardcat.readers.formats import Entry, Format, Location, Mismatch, get_format
-from shardcat.readers.source import FileSource
+from shardcat.readers.remote import is_url
+from shardcat.readers.source import shard_to_check
+from shardcat.readers.view import STORAGE_OPTIONS
 
 # Mismatch is declared in shardcat.readers.formats (the formats raise it).
 __all__ = ["DEFAULT_SAMPLE", "infer_key", "verify_shard"]
 
 DEFAULT_SAMPLE = 64
+
+
+def _compression(path: str, options: Mapping[str, Any], size: int | None = None) -> str | None:
+    """The shard's compression, from its first bytes (a remote shard's: one ranged read)."""
+    if not is_url(path):
+        return detect_compression(path)
+    with shard_to_check(path, size, options.get(STORAGE_OPTIONS)) as source:
+        return compression_of(source.pread(6, 0))
 
 
 def _sample(n: int, k: int) -> list[int]:
@@ -66,18 +79,16 @@ def infer_key(
     ``key`` preferred when several features hold the key."""
     fmt = get_format("tfrecord")
     for path, (_, shard) in sorted(shards.items()):
-        if not shard.rows or detect_compression(path) is not None:
+        if not shard.rows or _compression(path, options) is not None:
             continue
         first = min(shard.rows, key=lambda e: e.offset)
         key, offset, length = first.key, first.offset, first.length
-        fd = os.open(path, os.O_RDONLY)
         try:
-            raw = fmt.read(FileSource(fd, path), Location(offset, length), False)
+            with shard_to_check(path, None, options.get(STORAGE_OPTIONS)) as source:
+                raw = fmt.read(source, Location(offset, length), False)
             candidates = _key_candidates(fmt, raw, options, key)
-        except (CorruptRecordError, OSError):
+        except (CorruptRecordError, OSError, ShardIOError):
             continue
-        finally:
-            os.close(fd)
         if candidates:
             return candidates[0]
     return "key"
@@ -94,9 +105,9 @@ def verify_shard(
     """The shard's entries from its legacy rows, checked against the file (raises
     :class:`~shardcat.readers.formats.Mismatch`); also how many entries were re-read."""
     path = shard.path
-    if detect_compression(path) is not None:
+    if _compression(path, options, st.st_size) is not None:
         raise Mismatch("compressed shard: its seek points are built from the data")
-    if st.st_mtime_ns > index.mtime_ns:
+    if st.st_mtime_ns > index.mtime_ns and not is_url(path):
         raise Mismatch("the shard was modified after the legacy index was written")
     fmt = get_format(format)
     try:

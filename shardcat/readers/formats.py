@@ -265,6 +265,12 @@ class Format(ABC):
         """Dataset options read off the first shard (e.g. RecordIO's IRHeader)."""
         return {}
 
+    def sidecar(self, path: str) -> str | None:
+        """A file beside the shard ``path`` that its scan reads when present (RecordIO:
+        the MXNet ``.idx`` holding its keys); None: none. A remote shard's is fetched
+        beside its local copy."""
+        return None
+
     def detect_dataset_options(
         self, files: Sequence[str], given: Mapping[str, Any]
     ) -> dict[str, Any]:

@@ -74,6 +74,8 @@ __all__ = ["CatalogLike", "Reader"]
 # location: a tar member's header block, a TFRecord frame's header and CRC
 _PREFETCH_BEFORE = 512
 _PREFETCH_AFTER = 64
+# records of a remote shard that verify fetches ahead at a time
+_VERIFY_BATCH = 4096
 
 
 def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
@@ -450,9 +452,14 @@ class Reader(DatasetView):
                 problems.append(CorruptRecordError(shard.path, 0, str(exc)))
                 done += shard.count
                 continue
-            for offset, length, extents, item in lookup.records_of_shard(
-                conn, self._sql, shard.id, self._parts
-            ):
+            rows = list(lookup.records_of_shard(conn, self._sql, shard.id, self._parts))
+            ahead: list[Source] = []
+            for n, (offset, length, extents, item) in enumerate(rows):
+                if n % _VERIFY_BATCH == 0:  # a remote shard: read ahead in merged requests
+                    for source in ahead:
+                        source.check()
+                    batch = rows[n : n + _VERIFY_BATCH]
+                    ahead = self._prefetch([(shard.id, r[0], r[1]) for r in batch])
                 location = Location(offset, length, _extents(extents), item)
                 try:
                     self._read(shard.id, location, verify=True)
@@ -465,6 +472,8 @@ class Reader(DatasetView):
                     done += 1
                     if progress is not None and done % 1000 == 0:
                         progress(done, self._len)
+            for source in ahead:  # ends the last batch
+                source.check()
             if self._parts:
                 done += shard.count
                 if progress is not None:

@@ -114,7 +114,7 @@ from shardcat.readers.recordio_frames import (
     padded,
     walk_frames,
 )
-from shardcat.readers.source import FileSource
+from shardcat.readers.source import shard_to_check
 
 # The writer and the IRHeader live in their own modules; this one is their
 # public home (``from shardcat.readers.recordio import IRHeader, pack``).
@@ -428,6 +428,9 @@ class RecordIOFormat(Format):
             for name, values in sorted(features_of(record).items())
         }
 
+    def sidecar(self, path: str) -> str | None:
+        return idx_path_for(path)
+
     def detect_options(self, path: str) -> dict[str, Any]:
         """``idx``: whether an MXNet ``.idx`` lies beside the file; ``header``: whether
         its first payload looks like an IRHeader (see the module docs)."""
@@ -492,11 +495,8 @@ class RecordIOFormat(Format):
         at byte 0, the last record must end at the end of the file; the picked records
         are re-read (magic and framing spanning exactly the record)."""
         entries = _legacy_entries(size, rows)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            source = FileSource(fd, path)
+        ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
+        with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
                 self.read(source, entries[i].location, True)
-        finally:
-            os.close(fd)
         return entries, len(picks)

@@ -69,6 +69,7 @@ __all__ = [
     "filesystem",
     "glob_urls",
     "is_url",
+    "listed_info",
     "public_options",
     "remote_info",
     "remote_mismatch",
@@ -237,9 +238,19 @@ def _info_of(info: Mapping[str, Any]) -> RemoteInfo:
     )
 
 
+def _forget(fs: Any, url: str) -> None:
+    """Drop what ``fs`` remembers of ``url`` and its folder (s3fs keeps listings per
+    instance, for the life of this process): the store's answer now, not a listing
+    made before an object was added or replaced."""
+    invalidate = getattr(fs, "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate(url)
+
+
 def remote_info(url: str, options: Mapping[str, Any] | None = None) -> RemoteInfo:
     """The object's identity now; :class:`MissingShardError` if it does not exist."""
     fs = filesystem(url, options)
+    _forget(fs, url)
     try:
         info = _retrying(url, lambda: fs.info(url))
     except FileNotFoundError:
@@ -264,16 +275,40 @@ def remote_mismatch(
     return None
 
 
+# what the latest listing said of each object it matched (forked workers inherit it)
+_listed: dict[str, RemoteInfo] = {}
+
+
+def listed_info(url: str) -> RemoteInfo | None:
+    """The identity of ``url`` as the latest glob listing of it in this process gave
+    it (size, ETag, Last-Modified), so that judging N listed objects costs that one
+    listing rather than N HEADs; None when it was not listed (or the listing gave no
+    size). Reads stay conditional on the ETag, so a change since is still caught."""
+    return _listed.get(url)
+
+
 def glob_urls(pattern: str, options: Mapping[str, Any] | None = None) -> list[str]:
-    """The objects a URL stands for: itself when it exists, else its glob matches."""
+    """The objects a URL stands for: itself when it has no wildcard, else its glob
+    matches, listed afresh (their details kept: :func:`listed_info`)."""
     fs = filesystem(pattern, options)
     protocol = protocol_of(pattern)
     if not any(c in pattern for c in "*?["):
+        _listed.pop(pattern, None)
         return [pattern]
-    found = _retrying(pattern, lambda: fs.glob(pattern))
+    _forget(fs, pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0])
+    found = _retrying(pattern, lambda: fs.glob(pattern, detail=True))
+    if not isinstance(found, Mapping):  # an implementation without details
+        found = {path: {} for path in found}
     out = []
-    for path in found:
+    for path, info in found.items():
         url = path if is_url(path) else f"{protocol}://{path}"
+        if info.get("type") == "directory":
+            continue
+        known = _info_of(info)
+        if info.get("size") is None or known.fingerprint is None:
+            _listed.pop(url, None)
+        else:
+            _listed[url] = known
         out.append(url)
     return sorted(out)
 
@@ -564,7 +599,7 @@ def download(
     """Stream the object (its first ``limit`` bytes) into the local file ``target``
     with large sequential reads, one pass; returns the identity of the version read
     (every chunk is conditional on the ETag of the first)."""
-    info = remote_info(url, options)
+    info = listed_info(url) or remote_info(url, options)
     source = RemoteSource(url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False)
     end = info.size if limit is None else min(limit, info.size)
     with open(target, "wb") as f:

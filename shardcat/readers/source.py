@@ -36,9 +36,10 @@ decompresses from a :class:`~shardcat.readers.remote_file.RemoteFile` over it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,6 +271,37 @@ def open_source(
     return CheckedSource(
         open_compressed_source(checked.fd, path, compression, load_seek_index), checked
     )
+
+
+@contextlib.contextmanager
+def shard_to_check(
+    path: str,
+    size: int | None,
+    storage_options: Mapping[str, Any] | None = None,
+    ranges: Sequence[tuple[int, int]] = (),
+) -> Iterator[Source]:
+    """The uncompressed shard at ``path`` (``size`` bytes; None: asked) as a source for checking
+    a legacy index's entries against it: the local file, or for a URL a remote
+    source (its size checked once) that fetches the ``(offset, length)`` ``ranges``
+    about to be read as few merged requests (see
+    :meth:`~shardcat.readers.remote.RemoteSource.prefetch`)."""
+    if _URL.match(path) and not path.startswith("file://"):
+        from shardcat.readers.remote import RemoteSource, remote_info
+
+        if size is None:
+            size = remote_info(path, storage_options).size
+        remote = RemoteSource(path, size, 0, None, storage_options, use_cache=False)
+        try:
+            remote.prefetch(ranges)
+            yield remote
+        finally:
+            remote.close()
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        yield FileSource(fd, path)
+    finally:
+        os.close(fd)
 
 
 def read_extents(source: Source, extents: Sequence[Sequence[int]]) -> bytes:

@@ -68,8 +68,18 @@ from typing import Any
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
-from shardcat.readers.formats import Columns, Entry, Extents, Format, Location, Scalar, ShardScan
+from shardcat.readers.formats import (
+    Columns,
+    Entry,
+    Extents,
+    Format,
+    Location,
+    Mismatch,
+    Scalar,
+    ShardScan,
+)
 from shardcat.readers.rawio import Source, pread_exact
+from shardcat.readers.remote import is_url
 from shardcat.readers.source import read_extents
 from shardcat.readers.tar_headers import (
     BLOCK,
@@ -440,7 +450,10 @@ class TarFormat(Format):
         headers in between are read, and a regular member with a key the index lacks
         is a mismatch, as are members after the last indexed one. The picked members'
         headers are re-read (checksum, regular file, name, size, data offset). One
-        sample per key, as the ``tfd`` grouping has them."""
+        sample per key, as the ``tfd`` grouping has them. A remote archive is
+        re-indexed from its data (one streamed read), its headers not walked."""
+        if is_url(path):
+            raise Mismatch("a remote archive is re-indexed from its data (one streamed read)")
         return legacy_samples(path, size, rows, picks)
 
 

@@ -52,7 +52,7 @@ from shardcat.readers.formats import (
     float32_shortest,
 )
 from shardcat.readers.rawio import Source, pread_exact, read_full, unreadable
-from shardcat.readers.source import FileSource
+from shardcat.readers.source import shard_to_check
 
 __all__ = [
     "FOOTER",
@@ -384,9 +384,8 @@ class TFRecordFormat(Format):
         key feature's value (``options["key"]``)."""
         entries = _tiled(size, rows)
         key_feature = options.get("key")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            source = FileSource(fd, path)
+        ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
+        with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
                 e = entries[i]
                 raw = self.read(source, e.location, True)
@@ -398,8 +397,6 @@ class TFRecordFormat(Format):
                             f"the record at byte {e.offset} has {key_feature}={found!r}, the "
                             f"index says {e.key!r}"
                         )
-        finally:
-            os.close(fd)
         return entries, len(picks)
 
 

@@ -1,0 +1,354 @@
+"""The tools beyond ingest and reads on shards in object storage (moto's S3 server
+on loopback, counting its requests): ``convert`` of remote tar archives,
+``migrate`` of legacy indexes whose shards are remote, ``verify``, RecordIO
+``.idx`` files beside remote ``.rec`` files, ingest judging shards from the
+listing, Parquet shards, and a PostgreSQL catalog over S3 shards."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardcat import Catalog
+
+try:
+    import boto3
+    import moto  # noqa: F401
+    import s3fs  # noqa: F401
+except ImportError:  # pragma: no cover - the dev and remote extras install them
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
+
+
+from shardcat.testing.servers import S3Server
+
+BUCKET = "tools"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """The S3 server and a boto3 client of it, with bucket ``tools``."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = S3Server()
+    server.start()
+    server.client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+    server.client.create_bucket(Bucket=BUCKET)
+    server.options = {"endpoint_url": server.endpoint}
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _upload(s3: Any, local: Path, prefix: str) -> str:
+    """Upload the files of ``local`` under ``prefix``; the URL of that prefix."""
+    for path in sorted(local.iterdir()):
+        s3.client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def _tar(path: Path, samples: int) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for i in range(samples):
+            for ext, data in (("jpg", f"{path.stem}-{i}".encode() * 50), ("cls", b"%d" % i)):
+                member = tarfile.TarInfo(f"{path.stem}_s{i:03d}.{ext}")
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+
+
+def _requests(s3: Any, prefix: str) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _ in s3.counter.requests if prefix in p]
+
+
+# -- convert ---------------------------------------------------------------------
+
+
+def test_convert_remote_tars_to_local_tfrecords(s3: Any, tmp_path: Path) -> None:
+    local = tmp_path / "tars"
+    local.mkdir()
+    for s in range(2):
+        _tar(local / f"web-{s:03d}.tar", 10)
+    url = _upload(s3, local, "convert")
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    out = tmp_path / "out"
+    s3.counter.reset()
+    result = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            f"{url}/*.tar",
+            "-o",
+            str(out),
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{url}/web-001.tar -> {out}/web-001.tfrecord (10 records)" in result.output
+    # one listing, then each archive: its HEAD and one GET of the whole object
+    gets = [p for m, p in _requests(s3, "/convert") if m == "GET" and p.endswith(".tar")]
+    assert sorted(gets) == [f"/{BUCKET}/convert/web-000.tar", f"/{BUCKET}/convert/web-001.tar"]
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        far = cat.ingest(str(out), "far")
+        near = cat.ingest(str(local), "near")
+        assert (
+            far.get_feature("web-000_s007", "jpg")
+            == near.get_feature("web-000_s007", "jpg")
+            == b"web-000-7" * 50
+        )
+    # remote sources need a local output directory, and are never deleted
+    result = CliRunner().invoke(
+        app, ["convert", f"{url}/web-000.tar", "--storage-option", f"endpoint_url={s3.endpoint}"]
+    )
+    assert result.exit_code != 0
+    assert "is remote: give a local --output-dir" in result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            f"{url}/web-000.tar",
+            "-o",
+            str(out),
+            "--delete",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+        ],
+    )
+    assert result.exit_code != 0
+    assert f"--delete removes local archives only, not {url}/web-000.tar" in result.output
+
+
+# -- migrate, verify -------------------------------------------------------------
+
+
+def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> None:
+    """tfd-utils' index of local shards, the shards moved to S3 (``--remap``): the
+    entries are imported without a re-scan (each shard's sample re-read in one
+    merged request), and read back like the local copy; verify reads the remote
+    shards in merged requests too."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tfrecord_index, write_tfrecords
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    old = tmp_path / "old"
+    paths = write_tfrecords(old, shards=2, per_shard=300)
+    index = tfd_tfrecord_index([str(p) for p in paths])
+    url = _upload(s3, old, "moved")  # the index goes along: not a shard, never read
+    where = tmp_path / "m.sqlite"
+    s3.counter.reset()
+    result = CliRunner().invoke(
+        app,
+        [
+            "migrate",
+            str(index),
+            "-c",
+            str(where),
+            "--remap",
+            f"{old}={url}",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    shards = json.loads(result.stdout)["datasets"][0]["shards"]
+    assert [(s["path"], s["action"], s["verified"], s["records"]) for s in shards] == [
+        (f"{url}/{p.name}", "imported", True, 300) for p in paths
+    ]
+    gets = [r for r in s3.counter.requests if r[0] == "GET" and r[1].endswith(".tfrecord")]
+    first, second = (f"/{BUCKET}/moved/{p.name}" for p in paths)
+    head = f"bytes=0-{paths[0].stat().st_size - 1}"  # 4 MiB asked: the whole small shard
+    # no shard streamed whole for a scan: per shard its first 6 bytes (compressed?)
+    # and the 64 sampled records in one merged request; once the first shard's head
+    # (the format's options, as ingest detects them) and one record (the key feature)
+    assert sorted(gets) == sorted(
+        [
+            ("GET", first, head),
+            ("GET", first, "bytes=0-5"),
+            ("GET", first, f"bytes=12-{11 + struct.unpack_from('<Q', paths[0].read_bytes())[0]}"),
+            ("GET", first, "bytes=0-5"),
+            ("GET", first, f"bytes=0-{paths[0].stat().st_size - 1}"),
+            ("GET", second, "bytes=0-5"),
+            ("GET", second, f"bytes=0-{paths[1].stat().st_size - 1}"),
+            ("GET", first, head),
+        ]
+    ), gets
+    with Catalog(where) as cat:
+        far = cat.dataset("train")
+        assert far.options["storage_options"] == {"endpoint_url": s3.endpoint}
+        near = cat.ingest([str(p) for p in paths], "near", key="key")
+        keys = [f"r{s}_{i}" for s in range(2) for i in range(0, 300, 7)]
+        assert far.get_many(keys, raw=True) == near.get_many(keys, raw=True)
+        s3.counter.reset()
+        assert far.verify() == []
+        gets = [r for r in s3.counter.requests if r[0] == "GET"]
+        assert len(gets) == 2  # 600 records, one merged request per shard
+    result = CliRunner().invoke(app, ["verify", "train", "-c", str(where)])
+    assert result.exit_code == 0, result.output
+    assert "train: 600 records checked, 0 bad" in result.output
+    # an object changed on the store: verify names it
+    s3.client.put_object(Bucket=BUCKET, Key=f"moved/{paths[0].name}", Body=b"x" * 10)
+    result = CliRunner().invoke(app, ["verify", "train", "-c", str(where)])
+    assert result.exit_code == 1
+    assert f"{url}/{paths[0].name}: at byte 0: " in result.output
+    assert "changed after it was indexed" in result.output
+
+
+# -- RecordIO .idx ---------------------------------------------------------------
+
+
+def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Path) -> None:
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+
+    local = tmp_path / "rec"
+    local.mkdir()
+    for s in range(2):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(50):
+                w.write(pack(IRHeader(0, float(i), i, 0), b"img%d-%d" % (s, i)), f"k{s}_{i}")
+    (local / "part-1.idx").rename(tmp_path / "kept.idx")  # part-1 has none on the store
+    url = _upload(s3, local, "rec")
+    (tmp_path / "kept.idx").rename(local / "part-1.idx")
+    with Catalog(tmp_path / "r.sqlite") as cat:
+        s3.counter.reset()
+        with pytest.raises(Exception, match=r"part-1.rec: no MXNet index part-1.idx beside it"):
+            cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        s3.client.upload_file(str(local / "part-1.idx"), BUCKET, "rec/part-1.idx")
+        far = cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        near = cat.ingest(str(local / "*.rec"), "near")
+        assert far.options["idx"] is near.options["idx"] is True
+        assert list(far.iter_keys()) == list(near.iter_keys())
+        assert far.get_raw("k1_33") == near.get_raw("k1_33")
+        assert far.get_raw("k1_33").endswith(b"img1-33")
+
+
+# -- ingest judges shards from the listing ---------------------------------------
+
+
+def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Path) -> None:
+    from legacy_fixtures import write_tfrecords
+
+    local = tmp_path / "listed"
+    paths = write_tfrecords(local, shards=4, per_shard=20)
+    url = _upload(s3, local, "listed")
+    with Catalog(tmp_path / "l.sqlite") as cat:
+        s3.counter.reset()
+        assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
+        methods = [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests]
+        # one listing of the bucket; per object: its GETs (4 MiB head once, each shard
+        # streamed once), no HEAD
+        assert methods.count(("GET", False)) == 1
+        assert [m for m, _ in methods].count("HEAD") == 0
+        assert methods.count(("GET", True)) == 1 + 4
+        s3.counter.reset()
+        assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
+        # unchanged: the listing and the format's head, nothing per object
+        assert [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests] == [
+            ("GET", False),
+            ("GET", True),
+        ]
+        # one object replaced: the listing's ETag says so, it alone is read again
+        s3.client.put_object(
+            Bucket=BUCKET, Key=f"listed/{paths[1].name}", Body=paths[2].read_bytes()
+        )
+        s3.counter.reset()
+        with pytest.raises(Exception, match="duplicate key 'r2_0'"):
+            cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)
+        assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
+        objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
+        assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one
+
+
+# -- Parquet ---------------------------------------------------------------------
+
+
+def test_parquet_rows_on_s3_are_their_row_group_and_footer(s3: Any, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow", reason="install shardcat[parquet]")
+    import pyarrow.parquet as pq
+
+    local = tmp_path / "pq"
+    local.mkdir()
+    for s in range(2):
+        table = pa.table(
+            {
+                "key": [f"p{s}_{i}" for i in range(100)],
+                "image": [os.urandom(500) for _ in range(100)],
+                "label": list(range(100)),
+            }
+        )
+        pq.write_table(table, local / f"part-{s}.parquet", row_group_size=10)
+    url = _upload(s3, local, "pq")
+    with Catalog(tmp_path / "p.sqlite") as cat:
+        far = cat.ingest(f"{url}/*.parquet", "far", storage_options=s3.options)
+        near = cat.ingest(str(local), "near")
+        assert len(far) == len(near) == 200
+        assert cat.query("SELECT sum(label) FROM far")[0][0] == 2 * sum(range(100))
+        far.get_record("p0_0")  # the source opened
+        s3.counter.reset()
+        row = far.get_record("p1_57")
+        assert row == near.get_record("p1_57") and row["label"] == 57
+        ranges = [r for m, _, r in s3.counter.requests if m == "GET"]
+        assert len(ranges) == len(s3.counter.requests) == 2, ranges  # row group, footer
+        keys = [f"p{i % 2}_{i}" for i in range(0, 100, 3)]
+        assert far.get_many(keys) == near.get_many(keys)
+        assert far.verify() == []
+
+
+# -- a PostgreSQL catalog over S3 shards -----------------------------------------
+
+
+def test_postgres_catalog_with_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    from shardcat.testing.postgres import find_binaries, postgres_server
+
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
+        psycopg = None
+    if psycopg is None or find_binaries() is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server missing")
+        pytest.skip("psycopg or the PostgreSQL server binaries are missing")
+    from shardcat import TFRecordWriter, make_example
+
+    local = tmp_path / "pg"
+    local.mkdir()
+    paths = [local / f"pg-{s}.tfrecord" for s in range(3)]
+    for s, path in enumerate(paths):
+        with TFRecordWriter(path) as w:
+            for i in range(50):
+                image = f"img {s} {i} ".encode() * (20 + i)
+                w.write(make_example({"key": f"r{s}_{i}", "label": i % 7, "image": image}))
+    url = _upload(s3, local, "pg")
+    options = {**s3.options, "key": "testing", "secret": "testing"}
+    with postgres_server() as server:
+        with Catalog(server) as cat:
+            far = cat.ingest(f"{url}/*.tfrecord", "far", storage_options=options, workers=2)
+            assert len(far) == 150
+            assert cat.info("far").options["storage_options"] == s3.options  # no secrets
+        with Catalog(tmp_path / "local.sqlite") as near_cat, Catalog(server) as cat:
+            near = near_cat.ingest([str(p) for p in paths], "near")
+            far = cat.dataset("far")
+            keys = [f"r{s}_{i}" for s in range(3) for i in range(0, 50, 4)]
+            assert far.get_many(keys, raw=True) == near.get_many(keys, raw=True)
+            s3.counter.reset()
+            assert far.get_raw("r2_33") == near.get_raw("r2_33")
+            assert [m for m, _, _ in s3.counter.requests] == ["GET"]  # one ranged GET
+            assert cat.query("SELECT count(*) FROM far WHERE label = 3")[0][0] == 3 * 7
+            assert far.verify() == []
