@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
 from shardcat.paths import PathsLike, resolve_paths
-from shardcat.readers import remote, tfrecord
+from shardcat.readers import remote, remote_file, tfrecord
 from shardcat.readers import tar as tar_format
 from shardcat.readers.formats import detect_format
 from shardcat.readers.tar import TarFormat
@@ -93,14 +92,8 @@ def _readable(source: str, storage_options: Mapping[str, Any] | None) -> Iterato
     if not remote.is_url(source):
         yield source
         return
-    fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix="-" + source.rsplit("/", 1)[-1][-60:])
-    os.close(fd)
-    try:
-        remote.download(source, tmp, storage_options)
+    with remote_file.downloaded(source, storage_options) as (tmp, _):
         yield tmp
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def convert_tar(

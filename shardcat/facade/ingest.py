@@ -23,7 +23,6 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from shardcat.catalog.commit import (
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, MissingShardError, ShardcatError
-from shardcat.readers import remote
+from shardcat.readers import remote, remote_file
 from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
@@ -293,19 +292,12 @@ def local_copy(
     """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
     file, deleted on exit; with the identity of the version read. With ``fmt``, the
     shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too."""
-    suffix = "-" + url.rsplit("/", 1)[-1][-60:]
-    fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix=suffix)
-    os.close(fd)
-    try:
-        info = remote.download(url, tmp, options, limit)
+    with remote_file.downloaded(url, options, limit) as (tmp, info):
         if fmt is None:
             yield tmp, info
         else:
             with sidecar_copy(url, tmp, fmt, options):
                 yield tmp, info
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -320,7 +312,7 @@ def sidecar_copy(
         yield None
         return
     try:
-        remote.download(far, near, options)
+        remote_file.download(far, near, options)
     except MissingShardError:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(near)

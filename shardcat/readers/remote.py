@@ -65,7 +65,6 @@ __all__ = [
     "RemoteInfo",
     "RemoteSource",
     "configure",
-    "download",
     "filesystem",
     "glob_urls",
     "is_url",
@@ -591,21 +590,3 @@ def _pool() -> ThreadPoolExecutor:
     if pool is None:
         pool = _pools.setdefault(pid, ThreadPoolExecutor(CONCURRENCY, "shardcat-remote"))
     return pool
-
-
-def download(
-    url: str, target: str, options: Mapping[str, Any] | None = None, limit: int | None = None
-) -> RemoteInfo:
-    """Stream the object (its first ``limit`` bytes) into the local file ``target``
-    with large sequential reads, one pass; returns the identity of the version read
-    (every chunk is conditional on the ETag of the first)."""
-    info = listed_info(url) or remote_info(url, options)
-    source = RemoteSource(url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False)
-    end = info.size if limit is None else min(limit, info.size)
-    with open(target, "wb") as f:
-        at = 0
-        while at < end:
-            stop = min(at + STREAM_CHUNK, end)
-            f.write(source.fetch(at, stop))
-            at = stop
-    return info

@@ -1,16 +1,28 @@
-"""A remote shard as a read-only file object (:class:`RemoteFile`), for the
-decompressors of compressed remote shards (``.tar.gz``, GZIP TFRecords...): they
-seek to a stored seek point and read on from there, and each such run costs
-one request of :data:`WINDOW` bytes rather than a download from the start."""
+"""A remote shard as a file: :class:`RemoteFile`, a read-only file object for the
+decompressors of compressed remote shards (``.tar.gz``, GZIP TFRecords...: they
+seek to a stored seek point and read on from there, and each such run costs one
+request of :data:`WINDOW` bytes rather than a download from the start), and
+:func:`download` / :func:`downloaded`, a whole object streamed once into a local
+file (what ingest scans, what convert reads)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shardcat.readers.remote import RemoteSource
+from shardcat.readers.remote import (
+    STREAM_CHUNK,
+    RemoteInfo,
+    RemoteSource,
+    listed_info,
+    remote_info,
+)
 
-__all__ = ["WINDOW", "RemoteFile"]
+__all__ = ["WINDOW", "RemoteFile", "download", "downloaded"]
 
 
 #: how much a compressed remote shard's file reads per request, from where the
@@ -69,3 +81,36 @@ class RemoteFile(io.RawIOBase):
     def close(self) -> None:
         self._buf = b""
         super().close()
+
+
+def download(
+    url: str, target: str, options: Mapping[str, Any] | None = None, limit: int | None = None
+) -> RemoteInfo:
+    """Stream the object (its first ``limit`` bytes) into the local file ``target``
+    with large sequential reads, one pass; returns the identity of the version read
+    (every chunk is conditional on the ETag of the first)."""
+    info = listed_info(url) or remote_info(url, options)
+    source = RemoteSource(url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False)
+    end = info.size if limit is None else min(limit, info.size)
+    with open(target, "wb") as f:
+        at = 0
+        while at < end:
+            stop = min(at + STREAM_CHUNK, end)
+            f.write(source.fetch(at, stop))
+            at = stop
+    return info
+
+
+@contextlib.contextmanager
+def downloaded(
+    url: str, options: Mapping[str, Any] | None = None, limit: int | None = None
+) -> Iterator[tuple[str, RemoteInfo]]:
+    """:func:`download` into a temporary file (named after the object), deleted on exit:
+    ``(its path, the identity of the version read)``."""
+    fd, tmp = tempfile.mkstemp(prefix="shardcat-", suffix="-" + url.rsplit("/", 1)[-1][-60:])
+    os.close(fd)
+    try:
+        yield tmp, download(url, tmp, options, limit)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
