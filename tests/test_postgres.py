@@ -448,3 +448,31 @@ def test_snapshot_of_a_server_catalog_reads_the_same(tmp_path, pg_url):
             assert snap.query("SELECT count(*) FROM train WHERE label < 3") == server.query(
                 "SELECT count(*) FROM train WHERE label < 3"
             )
+
+
+def test_text_with_a_nul_byte(tmp_path, pg_url):
+    """PostgreSQL text cannot hold NUL: such a field is NULL in SQL (the record keeps its
+    bytes), such a key fails its shard with a clear error, never the whole ingest."""
+    from shardcat import IngestError
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    with TFRecordWriter(good / "n.tfrecord") as w:
+        w.write(make_example({"key": "k1", "note": b"a\x00b", "label": 1}).SerializeToString())
+        w.write(make_example({"key": "k2", "note": b"plain", "label": 2}).SerializeToString())
+    with TFRecordWriter(bad / "b.tfrecord") as w:
+        w.write(make_example({"key": b"x\x00y", "label": 3}).SerializeToString())
+    with TFRecordWriter(bad / "c.tfrecord") as w:
+        w.write(make_example({"key": "fine", "label": 4}).SerializeToString())
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(good / "*.tfrecord"), "d").close()
+        assert cat.query("SELECT key, note, label FROM d ORDER BY key") == [
+            ("k1", None, 1),
+            ("k2", "plain", 2),
+        ]
+        with cat.dataset("d") as reader:
+            assert reader.get_feature("k1", "note") == b"a\x00b"
+        with pytest.raises(IngestError, match=r"b\.tfrecord: key 'x\\x00y' holds a NUL byte"):
+            cat.ingest(str(bad / "*.tfrecord"), "e")
+        assert cat.query("SELECT key FROM e") == [("fine",)]  # the other shard is in

@@ -250,9 +250,12 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
                 if first is not None:
                     types[name] = tables.sql_type_of(first)
         cols = tables.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
+        server = conn.dialect.name == "postgresql"
         for name in cols:
             column = batch.fields.get(name)
             if column is not None and any(v is not None for v in column):
+                if server and cols[name][1] == "text":  # PostgreSQL text cannot hold NUL
+                    column = [None if isinstance(v, str) and "\x00" in v else v for v in column]
                 columns[f"v{cols[name][2]}"] = column
     # Into a key index, in key order: it takes the shard's keys in one sweep. Without
     # one (a first ingest builds it last), in ordinal order: the table's own.
@@ -275,6 +278,13 @@ def commit_shard(
     """Replace the shard's indexed version with ``batch``; returns the records
     committed and the records dropped as duplicates (``dropped`` of them within the
     shard already, before this call)."""
+    if conn.dialect.name == "postgresql":
+        nul = next((k for k in batch.keys if k is not None and "\x00" in k), None)
+        if nul is not None:
+            raise CatalogError(
+                f"{stored}: key {nul!r} holds a NUL byte, which PostgreSQL text cannot store "
+                "(key the dataset by position, key=None, or by another feature)"
+            )
     clear_shards(conn, job.dataset_id, [shard_id])  # the version this one replaces
     lost: dict[str, int] = {}
     try:
