@@ -337,17 +337,19 @@ def test_duplicates_reingest_and_copies_match_sqlite(tmp_path, pg_url, policy):
     _shard(data / "a.tfrecord", [f"k{i:03d}" for i in range(0, 60)], 1)
     _shard(data / "b.tfrecord", [f"k{i:03d}" for i in range(40, 100)], 2)  # 20 shared keys
     pattern = str(data / "*.tfrecord")
+    # One worker: with two, which of two shards sharing a key commits first (and so
+    # which one an "error" policy fails) is up to the scheduler, on either database.
     with Catalog(tmp_path / "c.sqlite") as local, Catalog(pg_url) as remote:
         steps = [
-            lambda cat: cat.ingest(pattern, "d", on_duplicate=policy).close(),  # a first ingest
+            lambda cat: cat.ingest(pattern, "d", on_duplicate=policy, workers=1).close(),  # a first ingest
             # b rewritten with other keys, then with a third of them shared again
             lambda cat: (
                 _shard(data / "b.tfrecord", [f"k{i:03d}" for i in range(60, 130)], 3),
-                cat.ingest(pattern, "d", on_duplicate=policy).close(),
+                cat.ingest(pattern, "d", on_duplicate=policy, workers=1).close(),
             ),
             lambda cat: (
                 _shard(data / "c.tfrecord", [f"k{i:03d}" for i in range(120, 140)], 4),
-                cat.ingest(pattern, "d", on_duplicate=policy).close(),
+                cat.ingest(pattern, "d", on_duplicate=policy, workers=1).close(),
             ),
         ]
         for step in steps:
@@ -361,7 +363,7 @@ def test_duplicates_reingest_and_copies_match_sqlite(tmp_path, pg_url, policy):
         copies = [
             _outcome(
                 cat,
-                lambda cat=cat: cat.ingest(pattern, "copy", on_duplicate=policy).close(),
+                lambda cat=cat: cat.ingest(pattern, "copy", on_duplicate=policy, workers=1).close(),
                 tmp_path,
                 "copy",
             )
