@@ -341,7 +341,8 @@ def test_duplicates_reingest_and_copies_match_sqlite(tmp_path, pg_url, policy):
     # which one an "error" policy fails) is up to the scheduler, on either database.
     with Catalog(tmp_path / "c.sqlite") as local, Catalog(pg_url) as remote:
         steps = [
-            lambda cat: cat.ingest(pattern, "d", on_duplicate=policy, workers=1).close(),  # a first ingest
+            # a first ingest
+            lambda cat: cat.ingest(pattern, "d", on_duplicate=policy, workers=1).close(),
             # b rewritten with other keys, then with a third of them shared again
             lambda cat: (
                 _shard(data / "b.tfrecord", [f"k{i:03d}" for i in range(60, 130)], 3),
