@@ -170,7 +170,10 @@ def test_gcs_one_record_is_one_conditional_ranged_request(
     cat = catalogs(gcs_catalog_file)
     reader = cat.dataset("train")
     record = len(reader.get_raw("r2_123"))  # opens the source
-    generation = gcs["fs"].info(f"{BUCKET}/train/train-00002.tfrecord")["generation"]
+    ((fingerprint,),) = cat.query(
+        f"SELECT fingerprint FROM shardcat_shards WHERE path = 'gs://{BUCKET}/train/train-00002.tfrecord'"
+    )
+    generation = fingerprint.removeprefix("version:")
     counter = gcs["server"].counter
     counter.reset()
     assert reader.get_feature("r2_123", "image") == cat.dataset("local").get_feature(
@@ -183,6 +186,23 @@ def test_gcs_one_record_is_one_conditional_ranged_request(
     # the emulator names no generation in its answer (GCS sends x-goog-generation):
     # the read is proven by one metadata request, and nothing else is asked
     assert len(counter.requests) == 2
+
+
+def test_gcs_generation_named_in_the_answer_makes_a_record_one_request(
+    gcs: dict[str, Any], gcs_catalog_file: Path, catalogs: Any
+) -> None:
+    """As on GCS, whose downloads name the generation served (x-goog-generation)."""
+    cat = catalogs(gcs_catalog_file)
+    reader = cat.dataset("train")
+    reader.get_raw("r3_9")
+    server = gcs["server"]
+    server.counter.reset()
+    server.name_generation = True
+    try:
+        assert reader.get_raw("r3_10") == cat.dataset("local").get_raw("r3_10")
+    finally:
+        server.name_generation = False
+    assert len(server.counter.requests) == len(_media(server.counter)) == 1
 
 
 def test_gcs_get_many_coalesces_1000_random_records(

@@ -167,7 +167,7 @@ def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
                 package = _HINT.get(protocol, f"the fsspec implementation of {protocol}://")
                 raise CatalogError(
                     f"{url}: cannot open {protocol}:// ({exc}); install {package} "
-                    "(pip install 'shardcat[remote]' for s3 and http; gcsfs, adlfs for gs, az)"
+                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs and adlfs)"
                 ) from None
             _filesystems[key] = fs
     return fs

@@ -216,10 +216,16 @@ class GCSServer:
     request's path keeps its query string). gcsfs reaches it with
     ``endpoint_url=server.endpoint, token="anon"``; set
     ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported, or it
-    first asks a gRPC control API the emulator has not for the bucket's type."""
+    first asks a gRPC control API the emulator has not for the bucket's type.
+
+    The emulator names no generation in a download's answer; with
+    ``name_generation`` set, this server adds the ``x-goog-generation`` header GCS
+    sends (of the object it serves), as GCS itself does."""
 
     def __init__(self, bucket: str) -> None:
+        self.name_generation = False
         from functools import partial
+        from urllib.parse import unquote
 
         from gcp_storage_emulator.handlers import buckets
         from gcp_storage_emulator.server import RequestHandler
@@ -228,7 +234,7 @@ class GCSServer:
         self.counter = Counter()
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        counter = self.counter
+        counter, server = self.counter, self
         storage = Storage(use_memory_fs=True)
         buckets.create_bucket(bucket, storage)
 
@@ -241,6 +247,14 @@ class GCSServer:
                 super().send_header(keyword, value)
 
             def end_headers(self) -> None:
+                m = re.match(r"/download/storage/v1/b/([^/]+)/o/([^?]+)", self.path)
+                if server.name_generation and m is not None:
+                    try:
+                        obj = storage.get_file_obj(m.group(1), unquote(m.group(2)))
+                    except Exception:  # not found: a 404, no header
+                        obj = {}
+                    if obj.get("generation"):
+                        super().send_header("x-goog-generation", str(obj["generation"]))
                 # counted before the answer leaves: a client that has it sees it counted
                 body = 0 if self.command == "HEAD" else self.sent
                 counter.note(self.command, self.path, self.headers.get("Range"), body)
