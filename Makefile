@@ -31,7 +31,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check shardcat tests benchmarks
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed $(CORE_VENV)/.installed lint
+# Azurite (Azure Blob Storage's emulator, a Node program) for tests/test_remote_cloud.py,
+# installed into .node/ (git-ignored), never globally.
+.node/.installed:
+	npm install --prefix .node azurite@3.37.0 --no-audit --no-fund
+	touch $@
+
+test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
 	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
@@ -69,4 +75,4 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

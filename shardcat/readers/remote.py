@@ -9,9 +9,10 @@ directly with ``If-Match: <ETag>``, so the object's identity is checked by the
 read itself, at no extra request: a changed object answers 412 (or another
 ETag) and the read is a :class:`~shardcat.errors.StaleShardError` naming the
 URL, a deleted one answers 404 (:class:`~shardcat.errors.MissingShardError`).
-Other protocols (``gs://``, ``az://``, ``hdfs://``) read with
-``fs.cat_file(path, start, end)`` and check ``fs.info`` (size, ETag/generation,
-mtime) once when the source opens.
+GCS and Azure reads are conditional too (:mod:`shardcat.readers.remote_cloud`:
+``ifGenerationMatch``, ``If-Match``). Other protocols (``hdfs://``...) read with
+``fs.cat_file(path, start, end)`` and check ``fs.info`` (size, ETag, mtime) once
+when the source opens.
 
 **Batches** (``Reader.get_many``) first hand a source all the ranges they will
 read (:meth:`RemoteSource.prefetch`): ranges closer than :data:`MERGE_GAP`
@@ -23,8 +24,8 @@ bytes. A read that no prefetched range covers is its own request.
 
 **Identity** of a remote object, as the catalog stores it in the shard row's
 existing columns: ``size``; ``mtime_ns`` (Last-Modified, 0 when the store gives
-none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"`` /
-``"etag#<hash>"`` for a long ETag); inode and ctime NULL.
+none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"``, on GCS
+``"version:<generation>"``; ``"etag#<hash>"`` for a long ETag); inode and ctime NULL.
 
 **Transient errors** (5xx, connection reset or refused, timeouts) are retried
 :data:`RETRIES` times with exponential backoff from :data:`BACKOFF` seconds; then
@@ -57,6 +58,8 @@ from typing import Any
 from shardcat.errors import CatalogError, MissingShardError, ShardIOError, StaleShardError
 from shardcat.readers import cache as _cache
 from shardcat.readers.rawio import Source
+from shardcat.readers.remote_cloud import Changed as _Changed
+from shardcat.readers.remote_cloud import cloud_get, gcs_generation, handles
 
 __all__ = [
     "CONCURRENCY",
@@ -87,7 +90,9 @@ BACKOFF = 0.05
 STREAM_CHUNK = 8 * 1024 * 1024
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_SECRET = re.compile(r"key|secret|token|password|passwd|credential|session|auth", re.I)
+_SECRET = re.compile(
+    r"key|secret|token|password|passwd|credential|session|auth|connection_str", re.I
+)
 _HINT = {
     "s3": "s3fs",
     "s3a": "s3fs",
@@ -115,8 +120,8 @@ def protocol_of(url: str) -> str:
 
 def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` without anything that looks like a secret (keys naming a key,
-    secret, token, password, credential, session or auth), recursively: what is
-    stored with a dataset."""
+    secret, token, password, credential, session or auth, and a connection string),
+    recursively: what is stored with a dataset."""
     out: dict[str, Any] = {}
     for name, value in options.items():
         if _SECRET.search(str(name)):
@@ -162,7 +167,7 @@ def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
                 package = _HINT.get(protocol, f"the fsspec implementation of {protocol}://")
                 raise CatalogError(
                     f"{url}: cannot open {protocol}:// ({exc}); install {package} "
-                    "(pip install 'shardcat[remote]' for s3 and http; gcsfs, adlfs for gs, az)"
+                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs and adlfs)"
                 ) from None
             _filesystems[key] = fs
     return fs
@@ -229,6 +234,8 @@ def _mtime_ns(info: Mapping[str, Any]) -> int:
 def _info_of(info: Mapping[str, Any]) -> RemoteInfo:
     etag = info.get("ETag") or info.get("etag") or info.get("generation")
     version = info.get("VersionId") or info.get("version_id")
+    if info.get("kind") == "storage#object" and info.get("generation"):  # GCS
+        etag, version = None, info["generation"]
     return RemoteInfo(
         int(info.get("size") or 0),
         None if etag is None else str(etag),
@@ -313,10 +320,6 @@ def glob_urls(pattern: str, options: Mapping[str, Any] | None = None) -> list[st
 
 
 # -- requests ----------------------------------------------------------------------
-
-
-class _Changed(Exception):
-    """The store answered 412 (If-Match failed) or another ETag than recorded."""
 
 
 class _Transient(Exception):
@@ -465,9 +468,13 @@ class RemoteSource(Source):
         self._fs = filesystem(url, options)
         self._batch: list[tuple[int, int, Future[bytes]]] = []
         self._direct = protocol_of(url) in ("s3", "s3a", "http", "https")
+        self._cloud = handles(protocol_of(url), self._fs)  # GCS, Azure: remote_cloud
+        self._expect = self._etag
+        if self._cloud and fingerprint is not None and fingerprint.startswith("version:"):
+            self._expect = fingerprint[8:]  # the GCS generation
         self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
         self._closed = False
-        if not self._direct or self._etag is None:
+        if not (self._direct or self._cloud) or self._expect is None:
             self._check_info(mtime_ns)  # no conditional reads: check once now
         config = _cache.cache_config() if use_cache else None
         if config is not None and size > 0:
@@ -527,9 +534,12 @@ class RemoteSource(Source):
         if start >= end:
             return b""
         try:
-            data, etag = _retrying(
-                self.path, lambda: _get(self._fs, self.path, start, end, self._etag)
-            )
+            if self._cloud:
+                data, etag = _retrying(self.path, lambda: self._cloud_get(start, end)), None
+            else:
+                data, etag = _retrying(
+                    self.path, lambda: _get(self._fs, self.path, start, end, self._etag)
+                )
         except FileNotFoundError:
             raise self._missing() from None
         except _Changed:
@@ -539,6 +549,16 @@ class RemoteSource(Source):
         if len(data) != end - start:
             raise self._stale(f"a read of {end - start} bytes at byte {start} got {len(data)}")
         return bytes(data)
+
+    def _cloud_get(self, start: int, end: int) -> bytes:
+        """GCS, Azure: one conditional request; a second asking the generation when the
+        store named none in its answer (an emulator: see remote_cloud)."""
+        data, proven = cloud_get(
+            protocol_of(self.path), self._fs, self.path, start, end, self._expect
+        )
+        if not proven and self._expect != gcs_generation(self._fs, self.path):
+            raise _Changed("another generation")
+        return data
 
     def pread(self, length: int, offset: int) -> bytes:
         end = min(offset + length, self.size)

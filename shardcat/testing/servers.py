@@ -1,7 +1,8 @@
 """Servers on loopback for the remote-storage tests and benchmarks: moto's S3
 server (a real HTTP server speaking S3; needs ``moto[server]``, in the ``dev``
 extra) and a small HTTP server with Range and ETag support, both counting the
-requests and body bytes they serve."""
+requests and body bytes they serve; gcp-storage-emulator (GCS) and Azurite
+(Azure Blob Storage, a Node program) the same way."""
 
 from __future__ import annotations
 
@@ -207,3 +208,167 @@ class RangeServer:
             self._httpd = None
         if self._thread is not None:
             self._thread.join()
+
+
+class GCSServer:
+    """gcp-storage-emulator (a GCS JSON API server; in the ``dev`` extra) on a free
+    loopback port, in memory, with ``bucket`` created and a :class:`Counter` (the
+    request's path keeps its query string). gcsfs reaches it with
+    ``endpoint_url=server.endpoint, token="anon"``; set
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported, or it
+    first asks a gRPC control API the emulator has not for the bucket's type.
+
+    The emulator names no generation in a download's answer; with
+    ``name_generation`` set, this server adds the ``x-goog-generation`` header GCS
+    sends (of the object it serves), as GCS itself does."""
+
+    def __init__(self, bucket: str) -> None:
+        self.name_generation = False
+        from functools import partial
+        from urllib.parse import unquote
+
+        from gcp_storage_emulator.handlers import buckets
+        from gcp_storage_emulator.server import RequestHandler
+        from gcp_storage_emulator.storage import Storage
+
+        self.counter = Counter()
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        counter, server = self.counter, self
+        storage = Storage(use_memory_fs=True)
+        buckets.create_bucket(bucket, storage)
+
+        class Counting(RequestHandler):  # type: ignore[misc]
+            sent = 0
+
+            def send_header(self, keyword: str, value: str) -> None:
+                if keyword.lower() == "content-length":
+                    self.sent = int(value)
+                super().send_header(keyword, value)
+
+            def end_headers(self) -> None:
+                m = re.match(r"/download/storage/v1/b/([^/]+)/o/([^?]+)", self.path)
+                if server.name_generation and m is not None:
+                    try:
+                        obj = storage.get_file_obj(m.group(1), unquote(m.group(2)))
+                    except Exception:  # not found: a 404, no header
+                        obj = {}
+                    if obj.get("generation"):
+                        super().send_header("x-goog-generation", str(obj["generation"]))
+                # counted before the answer leaves: a client that has it sees it counted
+                body = 0 if self.command == "HEAD" else self.sent
+                counter.note(self.command, self.path, self.headers.get("Range"), body)
+                super().end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        class Quiet(http.server.HTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that hung up (a cancelled read): nothing to report
+
+        self._httpd = Quiet(("127.0.0.1", self.port), partial(Counting, storage))
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+
+#: Azurite's well-known development account (public, documented by Microsoft)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def azurite_binary() -> str | None:
+    """``azurite-blob`` as ``make`` installs it (``.node/`` of the repository), or
+    ``$SHARDCAT_AZURITE``; None when neither exists."""
+    given = os.environ.get("SHARDCAT_AZURITE")
+    if given:
+        return given if os.path.exists(given) else None
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, ".node", "node_modules", ".bin", "azurite-blob")
+    return path if os.path.exists(path) else None
+
+
+class AzuriteServer:
+    """Azurite's blob service (Node) on a free loopback port, in memory, its
+    requests counted from its debug log (method, path with query, ``x-ms-range``;
+    body bytes are not counted). adlfs reaches it with ``connection_string=``."""
+
+    def __init__(self, binary: str, workdir: str) -> None:
+        self.binary, self.workdir = binary, workdir
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+        self.connection_string = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};"
+        )
+        self._log = os.path.join(workdir, "azurite-debug.log")
+        self._seen = 0
+        self._process: Any = None
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        args = [self.binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port)]
+        args += ["--inMemoryPersistence", "--silent", "--skipApiVersionCheck", "--loose"]
+        args += ["--debug", self._log]
+        out = open(os.path.join(self.workdir, "azurite.out"), "wb")  # noqa: SIM115
+        self._process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        for _ in range(300):
+            if self._process.poll() is not None:
+                with open(out.name, "rb") as f:
+                    raise RuntimeError(f"azurite exited: {f.read().decode(errors='replace')}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("azurite did not listen within 30 s")
+
+    def requests(self) -> list[tuple[str, str, str | None]]:
+        """The requests logged since the last :meth:`reset`, once the log is settled."""
+        import json
+        import time
+
+        text, last = "", -1
+        while len(text) != last:  # the log is written asynchronously: let it settle
+            last = len(text)
+            time.sleep(0.1)
+            with open(self._log, encoding="utf-8", errors="replace") as f:
+                f.seek(self._seen)
+                text = f.read()
+        out = []
+        pattern = r"RequestMethod=(\w+) RequestURL=http://[^/]+(\S*) RequestHeaders:(\{[^}]*\})"
+        for m in re.finditer(pattern, text):
+            try:
+                rng = json.loads(m.group(3)).get("x-ms-range")
+            except ValueError:
+                rng = None
+            out.append((m.group(1), m.group(2), rng))
+        return out
+
+    def reset(self) -> None:
+        self.requests()
+        self._seen = os.path.getsize(self._log)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()  # it waits for its clients' idle connections...
+            try:
+                self._process.wait(timeout=5)
+            except Exception:
+                self._process.kill()  # ...which a test's filesystems keep open
+                self._process.wait(timeout=30)
+            self._process = None
