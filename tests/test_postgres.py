@@ -298,8 +298,13 @@ def test_cli_with_a_server_url(tmp_path, pg_url):
 
     make_sample(tmp_path, shards=2, records=40)
     runner = CliRunner()
-    done = runner.invoke(app, ["ingest", str(tmp_path / "*.tfrecord"), "-d", "t", "-c", pg_url])
+    secret = pg_url.replace("shardcat@", "shardcat:hunter2@")  # (trust: any password works)
+    done = runner.invoke(app, ["ingest", str(tmp_path / "*.tfrecord"), "-d", "t", "-c", secret])
     assert done.exit_code == 0, done.output
+    assert "40 records in 2 shards" in done.output and "hunter2" not in done.output
+    done = runner.invoke(app, ["checkpoint", "-c", secret])
+    assert done.exit_code == 0 and "nothing to fold" in done.output
+    assert "hunter2" not in done.output
     done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
     assert done.exit_code == 0, done.output
     assert '"n": 40' in done.output

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from shardcat.catalog import postgres
 from shardcat.cli.common import (
     RERUN_TO_FINISH,
     catalog_path,
@@ -113,7 +114,8 @@ def ingest(
         raise CatalogError(_failed_shards(exc, shards["total"])) from None
     typer.echo(
         f"dataset {summary.dataset}: {summary.records:,} records in "
-        f"{summary.shards} shards ({summary.indexed_now:,} indexed now) -> {where}"
+        f"{summary.shards} shards ({summary.indexed_now:,} indexed now) "
+        f"-> {postgres.display(str(where))}"
     )
     if summary.duplicates_dropped:
         typer.echo(
