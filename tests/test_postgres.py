@@ -484,3 +484,24 @@ def test_text_with_a_nul_byte(tmp_path, pg_url):
         with pytest.raises(IngestError, match=r"b\.tfrecord: key 'x\\x00y' holds a NUL byte"):
             cat.ingest(str(bad / "*.tfrecord"), "e")
         assert cat.query("SELECT key FROM e") == [("fine",)]  # the other shard is in
+
+
+def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
+    """``catalog migrate -c postgresql://...``: the legacy entries go to the server (it
+    was a SQLite file named after the URL), shard paths stored absolute, no re-scan."""
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+    from tests.legacy_fixtures import tfd_tfrecord_index, write_tfrecords
+
+    d = tmp_path / "shards"
+    write_tfrecords(d)
+    tfd_tfrecord_index(str(d / "*.tfrecord"))
+    done = CliRunner().invoke(app, ["migrate", str(d), "-c", pg_url, "--json"])
+    assert done.exit_code == 0, done.output
+    assert '"action": "imported"' in done.output and postgres.display(pg_url) in done.output
+    assert not list(tmp_path.glob("postgresql*")) and not Path("postgresql:").exists()
+    with Catalog(pg_url) as cat, cat.dataset("train") as reader:
+        assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
+        paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
+        assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)

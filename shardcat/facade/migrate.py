@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog import postgres
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
@@ -139,13 +140,13 @@ def _options(
 
 @contextlib.contextmanager
 def _opened(
-    catalog: Any, where: Path | None, dry_run: bool, open_catalog: OpenCatalog
+    catalog: Any, where: Path | str | None, dry_run: bool, open_catalog: OpenCatalog
 ) -> Iterator[Any]:
-    """The catalog to migrate into (None: a dry run where no catalog exists yet)."""
+    """The catalog to migrate into (None: a dry run where no catalog file exists yet)."""
     if isinstance(catalog, Store) or where is None:
         yield catalog
         return
-    if dry_run and not where.is_file():
+    if dry_run and isinstance(where, Path) and not where.is_file():
         yield None
         return
     cat = open_catalog(where, readonly=dry_run)
@@ -237,9 +238,11 @@ def _migrate_plan(
             bool(fields),
             missing,
         )
-    where: Path | None = None
+    where: Path | str | None = None
     if isinstance(catalog, Store):
         directory = catalog.directory
+    elif postgres.is_server_url(catalog):  # shard paths stored absolute there
+        where, directory = str(catalog), ""
     else:
         # remote shards: the default catalog (there is no "beside them" on object storage)
         far = any(is_url(f) for f in plan.files)
@@ -304,7 +307,7 @@ def _migrate_plan(
             tick("verify")
         result = DatasetReport(
             dataset=name,
-            catalog=str(where),
+            catalog=str(cat.path if cat is not None else where),
             format=plan.format,
             key_rule=get_format(plan.format).key_rule(options),
             legacy=[i.path for i in plan.indexes],
