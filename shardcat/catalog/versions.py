@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, inspect, select, text
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.engine import make_engine
 from shardcat.errors import CatalogError, SchemaVersionError
 
@@ -220,13 +220,13 @@ def upgrade(path: str | os.PathLike[str]) -> tuple[int, int]:
     when there is no file at ``path`` and :class:`SchemaVersionError` for a
     catalog newer than this library.
     """
-    where = Path(path)
-    if not where.is_file():
+    where: Path | str = str(path) if postgres.is_server_url(path) else Path(path)
+    if isinstance(where, Path) and not where.is_file():
         raise CatalogError(f"no catalog at {where}")
     engine = make_engine(where)
     try:
         with engine.begin() as conn:
-            found = ensure_schema(conn, str(where))
+            found = ensure_schema(conn, postgres.display(str(where)))
     finally:
         engine.dispose()
     return found, SCHEMA_VERSION

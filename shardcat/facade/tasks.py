@@ -275,9 +275,10 @@ def migrate_any(
 
 @dataclass(frozen=True)
 class Upgraded:
-    """A catalog's schema upgrade: the file, the version found and the version now."""
+    """A catalog's schema upgrade: the file (or server URL without its password), the
+    version found and the version now."""
 
-    path: Path
+    path: Path | str
     found: int
     now: int
 
@@ -285,6 +286,6 @@ class Upgraded:
 def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
     looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
-    where = locate(path)
+    where = str(path) if postgres.is_server_url(path) else locate(path)
     found, now = upgrade(where)
-    return Upgraded(where, found, now)
+    return Upgraded(postgres.display(str(where)) if isinstance(where, str) else where, found, now)
