@@ -175,12 +175,14 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     gets = [r for r in s3.counter.requests if r[0] == "GET" and r[1].endswith(".tfrecord")]
     first, second = (f"/{BUCKET}/moved/{p.name}" for p in paths)
     head = f"bytes=0-{paths[0].stat().st_size - 1}"  # 4 MiB asked: the whole small shard
+    frame = 16 + struct.unpack_from("<Q", paths[0].read_bytes())[0]  # the first record's
     # no shard streamed whole for a scan: per shard its first 6 bytes (compressed?)
-    # and the 64 sampled records in one merged request; once the first shard's head
-    # (the format's options, as ingest detects them) and one record (the key feature)
+    # and the 64 sampled records in one merged request; once the first shard's first
+    # record and 512 bytes (the format's options, to the record's end as the index
+    # says), one record (the key feature), and the ingest's head (its rule)
     assert sorted(gets) == sorted(
         [
-            ("GET", first, head),
+            ("GET", first, f"bytes=0-{frame + 511}"),
             ("GET", first, "bytes=0-5"),
             ("GET", first, f"bytes=12-{11 + struct.unpack_from('<Q', paths[0].read_bytes())[0]}"),
             ("GET", first, "bytes=0-5"),
@@ -352,3 +354,136 @@ def test_postgres_catalog_with_shards_on_s3(s3: Any, tmp_path: Path) -> None:
             assert [m for m, _, _ in s3.counter.requests] == ["GET"]  # one ranged GET
             assert cat.query("SELECT count(*) FROM far WHERE label = 3")[0][0] == 3 * 7
             assert far.verify() == []
+
+
+# -- migrate of per-shard text indexes stored beside remote shards -------------------
+
+
+def _legacy_tree(root: Path) -> dict[str, list[Path]]:
+    """DALI ``tfrecord2idx`` indexes beside two TFRecord shards (``tf/``) and MXNet
+    ``.idx`` files beside two RecordIO shards (``rec/``): ~1.5 MB per shard."""
+    from legacy_fixtures import tfrecord2idx
+
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.readers.tfrecord import TFRecordWriter, make_example
+
+    (root / "tf").mkdir(parents=True)
+    (root / "rec").mkdir()
+    tf, rec = [], []
+    for s in range(2):
+        path = root / "tf" / f"train-{s:05d}.tfrecord"
+        with TFRecordWriter(path) as w:
+            for i in range(600):
+                w.write(make_example({"key": f"t{s}_{i}", "payload": bytes([s, i % 251]) * 1250}))
+        tfrecord2idx(path, root / "tf" / f"train-{s:05d}.tfrecord.idx")
+        tf.append(path)
+        with RecordIOWriter(root / "rec" / f"part-{s}.rec") as w:
+            for i in range(600):
+                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 1250), f"k{s}_{i}")
+        rec.append(root / "rec" / f"part-{s}.rec")
+    return {"tf": tf, "rec": rec}
+
+
+def _shard_bytes(requests: list[tuple[str, str, str | None]], sizes: dict[str, int]) -> int:
+    """The shard bytes the GETs asked for (their ranges, clamped to the objects)."""
+    total = 0
+    for method, path, asked in requests:
+        size = sizes.get(path)
+        if method != "GET" or size is None:
+            continue
+        if asked is None:
+            total += size
+            continue
+        start, _, end = asked.removeprefix("bytes=").partition("-")
+        total += min(int(end or size - 1), size - 1) - int(start) + 1
+    return total
+
+
+def test_migrate_text_indexes_beside_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    """``catalog migrate s3://bucket/prefix/``: one listing of the prefix (no HEAD),
+    each index downloaded once, the shards never downloaded (their sample re-read),
+    the entries imported without a re-scan, equal to a local migrate of the files."""
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    local = tmp_path / "legacy"
+    shards = _legacy_tree(local)
+    for sub in ("tf", "rec"):
+        for path in sorted((local / sub).iterdir()):
+            s3.client.upload_file(str(path), BUCKET, f"legacy/{sub}/{path.name}")
+    url = f"s3://{BUCKET}/legacy"
+    where = tmp_path / "far.sqlite"
+    s3.counter.reset()
+    result = CliRunner().invoke(
+        app,
+        [
+            "migrate",
+            url + "/",
+            "-c",
+            str(where),
+            "--sample",
+            "4",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.stdout)
+    got = {
+        d["dataset"]: [
+            (s["path"], s["legacy"], s["action"], s["verified"], s["records"]) for s in d["shards"]
+        ]
+        for d in report["datasets"]
+    }
+    assert got == {
+        "train": [
+            (f"{url}/tf/{p.name}", f"{url}/tf/{p.name}.idx", "imported", True, 600)
+            for p in shards["tf"]
+        ],
+        "part": [
+            (f"{url}/rec/{p.name}", f"{url}/rec/{p.stem}.idx", "imported", True, 600)
+            for p in shards["rec"]
+        ],
+    }
+    requests = list(s3.counter.requests)
+    # no HEAD but the ingest's one per shard as it commits (is it still that version?)
+    heads = sorted(p for m, p, _ in requests if m == "HEAD")
+    assert heads == sorted(
+        f"/{BUCKET}/legacy/{p.parent.name}/{p.name}" for s in shards.values() for p in s
+    )
+    listings = [p for m, p, _ in requests if m == "GET" and p.rstrip("/") == f"/{BUCKET}"]
+    print("REQUESTS", len(requests), len(listings))
+    indexes = [p for m, p, _ in requests if m == "GET" and p.endswith(".idx")]
+    # each index file once; the first .rec's .idx once more, by the ingest (its rule)
+    assert sorted(indexes) == [
+        f"/{BUCKET}/legacy/{name}"
+        for name in [
+            "rec/part-0.idx",
+            "rec/part-0.idx",
+            "rec/part-1.idx",
+            "tf/train-00000.tfrecord.idx",
+            "tf/train-00001.tfrecord.idx",
+        ]
+    ]
+    sizes = {
+        f"/{BUCKET}/legacy/{p.parent.name}/{p.name}": p.stat().st_size
+        for s in shards.values()
+        for p in s
+    }
+    fetched = _shard_bytes(requests, sizes)
+    print("FETCHED", fetched, sum(sizes.values()))
+    with Catalog(tmp_path / "near.sqlite") as near_cat:
+        near_report = near_cat.migrate(str(local))
+        assert sorted(d.dataset for d in near_report.datasets) == ["part", "train"]
+        with Catalog(where) as far_cat:
+            for name in ("train", "part"):
+                far, near = far_cat.dataset(name), near_cat.dataset(name)
+                assert far.options["storage_options"] == {"endpoint_url": s3.endpoint}
+                keys = list(near.iter_keys())
+                assert list(far.iter_keys()) == keys and len(keys) == 1200
+                picked = keys[::37]
+                assert far.get_many(picked, raw=True) == near.get_many(picked, raw=True)
