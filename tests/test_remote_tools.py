@@ -450,13 +450,25 @@ def test_migrate_text_indexes_beside_shards_on_s3(s3: Any, tmp_path: Path) -> No
         ],
     }
     requests = list(s3.counter.requests)
+    # discovery: one listing of the prefix, then per index file one download and one
+    # 512-byte read of the shard beside it (its format)
+    discovery = [(f"/{BUCKET}", None)]
+    for sub, index, shard, size in (
+        ("rec", "part-0.idx", "part-0.rec", 8448),
+        ("rec", "part-1.idx", "part-1.rec", 8448),
+        ("tf", "train-00000.tfrecord.idx", "train-00000.tfrecord", 7362),
+        ("tf", "train-00001.tfrecord.idx", "train-00001.tfrecord", 7362),
+    ):
+        discovery += [
+            (f"/{BUCKET}/legacy/{sub}/{index}", f"bytes=0-{size - 1}"),
+            (f"/{BUCKET}/legacy/{sub}/{shard}", "bytes=0-511"),
+        ]
+    assert [(p, r) for _, p, r in requests[:9]] == discovery
     # no HEAD but the ingest's one per shard as it commits (is it still that version?)
     heads = sorted(p for m, p, _ in requests if m == "HEAD")
     assert heads == sorted(
         f"/{BUCKET}/legacy/{p.parent.name}/{p.name}" for s in shards.values() for p in s
     )
-    listings = [p for m, p, _ in requests if m == "GET" and p.rstrip("/") == f"/{BUCKET}"]
-    print("REQUESTS", len(requests), len(listings))
     indexes = [p for m, p, _ in requests if m == "GET" and p.endswith(".idx")]
     # each index file once; the first .rec's .idx once more, by the ingest (its rule)
     assert sorted(indexes) == [
@@ -474,8 +486,16 @@ def test_migrate_text_indexes_beside_shards_on_s3(s3: Any, tmp_path: Path) -> No
         for s in shards.values()
         for p in s
     }
-    fetched = _shard_bytes(requests, sizes)
-    print("FETCHED", fetched, sum(sizes.values()))
+    # the shards are never downloaded: per shard 512 bytes (its format, pairing it
+    # with its index), 6 (compressed?), the 4 sampled records, and for each dataset's
+    # first shard its first record (options) and the ingest's head (its rule)
+    from shardcat.facade.ingest import SNIFF_REMOTE
+
+    for path, size in sizes.items():
+        fetched = _shard_bytes([r for r in requests if r[1] == path], sizes)
+        if path.endswith(("-00000.tfrecord", "-0.rec")):
+            fetched -= min(SNIFF_REMOTE, size)
+        assert fetched < size / 100, (path, fetched, size)
     with Catalog(tmp_path / "near.sqlite") as near_cat:
         near_report = near_cat.migrate(str(local))
         assert sorted(d.dataset for d in near_report.datasets) == ["part", "train"]
@@ -487,3 +507,95 @@ def test_migrate_text_indexes_beside_shards_on_s3(s3: Any, tmp_path: Path) -> No
                 assert list(far.iter_keys()) == keys and len(keys) == 1200
                 picked = keys[::37]
                 assert far.get_many(picked, raw=True) == near.get_many(picked, raw=True)
+    from legacy_fixtures import dump
+
+    for name in ("train", "part"):  # the same entries, but for where the shards are
+        far_dump, near_dump = dump(where, name), dump(tmp_path / "near.sqlite", name)
+        assert [r[1:] for r in far_dump["records"]] == [r[1:] for r in near_dump["records"]]
+        assert len(far_dump["records"]) == 1200
+
+
+def test_migrate_remote_text_indexes_dry_run_globs_and_errors(s3: Any, tmp_path: Path) -> None:
+    """``Catalog.migrate`` of a glob of remote shards (their indexes beside them),
+    ``--dry-run`` writes nothing; a malformed index, an index with no shard beside
+    it and a prefix with nothing are errors naming the URL."""
+    from legacy_fixtures import tfrecord2idx
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+    from shardcat.errors import CatalogError, LegacyIndexError
+
+    local = tmp_path / "legacy"
+    shards = _legacy_tree(local)
+    for path in sorted((local / "tf").iterdir()):
+        s3.client.upload_file(str(path), BUCKET, f"errs/{path.name}")
+    url = f"s3://{BUCKET}/errs"
+    where = tmp_path / "dry.sqlite"
+    result = CliRunner().invoke(
+        app,
+        [
+            "migrate",
+            f"{url}/*.tfrecord",
+            "-c",
+            str(where),
+            "--dry-run",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.stdout)
+    assert report["dry_run"] is True
+    [dataset] = report["datasets"]
+    assert dataset["dataset"] == "train" and dataset["format"] == "tfrecord"
+    assert [(s["path"], s["action"], s["verified"], s["records"]) for s in dataset["shards"]] == [
+        (f"{url}/{p.name}", "import", True, 600) for p in shards["tf"]
+    ]
+    assert not where.exists()
+    # one shard of the glob: only its index is read
+    with Catalog(tmp_path / "one.sqlite") as cat:
+        one = cat.migrate(f"{url}/train-0000[1].tfrecord", storage_options=s3.options)
+        [made] = one.datasets
+        assert [(s.path, s.action) for s in made.shards] == [
+            (f"{url}/train-00001.tfrecord", "imported")
+        ]
+        far = cat.dataset(made.dataset)
+        with Catalog(tmp_path / "near.sqlite") as near_cat:
+            [near_made] = near_cat.migrate(str(shards["tf"][1])).datasets
+            near = near_cat.dataset(near_made.dataset)
+            keys = list(near.iter_keys())
+            assert list(far.iter_keys()) == keys and len(keys) == 600
+            assert far.get_many(keys[::50], raw=True) == near.get_many(keys[::50], raw=True)
+    # an index whose shard is not on the store: skipped, named with the reason; named
+    # explicitly, an error naming the URL
+    tfrecord2idx(shards["tf"][0], tmp_path / "lone.tfrecord.idx")
+    s3.client.upload_file(str(tmp_path / "lone.tfrecord.idx"), BUCKET, "errs/lone.tfrecord.idx")
+    with Catalog(tmp_path / "e.sqlite") as cat:
+        report = cat.migrate(url + "/", storage_options=s3.options, dry_run=True)
+        assert dict(report.skipped)[f"{url}/lone.tfrecord.idx"].startswith(
+            f"{url}/lone.tfrecord.idx: cannot tell which shard this"
+        )
+        [made] = report.datasets
+        assert [(s.path, s.action) for s in made.shards] == [
+            (f"{url}/{p.name}", "import") for p in shards["tf"]
+        ]
+        # a folder named without its slash: the same (one listing of its folder first)
+        again = cat.migrate(url, storage_options=s3.options, dry_run=True)
+        assert again.skipped == report.skipped
+        assert [s.path for s in again.datasets[0].shards] == [s.path for s in made.shards]
+        with pytest.raises(CatalogError, match=f"^{url}/lone.tfrecord.idx: cannot tell which"):
+            cat.migrate(f"{url}/lone.tfrecord.idx", storage_options=s3.options)
+        # a malformed index: the URL and the line
+        s3.client.put_object(
+            Bucket=BUCKET, Key="errs/train-00001.tfrecord.idx", Body=b"0 2556\n2556 x\n"
+        )
+        with pytest.raises(LegacyIndexError) as caught:
+            cat.migrate(url + "/", storage_options=s3.options)
+        assert str(caught.value) == (
+            f"{url}/train-00001.tfrecord.idx: at byte 7: expected '<offset> <size>', found '2556 x'"
+        )
+        with pytest.raises(CatalogError, match=f"no objects match '{url}/none/'"):
+            cat.migrate(f"{url}/none/", storage_options=s3.options)

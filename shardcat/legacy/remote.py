@@ -85,7 +85,10 @@ class _Found:
     def walk(self, root: str, max_depth: int | None, wanted: Any) -> None:
         """The index files below the prefix ``root``: one listing."""
         root = root.rstrip("/") + "/"
-        for url in self.list(root, None):  # one recursive listing; the depth told here
+        listed = self.list(root, None)  # one recursive listing; the depth told here
+        if not listed:
+            raise CatalogError(f"no objects match {root!r}")
+        for url in listed:
             if max_depth is not None and _depth(url, root) > max_depth:
                 continue
             if not _hidden(url, root) and wanted(posixpath.basename(url)):
@@ -109,12 +112,7 @@ class _Found:
         else:
             matches = [url] if url in listed else []
             if not matches:  # a folder, then
-                before = len(self.candidates)
                 self.walk(url, max_depth, wanted)
-                if len(self.candidates) == before and not any(
-                    u.startswith(url + "/") for u in self.objects
-                ):
-                    raise CatalogError(f"no objects match {url!r}")
                 return
         if not matches:
             raise CatalogError(f"no objects match {url!r}")
