@@ -599,3 +599,25 @@ def test_migrate_remote_text_indexes_dry_run_globs_and_errors(s3: Any, tmp_path:
         )
         with pytest.raises(CatalogError, match=f"no objects match '{url}/none/'"):
             cat.migrate(f"{url}/none/", storage_options=s3.options)
+
+
+def test_migrate_tfd_index_stored_beside_its_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    """A tfd-utils pickle uploaded with its shards: its shards are the objects of the
+    same name beside it (re-rooted), imported verified as with ``--remap``."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tfrecord_index, write_tfrecords
+
+    old = tmp_path / "old"
+    paths = write_tfrecords(old, shards=2, per_shard=50)
+    index = tfd_tfrecord_index([str(p) for p in paths])
+    url = _upload(s3, old, "tfdbeside")
+    with Catalog(tmp_path / "t.sqlite") as cat:
+        report = cat.migrate(f"{url}/", storage_options=s3.options)
+        [made] = report.datasets
+        assert made.legacy == [f"{url}/{index.name}"]
+        assert [(s.path, s.action, s.resolved_by, s.records) for s in made.shards] == [
+            (f"{url}/{p.name}", "imported", "re-rooted beside the index", 50) for p in paths
+        ]
+        near = cat.ingest([str(p) for p in paths], "near", key="key")
+        keys = [f"r{s}_{i}" for s in range(2) for i in range(0, 50, 7)]
+        assert cat.dataset(made.dataset).get_many(keys, raw=True) == near.get_many(keys, raw=True)
