@@ -175,12 +175,14 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     gets = [r for r in s3.counter.requests if r[0] == "GET" and r[1].endswith(".tfrecord")]
     first, second = (f"/{BUCKET}/moved/{p.name}" for p in paths)
     head = f"bytes=0-{paths[0].stat().st_size - 1}"  # 4 MiB asked: the whole small shard
+    frame = 16 + struct.unpack_from("<Q", paths[0].read_bytes())[0]  # the first record's
     # no shard streamed whole for a scan: per shard its first 6 bytes (compressed?)
-    # and the 64 sampled records in one merged request; once the first shard's head
-    # (the format's options, as ingest detects them) and one record (the key feature)
+    # and the 64 sampled records in one merged request; once the first shard's first
+    # record and 512 bytes (the format's options, to the record's end as the index
+    # says), one record (the key feature), and the ingest's head (its rule)
     assert sorted(gets) == sorted(
         [
-            ("GET", first, head),
+            ("GET", first, f"bytes=0-{frame + 511}"),
             ("GET", first, "bytes=0-5"),
             ("GET", first, f"bytes=12-{11 + struct.unpack_from('<Q', paths[0].read_bytes())[0]}"),
             ("GET", first, "bytes=0-5"),
@@ -352,3 +354,270 @@ def test_postgres_catalog_with_shards_on_s3(s3: Any, tmp_path: Path) -> None:
             assert [m for m, _, _ in s3.counter.requests] == ["GET"]  # one ranged GET
             assert cat.query("SELECT count(*) FROM far WHERE label = 3")[0][0] == 3 * 7
             assert far.verify() == []
+
+
+# -- migrate of per-shard text indexes stored beside remote shards -------------------
+
+
+def _legacy_tree(root: Path) -> dict[str, list[Path]]:
+    """DALI ``tfrecord2idx`` indexes beside two TFRecord shards (``tf/``) and MXNet
+    ``.idx`` files beside two RecordIO shards (``rec/``): ~1.5 MB per shard."""
+    from legacy_fixtures import tfrecord2idx
+
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.readers.tfrecord import TFRecordWriter, make_example
+
+    (root / "tf").mkdir(parents=True)
+    (root / "rec").mkdir()
+    tf, rec = [], []
+    for s in range(2):
+        path = root / "tf" / f"train-{s:05d}.tfrecord"
+        with TFRecordWriter(path) as w:
+            for i in range(600):
+                w.write(make_example({"key": f"t{s}_{i}", "payload": bytes([s, i % 251]) * 1250}))
+        tfrecord2idx(path, root / "tf" / f"train-{s:05d}.tfrecord.idx")
+        tf.append(path)
+        with RecordIOWriter(root / "rec" / f"part-{s}.rec") as w:
+            for i in range(600):
+                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 1250), f"k{s}_{i}")
+        rec.append(root / "rec" / f"part-{s}.rec")
+    return {"tf": tf, "rec": rec}
+
+
+def _shard_bytes(requests: list[tuple[str, str, str | None]], sizes: dict[str, int]) -> int:
+    """The shard bytes the GETs asked for (their ranges, clamped to the objects)."""
+    total = 0
+    for method, path, asked in requests:
+        size = sizes.get(path)
+        if method != "GET" or size is None:
+            continue
+        if asked is None:
+            total += size
+            continue
+        start, _, end = asked.removeprefix("bytes=").partition("-")
+        total += min(int(end or size - 1), size - 1) - int(start) + 1
+    return total
+
+
+def test_migrate_text_indexes_beside_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    """``catalog migrate s3://bucket/prefix/``: one listing of the prefix (no HEAD),
+    each index downloaded once, the shards never downloaded (their sample re-read),
+    the entries imported without a re-scan, equal to a local migrate of the files."""
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    local = tmp_path / "legacy"
+    shards = _legacy_tree(local)
+    for sub in ("tf", "rec"):
+        for path in sorted((local / sub).iterdir()):
+            s3.client.upload_file(str(path), BUCKET, f"legacy/{sub}/{path.name}")
+    url = f"s3://{BUCKET}/legacy"
+    where = tmp_path / "far.sqlite"
+    s3.counter.reset()
+    result = CliRunner().invoke(
+        app,
+        [
+            "migrate",
+            url + "/",
+            "-c",
+            str(where),
+            "--sample",
+            "4",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.stdout)
+    got = {
+        d["dataset"]: [
+            (s["path"], s["legacy"], s["action"], s["verified"], s["records"]) for s in d["shards"]
+        ]
+        for d in report["datasets"]
+    }
+    assert got == {
+        "train": [
+            (f"{url}/tf/{p.name}", f"{url}/tf/{p.name}.idx", "imported", True, 600)
+            for p in shards["tf"]
+        ],
+        "part": [
+            (f"{url}/rec/{p.name}", f"{url}/rec/{p.stem}.idx", "imported", True, 600)
+            for p in shards["rec"]
+        ],
+    }
+    requests = list(s3.counter.requests)
+    # discovery: one listing of the prefix, then per index file one download and one
+    # 512-byte read of the shard beside it (its format)
+    discovery = [(f"/{BUCKET}", None)]
+    for sub, index, shard, size in (
+        ("rec", "part-0.idx", "part-0.rec", 8448),
+        ("rec", "part-1.idx", "part-1.rec", 8448),
+        ("tf", "train-00000.tfrecord.idx", "train-00000.tfrecord", 7362),
+        ("tf", "train-00001.tfrecord.idx", "train-00001.tfrecord", 7362),
+    ):
+        discovery += [
+            (f"/{BUCKET}/legacy/{sub}/{index}", f"bytes=0-{size - 1}"),
+            (f"/{BUCKET}/legacy/{sub}/{shard}", "bytes=0-511"),
+        ]
+    assert [(p, r) for _, p, r in requests[:9]] == discovery
+    # no HEAD but the ingest's one per shard as it commits (is it still that version?)
+    heads = sorted(p for m, p, _ in requests if m == "HEAD")
+    assert heads == sorted(
+        f"/{BUCKET}/legacy/{p.parent.name}/{p.name}" for s in shards.values() for p in s
+    )
+    indexes = [p for m, p, _ in requests if m == "GET" and p.endswith(".idx")]
+    # each index file once; the first .rec's .idx once more, by the ingest (its rule)
+    assert sorted(indexes) == [
+        f"/{BUCKET}/legacy/{name}"
+        for name in [
+            "rec/part-0.idx",
+            "rec/part-0.idx",
+            "rec/part-1.idx",
+            "tf/train-00000.tfrecord.idx",
+            "tf/train-00001.tfrecord.idx",
+        ]
+    ]
+    sizes = {
+        f"/{BUCKET}/legacy/{p.parent.name}/{p.name}": p.stat().st_size
+        for s in shards.values()
+        for p in s
+    }
+    # the shards are never downloaded: per shard 512 bytes (its format, pairing it
+    # with its index), 6 (compressed?), the 4 sampled records, and for each dataset's
+    # first shard its first record (options) and the ingest's head (its rule)
+    from shardcat.facade.ingest import SNIFF_REMOTE
+
+    for path, size in sizes.items():
+        fetched = _shard_bytes([r for r in requests if r[1] == path], sizes)
+        if path.endswith(("-00000.tfrecord", "-0.rec")):
+            fetched -= min(SNIFF_REMOTE, size)
+        assert fetched < size / 100, (path, fetched, size)
+    with Catalog(tmp_path / "near.sqlite") as near_cat:
+        near_report = near_cat.migrate(str(local))
+        assert sorted(d.dataset for d in near_report.datasets) == ["part", "train"]
+        with Catalog(where) as far_cat:
+            for name in ("train", "part"):
+                far, near = far_cat.dataset(name), near_cat.dataset(name)
+                assert far.options["storage_options"] == {"endpoint_url": s3.endpoint}
+                keys = list(near.iter_keys())
+                assert list(far.iter_keys()) == keys and len(keys) == 1200
+                picked = keys[::37]
+                assert far.get_many(picked, raw=True) == near.get_many(picked, raw=True)
+    from legacy_fixtures import dump
+
+    for name in ("train", "part"):  # the same entries, but for where the shards are
+        far_dump, near_dump = dump(where, name), dump(tmp_path / "near.sqlite", name)
+        assert [r[1:] for r in far_dump["records"]] == [r[1:] for r in near_dump["records"]]
+        assert len(far_dump["records"]) == 1200
+
+
+def test_migrate_remote_text_indexes_dry_run_globs_and_errors(s3: Any, tmp_path: Path) -> None:
+    """``Catalog.migrate`` of a glob of remote shards (their indexes beside them),
+    ``--dry-run`` writes nothing; a malformed index, an index with no shard beside
+    it and a prefix with nothing are errors naming the URL."""
+    from legacy_fixtures import tfrecord2idx
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+    from shardcat.errors import CatalogError, LegacyIndexError
+
+    local = tmp_path / "legacy"
+    shards = _legacy_tree(local)
+    for path in sorted((local / "tf").iterdir()):
+        s3.client.upload_file(str(path), BUCKET, f"errs/{path.name}")
+    url = f"s3://{BUCKET}/errs"
+    where = tmp_path / "dry.sqlite"
+    result = CliRunner().invoke(
+        app,
+        [
+            "migrate",
+            f"{url}/*.tfrecord",
+            "-c",
+            str(where),
+            "--dry-run",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.stdout)
+    assert report["dry_run"] is True
+    [dataset] = report["datasets"]
+    assert dataset["dataset"] == "train" and dataset["format"] == "tfrecord"
+    assert [(s["path"], s["action"], s["verified"], s["records"]) for s in dataset["shards"]] == [
+        (f"{url}/{p.name}", "import", True, 600) for p in shards["tf"]
+    ]
+    assert not where.exists()
+    # one shard of the glob: only its index is read
+    with Catalog(tmp_path / "one.sqlite") as cat:
+        one = cat.migrate(f"{url}/train-0000[1].tfrecord", storage_options=s3.options)
+        [made] = one.datasets
+        assert [(s.path, s.action) for s in made.shards] == [
+            (f"{url}/train-00001.tfrecord", "imported")
+        ]
+        far = cat.dataset(made.dataset)
+        with Catalog(tmp_path / "near.sqlite") as near_cat:
+            [near_made] = near_cat.migrate(str(shards["tf"][1])).datasets
+            near = near_cat.dataset(near_made.dataset)
+            keys = list(near.iter_keys())
+            assert list(far.iter_keys()) == keys and len(keys) == 600
+            assert far.get_many(keys[::50], raw=True) == near.get_many(keys[::50], raw=True)
+    # an index whose shard is not on the store: skipped, named with the reason; named
+    # explicitly, an error naming the URL
+    tfrecord2idx(shards["tf"][0], tmp_path / "lone.tfrecord.idx")
+    s3.client.upload_file(str(tmp_path / "lone.tfrecord.idx"), BUCKET, "errs/lone.tfrecord.idx")
+    with Catalog(tmp_path / "e.sqlite") as cat:
+        report = cat.migrate(url + "/", storage_options=s3.options, dry_run=True)
+        assert dict(report.skipped)[f"{url}/lone.tfrecord.idx"].startswith(
+            f"{url}/lone.tfrecord.idx: cannot tell which shard this"
+        )
+        [made] = report.datasets
+        assert [(s.path, s.action) for s in made.shards] == [
+            (f"{url}/{p.name}", "import") for p in shards["tf"]
+        ]
+        # a folder named without its slash: the same (one listing of its folder first)
+        again = cat.migrate(url, storage_options=s3.options, dry_run=True)
+        assert again.skipped == report.skipped
+        assert [s.path for s in again.datasets[0].shards] == [s.path for s in made.shards]
+        with pytest.raises(CatalogError, match=f"^{url}/lone.tfrecord.idx: cannot tell which"):
+            cat.migrate(f"{url}/lone.tfrecord.idx", storage_options=s3.options)
+        # a malformed index: the URL and the line
+        s3.client.put_object(
+            Bucket=BUCKET, Key="errs/train-00001.tfrecord.idx", Body=b"0 2556\n2556 x\n"
+        )
+        with pytest.raises(LegacyIndexError) as caught:
+            cat.migrate(url + "/", storage_options=s3.options)
+        assert str(caught.value) == (
+            f"{url}/train-00001.tfrecord.idx: at byte 7: expected '<offset> <size>', found '2556 x'"
+        )
+        with pytest.raises(CatalogError, match=f"no objects match '{url}/none/'"):
+            cat.migrate(f"{url}/none/", storage_options=s3.options)
+
+
+def test_migrate_tfd_index_stored_beside_its_shards_on_s3(s3: Any, tmp_path: Path) -> None:
+    """A tfd-utils pickle uploaded with its shards: its shards are the objects of the
+    same name beside it (re-rooted), imported verified as with ``--remap``."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tfrecord_index, write_tfrecords
+
+    old = tmp_path / "old"
+    paths = write_tfrecords(old, shards=2, per_shard=50)
+    index = tfd_tfrecord_index([str(p) for p in paths])
+    url = _upload(s3, old, "tfdbeside")
+    with Catalog(tmp_path / "t.sqlite") as cat:
+        report = cat.migrate(f"{url}/", storage_options=s3.options)
+        [made] = report.datasets
+        assert made.legacy == [f"{url}/{index.name}"]
+        assert [(s.path, s.action, s.resolved_by, s.records) for s in made.shards] == [
+            (f"{url}/{p.name}", "imported", "re-rooted beside the index", 50) for p in paths
+        ]
+        near = cat.ingest([str(p) for p in paths], "near", key="key")
+        keys = [f"r{s}_{i}" for s in range(2) for i in range(0, 50, 7)]
+        assert cat.dataset(made.dataset).get_many(keys, raw=True) == near.get_many(keys, raw=True)

@@ -46,14 +46,15 @@ from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
 from shardcat.facade.ingest import SNIFF_REMOTE, ProvideEntries, ShardOutcome, local_copy
 from shardcat.facade.options import KEEP, IngestOptions, Progress
-from shardcat.legacy.index import discover
+from shardcat.legacy.index import TFRECORD_FRAME, discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
+from shardcat.legacy.remote import discover_remote
 from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
 from shardcat.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
 from shardcat.readers import mxnet_idx
-from shardcat.readers.formats import Columns, Entry, Mismatch, ShardScan, get_format
-from shardcat.readers.remote import configure, is_url, protocol_of, remote_info
+from shardcat.readers.formats import SNIFF_BYTES, Columns, Entry, Mismatch, ShardScan, get_format
+from shardcat.readers.remote import configure, is_url, listed_info, protocol_of, remote_info
 from shardcat.readers.view import STORAGE_OPTIONS
 
 __all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
@@ -89,12 +90,27 @@ def _parse_remap(
     return out
 
 
-def _detect_options(fmt: str, first: str, storage: Mapping[str, Any] | None) -> dict[str, Any]:
+def _head_size(fmt: str, rows: Sequence[Any]) -> int:
+    """How many first bytes of a remote shard its options are read from: up to the
+    end of its first record as its legacy rows say (TFRecord, RecordIO; and a little
+    more), else :data:`SNIFF_REMOTE` as ingest reads."""
+    end = None
+    if fmt == "tfrecord" and rows:
+        first = min(rows, key=lambda e: e.offset)
+        end = first.offset + first.length + TFRECORD_FRAME if first.offset == 0 else None
+    elif fmt == "recordio" and len(rows) > 1:
+        end = sorted(row[1] for row in rows)[1]
+    return SNIFF_REMOTE if end is None else min(SNIFF_REMOTE, end + SNIFF_BYTES)
+
+
+def _detect_options(
+    fmt: str, first: str, storage: Mapping[str, Any] | None, rows: Sequence[Any] = ()
+) -> dict[str, Any]:
     """The options ``fmt`` reads off the shard ``first`` (a remote one: off a local
-    copy of its first bytes, as ingest does)."""
+    copy of its first bytes, up to the end of its first record, see :func:`_head_size`)."""
     if not is_url(first):
         return get_format(fmt).detect_options(first)
-    with local_copy(first, storage, SNIFF_REMOTE) as (head, _):
+    with local_copy(first, storage, _head_size(fmt, rows)) as (head, _):
         return get_format(fmt).detect_options(head)
 
 
@@ -108,7 +124,8 @@ def _options(
     """The dataset options a fresh ingest of these shards would record, and what the
     report should say about them. ``storage``: the fsspec options of remote shards."""
     first = min(plan.shards)
-    opts: dict[str, Any] = {**_detect_options(plan.format, first, storage), "fields": fields}
+    rows = plan.shards[first][1].rows
+    opts: dict[str, Any] = {**_detect_options(plan.format, first, storage, rows), "fields": fields}
     if storage:
         opts[STORAGE_OPTIONS] = dict(storage)
     notes: list[str] = []
@@ -168,8 +185,8 @@ def _stored_options(cat: Store | None, name: str | None) -> dict[str, Any] | Non
 
 def _stat(path: str, storage: Mapping[str, Any] | None) -> os.stat_result:
     """The shard's stat; a remote object's identity (size, Last-Modified) as one."""
-    if is_url(path):
-        return remote_info(path, storage).as_stat()
+    if is_url(path):  # as the discovery's listing (or the source's glob) gave it
+        return (listed_info(path) or remote_info(path, storage)).as_stat()
     return os.stat(path)
 
 
@@ -431,9 +448,10 @@ def migrate(
         on_duplicate=on_duplicate,
     )
     remaps = _parse_remap(remap)
-    for _, new in remaps:  # this process's reads of the remapped URLs use them (secrets too)
-        if storage_options and is_url(new):
-            configure(protocol_of(new), **storage_options)
+    # this process's reads of remote shards (given, or remapped to) use them (secrets too)
+    for target in [*as_patterns(paths), *(new for _, new in remaps)]:
+        if storage_options and is_url(target):
+            configure(protocol_of(target), **storage_options)
     with _gc_paused():
         return _migrate(
             paths,
@@ -487,7 +505,16 @@ def _migrate(
     the dataset is then made of (the index's entries for the shards it covers,
     the other files indexed from their data), ``reader_format`` its format,
     ``overrides`` its dataset options (see :func:`migrate_for_reader`)."""
-    indexes, skipped = discover(paths, remap, max_depth=max_depth, pattern=pattern)
+    given = as_patterns(paths)
+    far = [p for p in given if is_url(p)]  # on object storage: found by listing
+    indexes, skipped = discover(
+        [p for p in given if not is_url(p)], remap, max_depth=max_depth, pattern=pattern
+    )
+    if far:
+        more, also = discover_remote(
+            far, remap, storage_options=storage_options, max_depth=max_depth, pattern=pattern
+        )
+        indexes, skipped = indexes + more, skipped + also
     for index in indexes:
         if reader_format is not None and index.format != reader_format:
             raise CatalogError(

@@ -50,7 +50,7 @@ import glob
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +168,7 @@ def _resolve(
 # -- what kind of file ------------------------------------------------------------------
 
 
-def _sniff(path: str) -> str | None:
+def sniff(path: str) -> str | None:
     """The kind of legacy index at ``path`` from its first bytes, or None."""
     with open(path, "rb") as f:
         head = f.read(4096)
@@ -186,7 +186,7 @@ def _sniff(path: str) -> str | None:
     return None
 
 
-def _not_known_reason(path: str) -> str:
+def not_known_reason(path: str) -> str:
     with open(path, "rb") as f:
         head = f.read(64).strip()
     if not head:
@@ -217,19 +217,9 @@ def _shard_beside(index_path: str, kind: str, listing: Listing) -> str | None:
     else the one file beside it with the same stem and the right format
     (RecordIO: the ``.rec`` whose MXNet index it is, ``<stem>.idx``)."""
     directory, name = os.path.split(index_path)
-    base = os.path.splitext(name)[0]
-    stems = listing(directory)
-    if kind == MXNET_IDX:  # the .rec whose index (recordio.idx_path_for) this is
-        candidates = stems.get(base, []) if name == base + ".idx" else []
-    elif base in stems.get(os.path.splitext(base)[0], []) and not is_index_name(base):
-        candidates = [base]
-    else:
-        candidates = stems.get(base, [])
     matches = []
-    for candidate in candidates:
+    for candidate in shard_names(name, kind, listing(directory)):
         path = os.path.join(directory, candidate)
-        if path == index_path or is_index_name(candidate) or ".sqlite" in candidate:
-            continue
         if not os.path.isfile(path):
             continue
         try:  # an empty file has no format to detect: its name decides
@@ -240,25 +230,42 @@ def _shard_beside(index_path: str, kind: str, listing: Listing) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _text_rows(path: str, kind: str) -> list[Any]:
+def shard_names(name: str, kind: str, stems: Mapping[str, list[str]]) -> list[str]:
+    """The names of the files, among those beside it (``stems``: by stem), that may be
+    the shard of the per-shard text index ``name`` (see :func:`_shard_beside`)."""
+    base = os.path.splitext(name)[0]
+    if kind == MXNET_IDX:  # the .rec whose index (recordio.idx_path_for) this is
+        candidates = stems.get(base, []) if name == base + ".idx" else []
+    elif base in stems.get(os.path.splitext(base)[0], []) and not is_index_name(base):
+        candidates = [base]
+    else:
+        candidates = stems.get(base, [])
+    return [c for c in candidates if c != name and not is_index_name(c) and ".sqlite" not in c]
+
+
+def text_rows(path: str, kind: str, name: str | None = None) -> list[Any]:
+    """The rows of the text index at ``path`` (errors name it ``name``, else ``path``)."""
+    path_named = name or path
     rows: list[Any] = []
     for line_at, text in index_lines(path):
         if kind == MXNET_IDX:  # as readers/recordio.py reads .idx files
             key, _, offset_text = text.partition("\t")
             if not offset_text.isdigit():
                 raise LegacyIndexError(
-                    path, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
+                    path_named, line_at, f"expected 'key<TAB>offset', found {text[:80]!r}"
                 )
             rows.append((key, int(offset_text)))
             continue
         parts = text.split()
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise LegacyIndexError(
-                path, line_at, f"expected '<offset> <size>', found {text[:80]!r}"
+                path_named, line_at, f"expected '<offset> <size>', found {text[:80]!r}"
             )
         offset, size = int(parts[0]), int(parts[1])
         if size < TFRECORD_FRAME:
-            raise LegacyIndexError(path, line_at, f"a TFRecord frame cannot be {size} bytes long")
+            raise LegacyIndexError(
+                path_named, line_at, f"a TFRecord frame cannot be {size} bytes long"
+            )
         rows.append(Entry(None, offset, size - TFRECORD_FRAME, NO_FIELDS, NO_MEMBERS))
     return rows
 
@@ -279,7 +286,7 @@ def _read_legacy_index(
     path: str | os.PathLike[str], remap: Sequence[tuple[str, str]], listing: Listing
 ) -> LegacyIndex | None:
     where = os.path.abspath(os.fspath(path))
-    sniffed = _sniff(where)
+    sniffed = sniff(where)
     if sniffed is None:
         return None
     mtime_ns = os.stat(where).st_mtime_ns
@@ -291,7 +298,7 @@ def _read_legacy_index(
                 f"{where}: cannot tell which shard this {sniffed} belongs to: expected its "
                 "shard beside it, named like it without the index extension"
             )
-        rows = _text_rows(where, sniffed)
+        rows = text_rows(where, sniffed)
         return LegacyIndex(where, sniffed, mtime_ns, [LegacyShard(shard, shard, "beside", rows)])
     layout, by_file = tfd_rows(load_pickle(where), where)
     kind = _TFD_KINDS[layout]
@@ -403,8 +410,8 @@ def discover(
             continue
         if index is None:
             if candidate in explicit:
-                raise CatalogError(f"{candidate}: {_not_known_reason(candidate)}")
-            skipped.append((candidate, _not_known_reason(candidate)))
+                raise CatalogError(f"{candidate}: {not_known_reason(candidate)}")
+            skipped.append((candidate, not_known_reason(candidate)))
             continue
         if shard_filter:
             index.shards = [s for s in index.shards if s.path in shard_filter]

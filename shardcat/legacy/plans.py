@@ -44,6 +44,7 @@ from pathlib import Path
 from shardcat.catalog import schema
 from shardcat.legacy.index import LegacyIndex, LegacyShard
 from shardcat.paths import default_dataset_name, resolve_paths
+from shardcat.readers.remote import is_url, listed_info
 
 __all__ = ["Plan", "dataset_name", "make_plans", "source_of"]
 
@@ -179,10 +180,22 @@ def make_plans(indexes: list[LegacyIndex], skipped: list[tuple[str, str]]) -> li
     return [p for p in candidates if id(p) in kept]
 
 
+def _size(path: str) -> int | None:
+    """A file's size; a remote object's as its listing gave it (None: not listed)."""
+    if not is_url(path):
+        return os.path.getsize(path)
+    info = listed_info(path)
+    return None if info is None else info.size
+
+
 def source_of(files: list[str], given: list[str]) -> tuple[list[str], list[str]]:
     """(source patterns, extra empty files they add) for a shard set; see the module docs."""
     wanted = set(files)
-    candidates = [os.path.abspath(os.path.expanduser(p)) for p in given if glob.has_magic(p)]
+    candidates = [
+        p if is_url(p) else os.path.abspath(os.path.expanduser(p))
+        for p in given
+        if glob.has_magic(p)
+    ]
     directories = {os.path.dirname(f) for f in files}
     suffixes = {Path(f).suffix for f in files}
     if len(directories) == 1 and len(suffixes) == 1 and next(iter(suffixes)):
@@ -197,6 +210,6 @@ def source_of(files: list[str], given: list[str]) -> tuple[list[str], list[str]]
     for candidate in candidates:
         matched = set(resolve_paths(candidate))
         extra = matched - wanted
-        if wanted <= matched and all(os.path.getsize(f) == 0 for f in extra):
+        if wanted <= matched and all(_size(f) == 0 for f in extra):
             return [candidate], sorted(extra)
     return sorted(files), []

@@ -31,8 +31,7 @@ none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"``, on GCS
 :data:`RETRIES` times with exponential backoff from :data:`BACKOFF` seconds; then
 a :class:`~shardcat.errors.ShardIOError` naming the URL.
 
-**Node-local cache** (optional: :mod:`shardcat.readers.cache`): whole shards on
-local disk under a size cap, read with ``os.pread`` when present.
+**Node-local cache** (optional, :mod:`shardcat.readers.cache`): whole shards on disk, capped.
 
 **Fork safety.** Filesystem instances (their aiohttp sessions and event loop
 thread) and the fetch pool are kept per process, keyed by ``os.getpid()``: a
@@ -46,6 +45,7 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -71,6 +71,7 @@ __all__ = [
     "filesystem",
     "glob_urls",
     "is_url",
+    "list_objects",
     "listed_info",
     "public_options",
     "remote_info",
@@ -294,29 +295,36 @@ def listed_info(url: str) -> RemoteInfo | None:
 
 
 def glob_urls(pattern: str, options: Mapping[str, Any] | None = None) -> list[str]:
-    """The objects a URL stands for: itself when it has no wildcard, else its glob
-    matches, listed afresh (their details kept: :func:`listed_info`)."""
-    fs = filesystem(pattern, options)
-    protocol = protocol_of(pattern)
+    """The objects a URL stands for: itself, or its glob matches (:func:`list_objects`)."""
     if not any(c in pattern for c in "*?["):
         _listed.pop(pattern, None)
         return [pattern]
+    return list(list_objects(pattern, options))
+
+
+def list_objects(
+    pattern: str, options: Mapping[str, Any] | None = None, *, below: int | None = -1
+) -> dict[str, RemoteInfo]:
+    """The objects the glob ``pattern`` matches (``below``: -1), else those under the
+    prefix ``pattern``, ``below`` levels down (None: all; one listing of the prefix),
+    listed afresh: URL -> identity as listed (kept: :func:`listed_info`), sorted."""
+    fs, protocol = filesystem(pattern, options), protocol_of(pattern)
     _forget(fs, pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0])
-    found = _retrying(pattern, lambda: fs.glob(pattern, detail=True))
+    listing = fs.glob if below == -1 else functools.partial(fs.find, maxdepth=below)
+    found = _retrying(pattern, lambda: listing(pattern, detail=True))
     if not isinstance(found, Mapping):  # an implementation without details
         found = {path: {} for path in found}
-    out = []
+    out = {}
     for path, info in found.items():
         url = path if is_url(path) else f"{protocol}://{path}"
         if info.get("type") == "directory":
             continue
-        known = _info_of(info)
+        out[url] = known = _info_of(info)
         if info.get("size") is None or known.fingerprint is None:
             _listed.pop(url, None)
         else:
             _listed[url] = known
-        out.append(url)
-    return sorted(out)
+    return dict(sorted(out.items()))
 
 
 # -- requests ----------------------------------------------------------------------
