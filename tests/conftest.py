@@ -27,3 +27,19 @@ def _no_catalog_in_the_working_directory():
     existed = stray.exists()
     yield
     assert existed or not stray.exists(), "a test wrote ./shardcat.sqlite: pass -c or chdir"
+
+
+@pytest.fixture
+def catalogs():
+    """``catalogs(path)``: a Catalog closed when the test ends."""
+    from shardcat import Catalog
+
+    opened = []
+
+    def make(path):
+        opened.append(Catalog(path))
+        return opened[-1]
+
+    yield make
+    for cat in opened:
+        cat.close()

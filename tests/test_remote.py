@@ -86,20 +86,6 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServer]:
         server.stop()
 
 
-@pytest.fixture
-def catalogs() -> Iterator[Any]:
-    """``catalogs(path)``: a Catalog closed when the test ends."""
-    opened: list[Catalog] = []
-
-    def make(path: Path) -> Catalog:
-        opened.append(Catalog(path))
-        return opened[-1]
-
-    yield make
-    for cat in opened:
-        cat.close()
-
-
 @pytest.fixture(scope="session")
 def s3_catalog_file(s3: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A catalog with the S3 shards as dataset ``train``, their local copies as ``local``."""

@@ -84,19 +84,6 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture
-def catalogs() -> Iterator[Any]:
-    opened: list[Catalog] = []
-
-    def make(path: Path) -> Catalog:
-        opened.append(Catalog(path))
-        return opened[-1]
-
-    yield make
-    for cat in opened:
-        cat.close()
-
-
 def _child(reader: Any, keys: list[str], out: Any) -> None:
     data = reader.get_many(keys, raw=True)
     out.put((data, sorted({key[0] for key in remote._filesystems}), os.getpid()))
