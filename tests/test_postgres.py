@@ -308,6 +308,9 @@ def test_cli_with_a_server_url(tmp_path, pg_url):
     done = runner.invoke(app, ["migrate", "--upgrade", "-c", secret])
     assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
     assert "hunter2" not in done.output and "postgresql://shardcat:***@" in done.output
+    done = runner.invoke(app, ["migrate", "--upgrade"], env={"SHARDCAT_CATALOG": secret})
+    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert "hunter2" not in done.output
     done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
     assert done.exit_code == 0, done.output
     assert '"n": 40' in done.output

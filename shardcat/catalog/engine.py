@@ -92,6 +92,15 @@ def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None
     return user_cache_dir() / f"{directory.name}-{digest}.sqlite"
 
 
+def catalog_location(explicit: str | os.PathLike[str] | None) -> Path | str:
+    """:func:`locate` for a catalog that may be on a server: a PostgreSQL URL (given,
+    or in ``$SHARDCAT_CATALOG``) as it is, else the file, absolute."""
+    given = os.environ.get(ENV_VAR) if explicit is None else explicit
+    if postgres.is_server_url(given):
+        return str(given)
+    return locate(explicit).absolute()
+
+
 def _read_only_fs(path: Path) -> bool:
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)

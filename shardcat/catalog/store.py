@@ -31,12 +31,11 @@ from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.datasets import DatasetInfo, describe
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
-    ENV_VAR,
     cannot_create_shm,
+    catalog_location,
     connect_readonly,
     file_identity,
     fork_generation,
-    locate,
     make_engine,
     make_readonly_engine,
     open_error,
@@ -124,23 +123,19 @@ class Store:
         readonly: bool = False,
         immutable: bool = False,
     ) -> None:
-        where = os.environ.get(ENV_VAR) if path is None else path
-        self.server = postgres.is_server_url(where)
+        where = catalog_location(path)
+        self.server = isinstance(where, str)
         #: what reopens this catalog (a file's path, or a server's whole URL)
-        self.location: str
+        self.location = str(where)
         #: the catalog's name in messages (a file's path, a URL without its password)
-        self.path: Path | str
+        self.path: Path | str = where
         if self.server:
-            self.location = str(where)
             self.path = postgres.display(self.location)
             if immutable:
                 raise CatalogError(
                     f"immutable=True is for SQLite files; {self.path} is a server "
                     "(write a snapshot for readers that must not touch it: `catalog snapshot`)"
                 )
-        else:
-            self.path = locate(path).absolute()
-            self.location = str(self.path)
         self.readonly = readonly or immutable
         self.immutable = immutable
         self.closed = False

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from shardcat.catalog import postgres
-from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, locate
+from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, catalog_location
 from shardcat.errors import ShardcatError, ShardcatWarning
 from shardcat.facade import tasks
 from shardcat.facade.catalog import Catalog
@@ -61,14 +61,8 @@ def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | 
     naming the file it used (``announce=False``: its own output names it). A
     PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
-    given = os.environ.get(ENV_VAR) if option is None else option
-    where: Path | str
-    if postgres.is_server_url(given):
-        where = str(given)
-        _now.catalog = postgres.display(where)
-    else:
-        where = locate(option).absolute()
-        _now.catalog = str(where)
+    where = catalog_location(option)
+    _now.catalog = postgres.display(str(where))
     if option is None and announce:
         source = f"from ${ENV_VAR}" if os.environ.get(ENV_VAR) else f"default: ./{DEFAULT_NAME}"
         _now.note = f"catalog: {_now.catalog} ({source})"

@@ -20,8 +20,8 @@ from shardcat.catalog import postgres
 from shardcat.catalog.engine import (
     ENV_VAR,
     cannot_create_in,
+    catalog_location,
     existing_ancestor,
-    locate,
     write_problem,
 )
 from shardcat.catalog.versions import upgrade
@@ -286,6 +286,6 @@ class Upgraded:
 def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
     looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
-    where = str(path) if postgres.is_server_url(path) else locate(path)
+    where = catalog_location(path)
     found, now = upgrade(where)
-    return Upgraded(postgres.display(str(where)) if isinstance(where, str) else where, found, now)
+    return Upgraded(postgres.display(where) if isinstance(where, str) else where, found, now)
