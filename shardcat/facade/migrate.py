@@ -119,13 +119,13 @@ def _options(
     fields: bool,
     key: str | None,
     stored: Mapping[str, Any],
+    detected: Mapping[str, Any],
     storage: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The dataset options a fresh ingest of these shards would record, and what the
-    report should say about them. ``storage``: the fsspec options of remote shards."""
-    first = min(plan.shards)
-    rows = plan.shards[first][1].rows
-    opts: dict[str, Any] = {**_detect_options(plan.format, first, storage, rows), "fields": fields}
+    report should say about them. ``detected``: those read off the first shard
+    (:func:`_detect_options`); ``storage``: the fsspec options of remote shards."""
+    opts: dict[str, Any] = {**detected, "fields": fields}
     if storage:
         opts[STORAGE_OPTIONS] = dict(storage)
     notes: list[str] = []
@@ -278,7 +278,9 @@ def _migrate_plan(
         # shards migrated without fields are re-read when fields are asked for now
         rescan = fields and stored.get("fields") is False
         storage = storage_options or stored.get(STORAGE_OPTIONS)
-        options, notes = _options(plan, fields, key or stored.get("key"), stored, storage)
+        first = min(plan.shards)  # its options read once, handed to the ingest as detected
+        detected = _detect_options(plan.format, first, storage, plan.shards[first][1].rows)
+        options, notes = _options(plan, fields, key or stored.get("key"), stored, detected, storage)
         options.update(overrides or {})  # what a reader asks for (see migrate_for_reader)
         reports: dict[str, ShardReport] = {}
         provided: dict[str, ProvideEntries] = {}
@@ -342,7 +344,7 @@ def _migrate_plan(
                 rescan=bool(rescan),
             )
             result.dataset, result.dropped = _commit(
-                cat, plan, name, ingest, provided, reports, tick
+                cat, plan, name, ingest, provided, reports, tick, detected
             )
     if not fields:
         result.fill_fields = _fill_command(result)
@@ -357,9 +359,11 @@ def _commit(
     provided: dict[str, ProvideEntries],
     reports: dict[str, ShardReport],
     tick: _Ticker,
+    detected: Mapping[str, Any],
 ) -> tuple[str, int]:
-    """Run the ingest with the verified entries; returns the dataset's name and how
-    many records ``on_duplicate`` dropped."""
+    """Run the ingest with the verified entries (and the options ``detected`` off the
+    first shard: the ingest reads none of its bytes again); returns the dataset's
+    name and how many records ``on_duplicate`` dropped."""
     dropped = 0
 
     def on_outcome(outcome: ShardOutcome, total: int) -> None:
@@ -377,7 +381,7 @@ def _commit(
 
     try:
         with cat.ingest_with(
-            plan.source, name, opts, progress=on_outcome, provided=provided
+            plan.source, name, opts, progress=on_outcome, provided=provided, detected=detected
         ) as reader:
             name = reader.dataset
     except IngestError:
