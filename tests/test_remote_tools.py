@@ -617,3 +617,127 @@ def test_migrate_tfd_index_stored_beside_its_shards_on_s3(s3: Any, tmp_path: Pat
         near = cat.ingest([str(p) for p in paths], "near", key="key")
         keys = [f"r{s}_{i}" for s in range(2) for i in range(0, 50, 7)]
         assert cat.dataset(made.dataset).get_many(keys, raw=True) == near.get_many(keys, raw=True)
+
+
+# -- drop-in readers given a tfd-utils index_file, their shards on object storage -------
+
+
+def test_tfrecord_random_access_on_s3_with_a_tfd_index_file(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TFRecordRandomAccess("s3://.../*.tfrecord", index_file=<tfd-utils index>)``,
+    the index local (made over the local copies) or on the store beside the shards:
+    its entries imported (verified through the remote source, no re-scan), once; the
+    records and entries equal those of the same reader call on the local shards."""
+    pytest.importorskip("tfd_utils")
+    import shutil
+    import warnings
+
+    from legacy_fixtures import dump, indexed_at, tfd_tfrecord_index, write_tfrecords
+
+    from shardcat import TFRecordRandomAccess
+    from shardcat.readers import remote
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    old = tmp_path / "old"
+    paths = write_tfrecords(old, shards=2, per_shard=300)
+    index = tfd_tfrecord_index([str(p) for p in paths], index_file=old / "train.index")
+    url = _upload(s3, old, "dropin")  # the index goes along
+    (tmp_path / "near").mkdir()
+    near_index = tmp_path / "near" / "train.index"  # the same index, for the local reader
+    shutil.copy(index, near_index)
+    with pytest.warns(UserWarning, match="2 shards imported"):
+        near = TFRecordRandomAccess(str(old / "*.tfrecord"), index_file=str(near_index))
+    keys = [f"r{s}_{i}" for s in range(2) for i in range(0, 300, 7)]
+    remote.configure("s3", endpoint_url=s3.endpoint)
+    try:
+        with near:
+            for given in (str(index), f"{url}/train.index"):
+                with pytest.warns(UserWarning, match="2 shards imported; each shard checked"):
+                    far = TFRecordRandomAccess(f"{url}/*.tfrecord", index_file=given)
+                with far:
+                    if given == str(index):
+                        assert far.index_file == f"{index}.shardcat.sqlite"
+                    else:  # no "beside it" on the store: the per-user cache directory
+                        assert Path(far.index_file).parent == tmp_path / "cache" / "shardcat"
+                    assert far.tfrecord_files == [f"{url}/{p.name}" for p in paths]
+                    assert sorted(far.get_keys()) == sorted(near.get_keys())
+                    assert far.get_many(keys, raw=True) == near.get_many(keys, raw=True)
+                    assert far.get_feature("r1_9", "label") == near.get_feature("r1_9", "label")
+                    catalog, name = Path(far.index_file), far.dataset
+                got = dump(catalog, name)
+                want = dump(Path(near.index_file), near.dataset)
+                assert [r[1:] for r in got["records"]] == [r[1:] for r in want["records"]]
+                assert [s[0] for s in got["shards"]] == [f"{url}/{p.name}" for p in paths]
+                assert [s[-2] for s in got["shards"]] == ["ready", "ready"]
+                before = indexed_at(catalog)
+                s3.counter.reset()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # imported already: no warning, no import
+                    with TFRecordRandomAccess(f"{url}/*.tfrecord", index_file=given) as again:
+                        assert again.get_many(keys, raw=True) == near.get_many(keys, raw=True)
+                assert indexed_at(catalog) == before
+                # the index is not read again (a remote one: asked for its identity only)
+                assert [m for m, p, _ in s3.counter.requests if p.endswith(".index")] == (
+                    [] if given == str(index) else ["HEAD"]
+                )
+    finally:
+        remote._configured.pop("s3", None)
+
+
+def test_reader_given_a_remote_index_file_that_is_missing_corrupt_or_no_index(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import write_tfrecords
+
+    from shardcat import CatalogError, TFRecordRandomAccess
+    from shardcat.errors import LegacyIndexError
+    from shardcat.readers import remote
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_tfrecords(tmp_path / "d", shards=1, per_shard=5)
+    url = _upload(s3, tmp_path / "d", "badindex")
+    s3.client.put_object(Bucket=BUCKET, Key="badindex/cut.index", Body=b"\x80\x04}\x94(\x8c")
+    s3.client.put_object(Bucket=BUCKET, Key="badindex/notes.index", Body=b"hello\n")
+    remote.configure("s3", endpoint_url=s3.endpoint)
+    try:
+        with pytest.raises(CatalogError, match=f"^index_file {url}/gone.index does not exist"):
+            TFRecordRandomAccess(f"{url}/*.tfrecord", index_file=f"{url}/gone.index")
+        with pytest.raises(LegacyIndexError, match=f"^{url}/cut.index: at byte "):
+            TFRecordRandomAccess(f"{url}/*.tfrecord", index_file=f"{url}/cut.index")
+        with pytest.raises(CatalogError, match=f"^index_file {url}/notes.index is not a tfd-utils"):
+            TFRecordRandomAccess(f"{url}/*.tfrecord", index_file=f"{url}/notes.index")
+        assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("*.sqlite"))
+    finally:
+        remote._configured.pop("s3", None)
+
+
+def test_tar_random_access_on_s3_with_a_tfd_tar_index_file(s3: Any, tmp_path: Path) -> None:
+    """``TarRandomAccess("s3://.../*.tar", index_file=<tfd-utils .tar_index>)``: the
+    index's archives placed onto the reader's remote ones by name; a remote archive
+    is re-indexed from its data (one streamed read: its headers are not walked with
+    a request each), and read as the same call on the local archives reads it."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tar_index
+
+    from shardcat import TarRandomAccess
+    from shardcat.readers import remote
+
+    old = tmp_path / "tars"
+    old.mkdir()
+    for name in ("a", "b"):
+        _tar(old / f"{name}.tar", 20)
+    index = tfd_tar_index(str(old / "*.tar"))
+    url = _upload(s3, old, "dropintar")
+    with TarRandomAccess(str(old / "*.tar"), index_file=tmp_path / "near.sqlite") as near:
+        remote.configure("s3", endpoint_url=s3.endpoint)
+        try:
+            with pytest.warns(UserWarning, match="tar index.*2 shards re-indexed; each shard"):
+                far = TarRandomAccess(f"{url}/*.tar", index_file=str(index))
+            with far:
+                keys = sorted(near.get_keys())
+                assert sorted(far.get_keys()) == keys and len(keys) == 40
+                assert [far.get_record(k) for k in keys] == [near.get_record(k) for k in keys]
+        finally:
+            remote._configured.pop("s3", None)

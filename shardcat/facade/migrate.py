@@ -46,7 +46,7 @@ from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
 from shardcat.facade.ingest import SNIFF_REMOTE, ProvideEntries, ShardOutcome, local_copy
 from shardcat.facade.options import KEEP, IngestOptions, Progress
-from shardcat.legacy.index import TFRECORD_FRAME, discover
+from shardcat.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
 from shardcat.legacy.remote import discover_remote
 from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
@@ -511,12 +511,19 @@ def _migrate(
     ``overrides`` its dataset options (see :func:`migrate_for_reader`)."""
     given = as_patterns(paths)
     far = [p for p in given if is_url(p)]  # on object storage: found by listing
-    indexes, skipped = discover(
-        [p for p in given if not is_url(p)], remap, max_depth=max_depth, pattern=pattern
-    )
+    # a reader's files: the dataset, which tfd-utils indexes' shards are placed onto
+    files = None if reader_source is None else set(resolve_paths(reader_source))
+    onto = None if files is None else ReaderFiles(files)
+    near = [p for p in given if not is_url(p)]
+    indexes, skipped = discover(near, remap, max_depth=max_depth, pattern=pattern, onto=onto)
     if far:
         more, also = discover_remote(
-            far, remap, storage_options=storage_options, max_depth=max_depth, pattern=pattern
+            far,
+            remap,
+            storage_options=storage_options,
+            max_depth=max_depth,
+            pattern=pattern,
+            onto=onto,
         )
         indexes, skipped = indexes + more, skipped + also
     for index in indexes:
@@ -525,7 +532,6 @@ def _migrate(
                 f"{index.path} is a {index.kind}: its shards are "
                 f"{get_format(index.format).TITLE}, not {reader_format} (the reader's format)"
             )
-    files = None if reader_source is None else set(resolve_paths(reader_source))
     if files is not None:
         for index in indexes:
             index.shards = [s for s in index.shards if s.path in files]
@@ -539,7 +545,9 @@ def _migrate(
         )
     for plan in plans:  # the source set (and its files no index covers) before counting
         if plan.shards and files is not None and reader_source is not None:
-            plan.source = [os.path.abspath(os.path.expanduser(p)) for p in reader_source]
+            plan.source = [
+                p if is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in reader_source
+            ]
             plan.extra = sorted(files - set(plan.shards))
         elif plan.shards:
             plan.source, plan.extra = source_of(sorted(plan.shards), as_patterns(paths))
