@@ -253,14 +253,14 @@ def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Pat
         s3.counter.reset()
         assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
         methods = [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests]
-        # one listing of the bucket; per object: its GETs (4 MiB head once, each shard
-        # streamed once), no HEAD
+        # one listing of the bucket; per object: its GETs (the first shard's first
+        # 64 KiB once, for the rule; each shard streamed once), no HEAD
         assert methods.count(("GET", False)) == 1
         assert [m for m, _ in methods].count("HEAD") == 0
         assert methods.count(("GET", True)) == 1 + 4
         s3.counter.reset()
         assert len(cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)) == 80
-        # unchanged: the listing and the format's head, nothing per object
+        # unchanged: the listing and the rule's 64 KiB head, nothing per object
         assert [(m, p.endswith(".tfrecord")) for m, p, _ in s3.counter.requests] == [
             ("GET", False),
             ("GET", True),
@@ -275,6 +275,48 @@ def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Pat
         assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
         objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
         assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one
+
+
+def test_ingest_rule_read_off_a_first_record_longer_than_the_head(s3: Any, tmp_path: Path) -> None:
+    """The rule of remote shards is read off the first shard's first record: its
+    first 64 KiB, then the rest of a longer first record (here a 200 KB
+    SequenceExample, so ``message`` is ``sequence_example``) in one more request;
+    never the 4 MiB head it was."""
+    from shardcat.pb2 import (
+        BytesList,
+        Feature,
+        FeatureList,
+        FeatureLists,
+        Features,
+        SequenceExample,
+    )
+    from shardcat.readers.tfrecord import TFRecordWriter
+
+    def seq(key: str, frames: int) -> bytes:
+        frame = Feature(bytes_list=BytesList(value=[bytes(range(256)) * 40]))
+        return SequenceExample(
+            context=Features(feature={"key": Feature(bytes_list=BytesList(value=[key.encode()]))}),
+            feature_lists=FeatureLists(feature_list={"f": FeatureList(feature=[frame] * frames)}),
+        ).SerializeToString()
+
+    (tmp_path / "seq").mkdir()
+    path = tmp_path / "seq" / "clips.tfrecord"
+    first = seq("c0", 20)
+    with TFRecordWriter(path) as w:
+        for payload in [first, *(seq(f"c{i}", 1) for i in range(1, 400))]:
+            w.write(payload)
+    assert len(first) > 64 << 10 and path.stat().st_size > 4 << 20
+    url = _upload(s3, tmp_path / "seq", "seq")
+    with Catalog(tmp_path / "q.sqlite") as cat:
+        s3.counter.reset()
+        with cat.ingest(f"{url}/clips.tfrecord", "clips", storage_options=s3.options) as reader:
+            assert reader.options["message"] == "sequence_example"
+            assert len(reader) == 400
+        end = 12 + len(first) + 4
+        gets = [r for m, p, r in s3.counter.requests if m == "GET" and p.endswith("clips.tfrecord")]
+        assert gets[:2] == ["bytes=0-65535", f"bytes=65536-{end - 1}"]
+        # then the shard streamed once for its scan (no 4 MiB head of the rule)
+        assert gets[2:] == [f"bytes=0-{path.stat().st_size - 1}"]
 
 
 # -- Parquet ---------------------------------------------------------------------

@@ -28,13 +28,11 @@ from shardcat.catalog.sync import DROPPED, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
-    SNIFF_REMOTE,
     ProvideEntries,
     judge_files,
-    local_copy,
     raise_for_failures,
+    rule_copy,
     run_ingest,
-    sidecar_copy,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.legacy.report import MigrationReport
@@ -103,12 +101,12 @@ class Catalog(Store):
         if detected is not None and opts.format not in (None, "auto"):
             name = str(opts.format)
             return reuse.Rule(name, dict(detected), explicit, get_format(name).key_rule)
-        if is_url(files[0]):  # detected from a local copy of the object's first bytes
-            storage = opts.options.get(STORAGE_OPTIONS)
-            with local_copy(files[0], storage, SNIFF_REMOTE) as (head, _):
-                name = detect_format(head) if opts.format in (None, "auto") else str(opts.format)
-                with sidecar_copy(files[0], head, get_format(name), storage):  # RecordIO .idx
-                    return self._rule([head], opts)
+        if is_url(files[0]):  # detected from a local copy of the object's first record
+            with rule_copy(files[0], opts.options.get(STORAGE_OPTIONS), opts.format) as (
+                head,
+                name,
+            ):
+                return self._rule([head], opts.with_(format=name))
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
         return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)
