@@ -455,3 +455,24 @@ def test_a_tar_index_imports_a_stem_s_members_as_one_sample(tmp_path: Path):
         assert reader.get_record("s1.seg") == {"png": b"p1"}
     with TarRandomAccess(str(archive), index_file=tmp_path / "fresh.sqlite") as fresh:
         assert fresh.get_record("s0") == {"jpg": b"j0", "txt": b"t0"}
+
+
+def test_reader_on_copies_of_the_shards_takes_a_tfd_index_of_the_originals(tmp_path: Path):
+    """The index was made over ``old/``, the reader opened on copies in ``new/``: each
+    recorded shard is the reader's file of its name (imported, verified), not left
+    for a re-index; a name the reader's files do not hold is indexed from its data."""
+    import shutil
+
+    paths = write_tfrecords(tmp_path / "old", shards=3, per_shard=10)
+    index = tfd_tfrecord_index(str(tmp_path / "old" / GLOB))
+    (tmp_path / "new").mkdir()
+    for p in paths:
+        # copied keeping their mtimes (cp -p, rsync -a): newer ones are re-indexed
+        shutil.copy2(p, tmp_path / "new" / p.name.replace("00002-of", "renamed-of"))
+    with pytest.warns(UserWarning, match="2 shards imported, 1 re-indexed"):
+        reader = TFRecordRandomAccess(str(tmp_path / "new" / GLOB), index_file=str(index))
+    with reader, TFRecordRandomAccess(str(tmp_path / "old" / GLOB)) as near:
+        assert sorted(reader.get_keys()) == sorted(near.get_keys())
+        assert reader.get_many(["r0_3", "r2_9"], raw=True) == near.get_many(
+            ["r0_3", "r2_9"], raw=True
+        )

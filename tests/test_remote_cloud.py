@@ -151,6 +151,40 @@ def test_gcs_ingest_reads_back_identical_to_the_local_copy(
     }  # the token is not stored
 
 
+def test_gcs_ingest_downloads_each_shard_once_and_the_first_record(
+    gcs: dict[str, Any], local: Path, tmp_path: Path
+) -> None:
+    """Four shards, as on GCS (downloads name their generation): one listing and
+    five downloads, each object streamed once whole and the rule (format, options)
+    read off the first shard's first 64 KiB. The fifth download was its first
+    4 MiB (all 2 MB of it: the shard downloaded twice), and a re-ingest of
+    unchanged shards read that again. The emulator names no generation: each
+    download is then followed by one metadata request asking it."""
+    server = gcs["server"]
+    size = (local / "train-00000.tfrecord").stat().st_size
+    url = f"gs://{BUCKET}/train/*.tfrecord"
+    server.name_generation = True
+    try:
+        with Catalog(tmp_path / "n.sqlite") as cat:
+            server.counter.reset()
+            with cat.ingest(url, "t", storage_options=gcs["options"]) as made:
+                assert len(made) == SHARDS * RECORDS
+            media = _media(server.counter)
+            shard = f"/download/storage/v1/b/{BUCKET}/o/train%2Ftrain-{{:05d}}.tfrecord"
+            assert sorted((r[1].split("?")[0], r[2]) for r in media) == sorted(
+                [(shard.format(s), f"bytes=0-{size - 1}") for s in range(SHARDS)]
+                + [(shard.format(0), f"bytes=0-{(64 << 10) - 1}")]
+            )
+            assert len(server.counter.requests) == 1 + SHARDS + 1  # and the listing
+            assert "?delimiter=" in server.counter.requests[0][1]
+            server.counter.reset()
+            cat.ingest(url, "t", storage_options=gcs["options"]).close()
+            # unchanged: the listing and the rule's head, nothing per object
+            assert [r[2] for r in server.counter.requests] == [None, f"bytes=0-{(64 << 10) - 1}"]
+    finally:
+        server.name_generation = False
+
+
 def test_gcs_one_record_is_one_conditional_ranged_request(
     gcs: dict[str, Any], gcs_catalog_file: Path, catalogs: Any
 ) -> None:

@@ -28,13 +28,11 @@ from shardcat.catalog.sync import DROPPED, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
-    SNIFF_REMOTE,
     ProvideEntries,
     judge_files,
-    local_copy,
     raise_for_failures,
+    rule_copy,
     run_ingest,
-    sidecar_copy,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.legacy.report import MigrationReport
@@ -88,20 +86,29 @@ class Catalog(Store):
         opts = IngestOptions(format=format, key=key, grouping=grouping, options=dict(options or {}))
         return self._choose(paths, resolve_paths(paths), opts)[0]
 
-    def _rule(self, files: Sequence[str], opts: IngestOptions) -> reuse.Rule:
+    def _rule(
+        self,
+        files: Sequence[str],
+        opts: IngestOptions,
+        detected: Mapping[str, Any] | None = None,
+    ) -> reuse.Rule:
         """The rule ingest reads ``files`` with: the format (None or ``"auto"``:
         detected from the first file's bytes), the options detected from the first
-        file and the options given."""
-        if is_url(files[0]):  # detected from a local copy of the object's first bytes
-            storage = opts.options.get(STORAGE_OPTIONS)
-            with local_copy(files[0], storage, SNIFF_REMOTE) as (head, _):
-                name = detect_format(head) if opts.format in (None, "auto") else str(opts.format)
-                with sidecar_copy(files[0], head, get_format(name), storage):  # RecordIO .idx
-                    return self._rule([head], opts)
-        name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
-        fmt = get_format(name)
+        file (``detected``: read off it already, nothing is read) and the options
+        given."""
         explicit = opts.explicit()
         explicit.pop(DROPPED, None)  # bookkeeping, never an option given
+        if detected is not None and opts.format not in (None, "auto"):
+            name = str(opts.format)
+            return reuse.Rule(name, dict(detected), explicit, get_format(name).key_rule)
+        if is_url(files[0]):  # detected from a local copy of the object's first record
+            with rule_copy(files[0], opts.options.get(STORAGE_OPTIONS), opts.format) as (
+                head,
+                name,
+            ):
+                return self._rule([head], opts.with_(format=name))
+        name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
+        fmt = get_format(name)
         return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)
 
     def _choose(
@@ -196,8 +203,11 @@ class Catalog(Store):
         *,
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
+        detected: Mapping[str, Any] | None = None,
     ) -> Reader:
-        """:meth:`ingest` with its options as one :class:`IngestOptions`."""
+        """:meth:`ingest` with its options as one :class:`IngestOptions`.
+        ``detected``: the options already read off the first shard (``migrate``
+        has them), so none of its bytes are read again; used with ``opts.format``."""
         given = opts.options.get(STORAGE_OPTIONS)
         if given:  # kept by this process (and its workers) in full, stored without secrets
             for pattern in as_patterns(paths):
@@ -210,7 +220,7 @@ class Catalog(Store):
         if not files:
             raise CatalogError(f"no files match {as_patterns(paths)}")
         # Precedence: detected from the first shard < stored with the dataset < given here.
-        rule = self._rule(files, opts)
+        rule = self._rule(files, opts, detected)
         fmt = get_format(rule.format)
         name = dataset
         if name is None:

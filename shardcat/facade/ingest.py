@@ -52,7 +52,8 @@ from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote, remote_file
-from shardcat.readers.formats import Format, ShardScan, get_format
+from shardcat.readers.compressed import detect_compression
+from shardcat.readers.formats import Format, ShardScan, detect_format, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -278,8 +279,42 @@ def _failed(
     raise exc
 
 
-#: the bytes of a remote shard its format and options are detected from
+#: at most the bytes of a remote shard its format and options are detected from
 SNIFF_REMOTE = 4 << 20
+#: the first bytes of a remote shard read for its rule (then the rest of its first
+#: record, when the format says it is longer: :meth:`Format.head_needed`)
+SNIFF_HEAD = 64 << 10
+
+
+@contextlib.contextmanager
+def rule_copy(
+    url: str, options: Mapping[str, Any] | None, format: str | None
+) -> Iterator[tuple[str, str]]:
+    """A local copy of the first bytes of the remote shard ``url`` that its format
+    (``format``, else detected) and options are read off, and the format's name:
+    :data:`SNIFF_HEAD` bytes, then the rest of the first record when the format
+    says it is longer (:data:`SNIFF_REMOTE` at most, or when it cannot tell). With
+    the shard's sidecar beside it (RecordIO's ``.idx``). A compressed shard: its
+    first :data:`SNIFF_REMOTE` bytes (a bz2 block is larger than the head)."""
+    with remote_file.downloaded(url, options, SNIFF_HEAD) as (tmp, info):
+        need: int | None = None
+        if detect_compression(tmp) is None:
+            name = detect_format(tmp) if format in (None, "auto") else str(format)
+            need = get_format(name).head_needed(tmp)
+        have = min(SNIFF_HEAD, info.size)
+        end = min(SNIFF_REMOTE if need is None else need, SNIFF_REMOTE, info.size)
+        if end > have:  # the rest, in one request
+            source = remote.RemoteSource(
+                url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False
+            )
+            try:
+                with open(tmp, "ab") as f:
+                    f.write(source.fetch(have, end))
+            finally:
+                source.close()
+        name = detect_format(tmp) if format in (None, "auto") else str(format)
+        with sidecar_copy(url, tmp, get_format(name), options):
+            yield tmp, name
 
 
 @contextlib.contextmanager

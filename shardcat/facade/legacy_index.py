@@ -21,6 +21,19 @@ returns the catalog's path, which the reader then opens:
   catalog without reading the index; a rebuilt index is imported again (only
   shards that changed are re-read);
 - one warning says what was done.
+
+The index may be on object storage (``index_file="s3://bucket/train/train.index"``,
+read through fsspec as the shards are): its first bytes tell whether it is a
+tfd-utils pickle (one ranged read), it is downloaded once to be imported, and
+its identity is the object's size, Last-Modified and ETag (one HEAD per later
+open, nothing downloaded). Its catalog is in the per-user cache directory,
+named after its URL (there is no "beside it" on object storage). A missing
+object, or one that is no tfd-utils index, is a :class:`CatalogError` naming
+the URL; a corrupt pickle a :class:`LegacyIndexError` naming it.
+
+The reader's shards may be on object storage too, the index made over local
+copies of them (or stored beside them): a shard it records is the reader's
+file of the same name (see :class:`~shardcat.legacy.index.ReaderFiles`).
 """
 
 from __future__ import annotations
@@ -31,8 +44,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog import postgres
 from shardcat.catalog.engine import user_cache_dir
-from shardcat.errors import CatalogError, ShardcatError
+from shardcat.errors import CatalogError, MissingShardError, ShardcatError
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.migrate import migrate_for_reader
 from shardcat.facade.options import IngestOptions
@@ -40,6 +54,8 @@ from shardcat.legacy.index import FORMAT_OF, TFD_TAR, TFD_TFRECORD
 from shardcat.legacy.pickles import pickled_dict
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike
+from shardcat.readers.remote import is_url, remote_info
+from shardcat.readers.remote_file import downloaded
 
 __all__ = ["CATALOG_SUFFIX", "catalog_for_legacy_index", "catalog_path_for"]
 
@@ -59,6 +75,27 @@ def catalog_path_for(index_file: str | os.PathLike[str]) -> Path:
         return beside
     digest = hashlib.sha1(str(index).encode()).hexdigest()[:16]
     return user_cache_dir() / f"{index.name}-{digest}{CATALOG_SUFFIX}"
+
+
+def _remote_catalog_path(url: str) -> Path:
+    """The catalog a legacy index at ``url`` is imported into (per-user cache)."""
+    digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+    return user_cache_dir() / f"{url.rsplit('/', 1)[-1]}-{digest}{CATALOG_SUFFIX}"
+
+
+def _remote_identity(url: str) -> dict[str, Any]:
+    """The identity of the object at ``url`` (one HEAD); :class:`CatalogError` if missing."""
+    try:
+        info = remote_info(url)
+    except MissingShardError:
+        raise CatalogError(f"index_file {url} does not exist") from None
+    return {"path": url, "size": info.size, "mtime_ns": info.mtime_ns, "etag": info.fingerprint}
+
+
+def _is_remote_tfd_pickle(url: str, size: int) -> bool:
+    """Whether the object at ``url`` starts like a tfd-utils pickle (one ranged read)."""
+    with downloaded(url, limit=min(size, 16)) as (head, _):
+        return pickled_dict(head)
 
 
 def _is_tfd_pickle(path: Path) -> bool:
@@ -114,16 +151,30 @@ def catalog_for_legacy_index(
     :class:`CatalogError` when the index holds another format than ``opts.format``
     or, with ``readonly=True``, is not imported yet (nothing is written then).
     """
-    given = Path(index_file).expanduser()
-    if not _is_tfd_pickle(given):
-        return given
-    index = given.absolute()
-    st = os.stat(index)
-    identity = {"path": str(index), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    catalog = catalog_path_for(index)
-    stored = _dataset_options(catalog, shard_paths)
-    if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
-        return catalog
+    named = os.fspath(index_file)
+    index: Path | str
+    if is_url(named) and not postgres.is_server_url(named):  # on object storage
+        index, identity = named, _remote_identity(named)
+        catalog = _remote_catalog_path(named)
+        stored = _dataset_options(catalog, shard_paths)
+        if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
+            return catalog  # imported already: known by its identity, nothing read
+        if not _is_remote_tfd_pickle(named, identity["size"]):
+            raise CatalogError(
+                f"index_file {named} is not a tfd-utils index; a shardcat catalog is a "
+                "local file or a database server URL"
+            )
+    else:
+        given = Path(index_file).expanduser()
+        if not _is_tfd_pickle(given):
+            return given
+        index = given.absolute()
+        st = os.stat(index)
+        identity = {"path": str(index), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        catalog = catalog_path_for(index)
+        stored = _dataset_options(catalog, shard_paths)
+        if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
+            return catalog
     if readonly:
         raise CatalogError(
             f"index_file {index} is a tfd-utils index, not a shardcat catalog, and a "

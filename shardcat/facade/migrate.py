@@ -46,7 +46,7 @@ from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
 from shardcat.facade.ingest import SNIFF_REMOTE, ProvideEntries, ShardOutcome, local_copy
 from shardcat.facade.options import KEEP, IngestOptions, Progress
-from shardcat.legacy.index import TFRECORD_FRAME, discover
+from shardcat.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
 from shardcat.legacy.remote import discover_remote
 from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
@@ -119,13 +119,13 @@ def _options(
     fields: bool,
     key: str | None,
     stored: Mapping[str, Any],
+    detected: Mapping[str, Any],
     storage: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The dataset options a fresh ingest of these shards would record, and what the
-    report should say about them. ``storage``: the fsspec options of remote shards."""
-    first = min(plan.shards)
-    rows = plan.shards[first][1].rows
-    opts: dict[str, Any] = {**_detect_options(plan.format, first, storage, rows), "fields": fields}
+    report should say about them. ``detected``: those read off the first shard
+    (:func:`_detect_options`); ``storage``: the fsspec options of remote shards."""
+    opts: dict[str, Any] = {**detected, "fields": fields}
     if storage:
         opts[STORAGE_OPTIONS] = dict(storage)
     notes: list[str] = []
@@ -278,7 +278,9 @@ def _migrate_plan(
         # shards migrated without fields are re-read when fields are asked for now
         rescan = fields and stored.get("fields") is False
         storage = storage_options or stored.get(STORAGE_OPTIONS)
-        options, notes = _options(plan, fields, key or stored.get("key"), stored, storage)
+        first = min(plan.shards)  # its options read once, handed to the ingest as detected
+        detected = _detect_options(plan.format, first, storage, plan.shards[first][1].rows)
+        options, notes = _options(plan, fields, key or stored.get("key"), stored, detected, storage)
         options.update(overrides or {})  # what a reader asks for (see migrate_for_reader)
         reports: dict[str, ShardReport] = {}
         provided: dict[str, ProvideEntries] = {}
@@ -342,7 +344,7 @@ def _migrate_plan(
                 rescan=bool(rescan),
             )
             result.dataset, result.dropped = _commit(
-                cat, plan, name, ingest, provided, reports, tick
+                cat, plan, name, ingest, provided, reports, tick, detected
             )
     if not fields:
         result.fill_fields = _fill_command(result)
@@ -357,9 +359,11 @@ def _commit(
     provided: dict[str, ProvideEntries],
     reports: dict[str, ShardReport],
     tick: _Ticker,
+    detected: Mapping[str, Any],
 ) -> tuple[str, int]:
-    """Run the ingest with the verified entries; returns the dataset's name and how
-    many records ``on_duplicate`` dropped."""
+    """Run the ingest with the verified entries (and the options ``detected`` off the
+    first shard: the ingest reads none of its bytes again); returns the dataset's
+    name and how many records ``on_duplicate`` dropped."""
     dropped = 0
 
     def on_outcome(outcome: ShardOutcome, total: int) -> None:
@@ -377,7 +381,7 @@ def _commit(
 
     try:
         with cat.ingest_with(
-            plan.source, name, opts, progress=on_outcome, provided=provided
+            plan.source, name, opts, progress=on_outcome, provided=provided, detected=detected
         ) as reader:
             name = reader.dataset
     except IngestError:
@@ -507,12 +511,19 @@ def _migrate(
     ``overrides`` its dataset options (see :func:`migrate_for_reader`)."""
     given = as_patterns(paths)
     far = [p for p in given if is_url(p)]  # on object storage: found by listing
-    indexes, skipped = discover(
-        [p for p in given if not is_url(p)], remap, max_depth=max_depth, pattern=pattern
-    )
+    # a reader's files: the dataset, which tfd-utils indexes' shards are placed onto
+    files = None if reader_source is None else set(resolve_paths(reader_source))
+    onto = None if files is None else ReaderFiles(files)
+    near = [p for p in given if not is_url(p)]
+    indexes, skipped = discover(near, remap, max_depth=max_depth, pattern=pattern, onto=onto)
     if far:
         more, also = discover_remote(
-            far, remap, storage_options=storage_options, max_depth=max_depth, pattern=pattern
+            far,
+            remap,
+            storage_options=storage_options,
+            max_depth=max_depth,
+            pattern=pattern,
+            onto=onto,
         )
         indexes, skipped = indexes + more, skipped + also
     for index in indexes:
@@ -521,7 +532,6 @@ def _migrate(
                 f"{index.path} is a {index.kind}: its shards are "
                 f"{get_format(index.format).TITLE}, not {reader_format} (the reader's format)"
             )
-    files = None if reader_source is None else set(resolve_paths(reader_source))
     if files is not None:
         for index in indexes:
             index.shards = [s for s in index.shards if s.path in files]
@@ -535,7 +545,9 @@ def _migrate(
         )
     for plan in plans:  # the source set (and its files no index covers) before counting
         if plan.shards and files is not None and reader_source is not None:
-            plan.source = [os.path.abspath(os.path.expanduser(p)) for p in reader_source]
+            plan.source = [
+                p if is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in reader_source
+            ]
             plan.extra = sorted(files - set(plan.shards))
         elif plan.shards:
             plan.source, plan.extra = source_of(sorted(plan.shards), as_patterns(paths))

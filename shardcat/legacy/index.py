@@ -29,6 +29,12 @@ beside the index file (re-rooting; used only when the index's file names are
 unique); the path as recorded (relative paths: from the index's directory,
 then from the current one). A shard found by none is reported missing.
 
+**A reader's files.** Given the files a reader was opened on (``onto``: a
+drop-in reader handed a tfd-utils ``index_file``), a recorded shard that is
+not one of them is the one of them with its name, when the names of both are
+unique: the index was made over copies elsewhere (local copies of shards on
+object storage, say). Its entries are verified against that file like any.
+
 **Discovery.** :func:`discover` takes directories, index files given
 explicitly (any name; the content tells the kind), and shard files or globs
 (the index files beside them, restricted to those shards). A directory is
@@ -50,7 +56,7 @@ import glob
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +76,7 @@ __all__ = [
     "TFD_TFRECORD",
     "LegacyIndex",
     "LegacyShard",
+    "ReaderFiles",
     "discover",
     "is_index_name",
     "read_legacy_index",
@@ -163,6 +170,26 @@ def _resolve(
         if os.path.isfile(candidate):
             return candidate, "as recorded"
     return None, "missing"
+
+
+class ReaderFiles:
+    """The files a reader was opened on, that a tfd-utils index's shards are placed
+    onto (see the module docs: "A reader's files")."""
+
+    def __init__(self, files: Iterable[str]) -> None:
+        self.files = set(files)
+        names: dict[str, list[str]] = {}
+        for path in self.files:
+            names.setdefault(path.rsplit("/", 1)[-1], []).append(path)
+        self.by_name = {name: paths[0] for name, paths in names.items() if len(paths) == 1}
+
+    def place(self, recorded: str, found: str | None, how: str) -> tuple[str | None, str]:
+        """Where the shard recorded as ``recorded`` (found at ``found``, ``how``) is
+        among the reader's files; ``(found, how)`` when it is one, or has no namesake."""
+        if found in self.files:
+            return found, how
+        target = self.by_name.get(recorded.replace(os.sep, "/").rsplit("/", 1)[-1])
+        return (found, how) if target is None else (target, "the reader's file of that name")
 
 
 # -- what kind of file ------------------------------------------------------------------
@@ -283,7 +310,10 @@ def read_legacy_index(
 
 
 def _read_legacy_index(
-    path: str | os.PathLike[str], remap: Sequence[tuple[str, str]], listing: Listing
+    path: str | os.PathLike[str],
+    remap: Sequence[tuple[str, str]],
+    listing: Listing,
+    onto: ReaderFiles | None = None,
 ) -> LegacyIndex | None:
     where = os.path.abspath(os.fspath(path))
     sniffed = sniff(where)
@@ -307,6 +337,8 @@ def _read_legacy_index(
     index = LegacyIndex(where, kind, mtime_ns, [])
     for recorded, rows in by_file.items():
         found, how = _resolve(recorded, index_dir, remap, reroot)
+        if onto is not None and reroot:
+            found, how = onto.place(recorded, found, how)
         if found is None:
             index.missing.append(recorded)
         else:
@@ -357,12 +389,14 @@ def discover(
     *,
     max_depth: int | None = None,
     pattern: str | Sequence[str] | None = None,
+    onto: ReaderFiles | None = None,
 ) -> tuple[list[LegacyIndex], list[tuple[str, str]]]:
     """Legacy index files for ``paths`` (directories, walked ``max_depth`` levels
     down; index files; shard files or globs of them; see the module docs): the
     indexes read, and ``(file, reason)`` for files found by name that were not
     imported. ``pattern``: shell patterns of the index file names to look for
-    in directories (default: ``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)."""
+    in directories (default: ``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``).
+    ``onto``: a reader's files, that tfd-utils indexes' shards are placed onto."""
     if max_depth is not None and max_depth < 0:
         raise CatalogError(f"max_depth (--depth) must be 0 or more, not {max_depth}")
     names = _patterns(pattern)
@@ -402,7 +436,7 @@ def discover(
     indexes: list[LegacyIndex] = []
     for candidate in found:
         try:
-            index = _read_legacy_index(candidate, remap, listing)
+            index = _read_legacy_index(candidate, remap, listing, onto)
         except CatalogError as exc:
             if candidate in explicit or isinstance(exc, LegacyIndexError):
                 raise

@@ -41,6 +41,7 @@ from shardcat.legacy.index import (
     TFD_TFRECORD,
     LegacyIndex,
     LegacyShard,
+    ReaderFiles,
     is_index_name,
     not_known_reason,
     shard_names,
@@ -159,9 +160,20 @@ def _shard_beside(url: str, kind: str, found: _Found, tmp: str) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _tfd(url: str, local: str, found: _Found, remap: Sequence[tuple[str, str]]) -> LegacyIndex:
-    """A tfd-utils pickle on object storage: its shards beside it, or remapped."""
-    layout, by_file = tfd_rows(load_pickle(local), url)
+def _tfd(
+    url: str,
+    local: str,
+    found: _Found,
+    remap: Sequence[tuple[str, str]],
+    onto: ReaderFiles | None = None,
+) -> LegacyIndex:
+    """A tfd-utils pickle on object storage: its shards beside it, or remapped (or
+    placed onto a reader's files by name)."""
+    try:
+        data = load_pickle(local)
+    except LegacyIndexError as exc:  # named by its URL, not the downloaded copy
+        raise LegacyIndexError(url, exc.offset, exc.problem) from None
+    layout, by_file = tfd_rows(data, url)
     kind = TFD_TFRECORD if layout == "tfrecord" else TFD_TAR
     index = LegacyIndex(url, kind, found.objects[url].mtime_ns, [])
     names = [posixpath.basename(f) for f in by_file]
@@ -175,7 +187,11 @@ def _tfd(url: str, local: str, found: _Found, remap: Sequence[tuple[str, str]]) 
                 break
         if target is None and unique:
             target = f"{posixpath.dirname(url)}/{posixpath.basename(recorded)}"
-        if target is None or target not in found.objects:
+        if target is not None and target not in found.objects:
+            target = None
+        if onto is not None and unique:  # a reader's files exist: they were listed
+            target, how = onto.place(recorded, target, how)
+        if target is None:
             index.missing.append(recorded)
         else:
             index.shards.append(LegacyShard(target, recorded, how, rows))
@@ -183,7 +199,13 @@ def _tfd(url: str, local: str, found: _Found, remap: Sequence[tuple[str, str]]) 
     return index
 
 
-def _read(url: str, found: _Found, remap: Sequence[tuple[str, str]], tmp: str) -> LegacyIndex | str:
+def _read(
+    url: str,
+    found: _Found,
+    remap: Sequence[tuple[str, str]],
+    tmp: str,
+    onto: ReaderFiles | None = None,
+) -> LegacyIndex | str:
     """The legacy index at ``url`` (downloaded once), or why it is not one."""
     local = os.path.join(tmp, "index-" + posixpath.basename(url))
     download(url, local, found.options)
@@ -191,7 +213,7 @@ def _read(url: str, found: _Found, remap: Sequence[tuple[str, str]], tmp: str) -
     if kind is None:
         return not_known_reason(local)
     if kind == "pickle":
-        return _tfd(url, local, found, remap)
+        return _tfd(url, local, found, remap, onto)
     shard = _shard_beside(url, kind, found, tmp)
     if shard is None:
         raise CatalogError(
@@ -210,9 +232,11 @@ def discover_remote(
     storage_options: Mapping[str, Any] | None = None,
     max_depth: int | None = None,
     pattern: str | Sequence[str] | None = None,
+    onto: ReaderFiles | None = None,
 ) -> tuple[list[LegacyIndex], list[tuple[str, str]]]:
     """:func:`shardcat.legacy.index.discover` for URLs (prefixes, index files,
-    shards or globs of them on object storage; see the module docs)."""
+    shards or globs of them on object storage; see the module docs); ``onto``: a
+    reader's files, that tfd-utils indexes' shards are placed onto by name."""
     if max_depth is not None and max_depth < 0:
         raise CatalogError(f"max_depth (--depth) must be 0 or more, not {max_depth}")
     names = None if pattern is None else [pattern] if isinstance(pattern, str) else list(pattern)
@@ -231,7 +255,7 @@ def discover_remote(
     with tempfile.TemporaryDirectory(prefix="shardcat-legacy-") as tmp:
         for url in found.candidates:
             try:
-                index = _read(url, found, remap, tmp)
+                index = _read(url, found, remap, tmp, onto)
             except CatalogError as exc:
                 if url in found.explicit or isinstance(exc, LegacyIndexError):
                     raise

@@ -265,6 +265,12 @@ class Format(ABC):
         """Dataset options read off the first shard (e.g. RecordIO's IRHeader)."""
         return {}
 
+    def head_needed(self, head: str) -> int | None:
+        """How many first bytes of a shard :meth:`detect_options` reads, told from a
+        copy of its first bytes at ``head`` (a remote shard's options are read off
+        that many, not a fixed head); None: cannot tell (a compressed stream)."""
+        return 0
+
     def sidecar(self, path: str) -> str | None:
         """A file beside the shard ``path`` that its scan reads when present (RecordIO:
         the MXNet ``.idx`` holding its keys); None: none. A remote shard's is fetched

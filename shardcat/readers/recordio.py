@@ -431,6 +431,20 @@ class RecordIOFormat(Format):
     def sidecar(self, path: str) -> str | None:
         return idx_path_for(path)
 
+    def head_needed(self, head: str) -> int | None:
+        """The first record's frame when it is one part; None when compressed or
+        split in parts (the walk then reads what the caller's cap holds)."""
+        if detect_compression(head):
+            return None
+        with open(head, "rb") as f:
+            first = f.read(HEADER)
+        if len(first) < HEADER:
+            return 0
+        magic, lrecord = int.from_bytes(first[:4], "little"), int.from_bytes(first[4:], "little")
+        if magic != MAGIC or lrecord >> 29 != 0:
+            return None if magic == MAGIC else 0
+        return HEADER + padded(lrecord & LENGTH_MASK)
+
     def detect_options(self, path: str) -> dict[str, Any]:
         """``idx``: whether an MXNet ``.idx`` lies beside the file; ``header``: whether
         its first payload looks like an IRHeader (see the module docs)."""

@@ -334,6 +334,15 @@ class TFRecordFormat(Format):
                 out[name] = f"sequence[{len(flist.feature)}]"
         return out
 
+    def head_needed(self, head: str) -> int | None:
+        """The first record's frame (its length from the first 8 bytes); None when
+        compressed."""
+        if detect_compression(head):
+            return None
+        with open(head, "rb") as f:
+            first = f.read(8)
+        return 0 if len(first) < 8 else HEADER + _U64.unpack(first)[0] + FOOTER
+
     def detect_options(self, path: str) -> dict[str, Any]:
         """Dataset options read off the first shard: ``message`` is ``sequence_example``
         when its first record carries feature lists, else ``example``.
