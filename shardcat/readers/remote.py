@@ -99,7 +99,7 @@ STREAM_CHUNK = 8 * 1024 * 1024
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _QUERY = re.compile(r"\?[^\s'\")]*")  # of a URL in an error: may carry a token
 _SECRET = re.compile(
-    r"key|secret|token|password|passwd|credential|session|auth|connection_str|kerb", re.I
+    r"key|secret|token|password|passwd|credential|session|auth|connection_str|kerb_kwargs", re.I
 )
 _HINT = {
     "s3": "s3fs",

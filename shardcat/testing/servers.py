@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -234,6 +234,8 @@ class WebHDFSServer:
         self.port, self.data_port = free_port(), free_port()
         self.counter = Counter()
         self.fail_next = 0
+        #: called by the DataNode before it reads (a test replaces the file there)
+        self.before_data: Callable[[], None] | None = None
         self.connections: set[socket.socket] = set()
         self._ids: dict[str, tuple[int, int, int]] = {}  # path -> (inode, ctime, fileId)
         self._next_id = 16386  # after the root's, as HDFS counts
@@ -364,6 +366,9 @@ class WebHDFSServer:
                     if offset > size:
                         self._error(403, "IOException", f"Offset={offset} out of [0, {size})")
                         return
+                    if server.before_data is not None:
+                        server.before_data()
+                        size = os.path.getsize(os.path.join(server.root, rel))
                     end = min(size, offset + int(query.get("length", size)))
                     with open(os.path.join(server.root, rel), "rb") as f:
                         f.seek(offset)
