@@ -298,6 +298,8 @@ class WebHDFSServer:
 
             def setup(self) -> None:
                 super().setup()
+                # headers and body leave at once (no Nagle wait for the client's ACK)
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 server.connections.add(self.connection)
 
             def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
