@@ -182,7 +182,7 @@ def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
                 package = _HINT.get(protocol, f"the fsspec implementation of {protocol}://")
                 raise CatalogError(
                     f"{url}: cannot open {protocol}:// ({exc}); install {package} "
-                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs and adlfs)"
+                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs, adlfs and requests)"
                 ) from None
             _filesystems[key] = fs
     return fs
