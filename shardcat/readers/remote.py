@@ -284,6 +284,9 @@ def _transient(exc: BaseException) -> bool:
         "ReadTimeoutError",
         "ConnectTimeoutError",
         "IncompleteRead",
+        "ConnectionError",  # requests' (WebHDFS), not the builtin
+        "ChunkedEncodingError",
+        "ReadTimeout",
     }:
         return True
     if isinstance(exc, (FileNotFoundError, PermissionError, _Changed)):

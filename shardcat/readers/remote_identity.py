@@ -96,7 +96,11 @@ def remote_mismatch(
     if now.size != size:
         return f"its size is {now.size} bytes, the catalog indexed {size}"
     if fingerprint is not None and now.fingerprint is not None:
-        return None if now.fingerprint == fingerprint else "its ETag differs"
+        if now.fingerprint == fingerprint:
+            return None
+        if fingerprint.startswith("version:"):  # GCS generation, HDFS fileId@mtime
+            return f"its version is {now.fingerprint[8:]}, the catalog indexed {fingerprint[8:]}"
+        return "its ETag differs"
     if mtime_ns and now.mtime_ns and now.mtime_ns != mtime_ns:
         return "it was modified (Last-Modified differs)"
     return None
