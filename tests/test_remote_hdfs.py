@@ -377,3 +377,37 @@ def test_cli_hdfs_without_a_hadoop_client_is_one_line(no_hadoop: None, tmp_path:
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
     assert "webhdfs://namenode:9870/" in lines[0] and "Traceback" not in result.output
+
+
+def test_node_local_cache_is_filled_through_checked_reads(
+    hdfs: WebHDFSServer, hdfs_catalog: Catalog, tmp_path: Path
+) -> None:
+    import time
+
+    from shardcat.readers import cache
+
+    directory = tmp_path / "cache"
+    cache.configure_cache(directory, 1 << 30)
+    try:
+        with hdfs_catalog.dataset("train") as reader:
+            hdfs.counter.reset()
+            reader.get_raw("r1_0")  # opens the shard's source: its download starts
+            for _ in range(600):  # a background download: polled, no timing asserted
+                done = [p for p in directory.iterdir() if not p.name.endswith((".lock", ".part"))]
+                if done:
+                    break
+                time.sleep(0.1)
+            assert len(done) == 1
+            size = (Path(hdfs.root) / "train" / "train-00001.tfrecord").stat().st_size
+            assert done[0].stat().st_size == size
+            assert hdfs.ops().count("GETFILESTATUS") == hdfs.ops().count("OPEN")  # each checked
+        with hdfs_catalog.dataset("train") as again:
+            hdfs.counter.reset()
+            keys = [f"r1_{i}" for i in range(0, RECORDS, 7)]
+            assert again.get_many(keys, raw=True) == hdfs_catalog.dataset("local").get_many(
+                keys, raw=True
+            )
+            assert hdfs.counter.requests == []
+    finally:
+        cache.configure_cache(None)
+        cache._config.clear()

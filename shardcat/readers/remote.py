@@ -438,7 +438,7 @@ class RemoteSource(Source):
     def _fill(self, config: _cache.CacheConfig, identity: str) -> None:
         """Fetch the whole shard into the node-local cache; read it from there after."""
         try:
-            fd = _cache.fill(config, self.path, identity, self.size, self._remote, STREAM_CHUNK)
+            fd = _cache.fill(config, self.path, identity, self.size, self._checked, STREAM_CHUNK)
         except Exception:  # the cache is an optimisation: reads go to the store
             return
         if fd is not None:
@@ -479,9 +479,14 @@ class RemoteSource(Source):
         local = self._local
         if local is not None:
             return os.pread(local, end - start, start)
+        return self._checked(start, end)
+
+    def _checked(self, start: int, end: int) -> bytes:
+        """:meth:`_remote`, on WebHDFS followed by the status check (see the module
+        docstring: after the bytes, it proves they came from the indexed file)."""
         data = self._remote(start, end)
         if self._after:
-            self._check_info(self._mtime_ns)  # after the bytes: they came from that file
+            self._check_info(self._mtime_ns)
         return data
 
     def _remote(self, start: int, end: int) -> bytes:
