@@ -1,7 +1,9 @@
 """Every built-in container format, plain and compressed, ingested from an HTTP
-server on loopback reads back exactly what the same shards ingested locally
-give (the format contract's writers and records), record by record and in
-batches; a compressed shard's record costs a bounded number of requests."""
+server and from a WebHDFS server on loopback reads back exactly what the same
+shards ingested locally give (the format contract's writers and records), record
+by record and in batches; a compressed shard's record costs a bounded number of
+requests (on WebHDFS: of OPENs, each a NameNode redirect and a DataNode read, and
+at most one status check after each)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import test_contract as contracts
 
 from shardcat import Catalog
 from shardcat.testing.formats import BIG_RECORDS, COMPRESSORS, RECORDS
-from shardcat.testing.servers import RangeServer
+from shardcat.testing.servers import RangeServer, WebHDFSServer
 
 try:
     import aiohttp  # noqa: F401
@@ -38,25 +40,37 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def www(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServer]:
-    server = RangeServer(str(tmp_path_factory.mktemp("www")))
-    server.start()
+def servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RangeServer, WebHDFSServer]]:
+    """An HTTP server and a WebHDFS server over one directory."""
+    root = str(tmp_path_factory.mktemp("www"))
+    www, hdfs = RangeServer(root), WebHDFSServer(root)
+    www.start()
+    hdfs.start()
     try:
-        yield server
+        yield www, hdfs
     finally:
-        server.stop()
+        www.stop()
+        hdfs.stop()
 
 
+@pytest.mark.parametrize("store", ["http", "webhdfs"])
 @pytest.mark.parametrize(
     ("contract", "compression"),
     CASES,
     ids=[f"{c.FORMAT}-{z or 'plain'}" for c, z in CASES],
 )
 def test_remote_reads_equal_local(
-    www: RangeServer, tmp_path: Path, contract: Any, compression: str | None
+    servers: tuple[RangeServer, WebHDFSServer],
+    tmp_path: Path,
+    contract: Any,
+    compression: str | None,
+    store: str,
 ) -> None:
+    www, hdfs = servers
     case = contract()
-    name = f"{case.FORMAT}-{compression or 'plain'}"
+    name = f"{case.FORMAT}-{compression or 'plain'}-{store}"
     root = Path(www.root) / name
     root.mkdir()
     shards = [case.shard_path(root, i) for i in range(2)]
@@ -71,7 +85,8 @@ def test_remote_reads_equal_local(
         for original in root.iterdir():
             if original not in shards and not original.name.endswith(".idx"):
                 original.unlink()
-    urls = [f"{www.url}/{name}/{s.name}" for s in shards]
+    base = www.url if store == "http" else hdfs.url
+    urls = [f"{base}/{name}/{s.name}" for s in shards]
     with Catalog(tmp_path / "c.sqlite") as cat:
         far = cat.ingest(urls, "far")  # RecordIO: keyed by the .idx beside each .rec
         near = cat.ingest([str(s) for s in shards], "near")
@@ -90,9 +105,16 @@ def test_remote_reads_equal_local(
         assert far.get_many_at(everything, raw=raw) == near.get_many_at(everything, raw=raw)
         with cat.dataset("far") as fresh:  # a source opened for this read
             www.counter.reset()
+            hdfs.counter.reset()
             last = len(near) - 1
             assert fresh.get_record_at(last, raw=raw) == near.get_record_at(last, raw=raw)
             # xz: opening reads the stream's footer and block index, at its end;
             # a Parquet row: its row group and the footer, two ranges
             bound = {None: 1, "gzip": 2, "bz2": 2, "xz": 5}[compression] + (not raw)
-            assert 1 <= len(www.counter.requests) <= bound
+            if store == "http":
+                assert 1 <= len(www.counter.requests) <= bound
+            else:
+                ops = hdfs.ops()
+                assert 1 <= ops.count("OPEN") == ops.count("DATANODE") <= bound
+                assert 1 <= ops.count("GETFILESTATUS") <= ops.count("OPEN")
+                assert len(ops) == 2 * ops.count("OPEN") + ops.count("GETFILESTATUS")

@@ -10,9 +10,12 @@ read itself, at no extra request: a changed object answers 412 (or another
 ETag) and the read is a :class:`~shardcat.errors.StaleShardError` naming the
 URL, a deleted one answers 404 (:class:`~shardcat.errors.MissingShardError`).
 GCS and Azure reads are conditional too (:mod:`shardcat.readers.remote_cloud`:
-``ifGenerationMatch``, ``If-Match``). Other protocols (``hdfs://``...) read with
-``fs.cat_file(path, start, end)`` and check ``fs.info`` (size, ETag, mtime) once
-when the source opens.
+``ifGenerationMatch``, ``If-Match``). WebHDFS has no conditional read: a read is
+``OPEN`` with offset and length (NameNode redirect + DataNode, two HTTP requests),
+then GETFILESTATUS proves the file is still the indexed fileId, size and mtime
+(after each single read; once per shard after a batch, in :meth:`RemoteSource.check`;
+:mod:`shardcat.readers.remote_hdfs`). Other protocols read with
+``fs.cat_file(path, start, end)`` and check ``fs.info`` once when the source opens.
 
 **Batches** (``Reader.get_many``) first hand a source all the ranges they will
 read (:meth:`RemoteSource.prefetch`): ranges closer than :data:`MERGE_GAP`
@@ -23,9 +26,10 @@ requests of every shard of the batch run concurrently on a bounded pool
 bytes. A read that no prefetched range covers is its own request.
 
 **Identity** of a remote object, as the catalog stores it in the shard row's
-existing columns: ``size``; ``mtime_ns`` (Last-Modified, 0 when the store gives
-none); ``fingerprint`` ``"etag:<ETag>"`` (or ``"version:<id>"``, on GCS
-``"version:<generation>"``; ``"etag#<hash>"`` for a long ETag); inode and ctime NULL.
+existing columns (:mod:`shardcat.readers.remote_identity`): ``size``; ``mtime_ns``
+(Last-Modified, 0 when the store gives none); ``fingerprint`` ``"etag:<ETag>"`` (or
+``"version:<id>"``: on GCS ``"version:<generation>"``, on HDFS
+``"version:<fileId>@<modificationTime>"``; ``"etag#<hash>"`` for a long ETag).
 
 **Transient errors** (5xx, connection reset or refused, timeouts) are retried
 :data:`RETRIES` times with exponential backoff from :data:`BACKOFF` seconds; then
@@ -46,7 +50,6 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import threading
@@ -57,9 +60,12 @@ from typing import Any
 
 from shardcat.errors import CatalogError, MissingShardError, ShardIOError, StaleShardError
 from shardcat.readers import cache as _cache
+from shardcat.readers import remote_hdfs as _hdfs
 from shardcat.readers.rawio import Source
 from shardcat.readers.remote_cloud import Changed as _Changed
 from shardcat.readers.remote_cloud import cloud_get, gcs_generation, handles
+from shardcat.readers.remote_identity import RemoteInfo, remote_mismatch
+from shardcat.readers.remote_identity import info_of as _info_of
 
 __all__ = [
     "CONCURRENCY",
@@ -91,8 +97,9 @@ BACKOFF = 0.05
 STREAM_CHUNK = 8 * 1024 * 1024
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_QUERY = re.compile(r"\?[^\s'\")]*")  # of a URL in an error: may carry a token
 _SECRET = re.compile(
-    r"key|secret|token|password|passwd|credential|session|auth|connection_str", re.I
+    r"key|secret|token|password|passwd|credential|session|auth|connection_str|kerb_kwargs", re.I
 )
 _HINT = {
     "s3": "s3fs",
@@ -104,6 +111,7 @@ _HINT = {
     "abfss": "adlfs",
     "http": "aiohttp",
     "https": "aiohttp",
+    "webhdfs": "requests",
 }
 
 
@@ -149,6 +157,8 @@ def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
     (a child after ``fork`` makes its own: see the module docstring)."""
     protocol = protocol_of(url)
     merged = {**(options or {}), **_configured.get(protocol, {})}
+    if protocol in _hdfs.PROTOCOLS:  # the NameNode is named by the URL
+        merged = {**_hdfs.url_options(url), **merged}
     key = (os.getpid(), protocol, repr(sorted(merged.items())))
     fs = _filesystems.get(key)
     if fs is not None:
@@ -164,85 +174,21 @@ def filesystem(url: str, options: Mapping[str, Any] | None = None) -> Any:
                 ) from None
             try:
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **merged)
-            except (ImportError, ValueError) as exc:
+            except Exception as exc:
+                if protocol == "hdfs":  # pyarrow, a JVM, libhdfs, the Hadoop jars
+                    raise CatalogError(_hdfs.not_loadable(url, exc)) from None
+                if not isinstance(exc, (ImportError, ValueError)):
+                    raise
                 package = _HINT.get(protocol, f"the fsspec implementation of {protocol}://")
                 raise CatalogError(
                     f"{url}: cannot open {protocol}:// ({exc}); install {package} "
-                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs and adlfs)"
+                    "(pip install 'shardcat[remote]' has s3fs, aiohttp, gcsfs, adlfs and requests)"
                 ) from None
             _filesystems[key] = fs
     return fs
 
 
 # -- identity ----------------------------------------------------------------------
-
-
-class RemoteInfo:
-    """What the store says of an object: size, ETag, version, mtime (ns, 0: none)."""
-
-    __slots__ = ("etag", "mtime_ns", "size", "version")
-
-    def __init__(self, size: int, etag: str | None, version: str | None, mtime_ns: int) -> None:
-        self.size, self.etag, self.version, self.mtime_ns = size, etag, version, mtime_ns
-
-    def as_stat(self) -> os.stat_result:
-        """The identity as a stat result, for the ingest's bookkeeping: size, mtime;
-        inode and ctime None (stored NULL)."""
-        seconds = self.mtime_ns / 1e9
-        fields: list[Any] = [0o100444, None, 0, 1, 0, 0, self.size]
-        fields += [seconds] * 6 + [self.mtime_ns, self.mtime_ns, None]
-        return os.stat_result(fields)
-
-    @property
-    def fingerprint(self) -> str | None:
-        """How the catalog stores the ETag (or version) in the shard's fingerprint column."""
-        if self.etag:
-            text = f"etag:{self.etag}"
-            if len(text) <= 64:
-                return text
-            return "etag#" + hashlib.sha256(self.etag.encode()).hexdigest()[:40]
-        if self.version:
-            return f"version:{self.version}"[:64]
-        return None
-
-
-def _mtime_ns(info: Mapping[str, Any]) -> int:
-    for name in ("LastModified", "last_modified", "mtime", "updated", "Last-Modified"):
-        value = info.get(name)
-        if value is None:
-            continue
-        if hasattr(value, "timestamp"):
-            return int(value.timestamp() * 1e9)
-        if isinstance(value, (int, float)):
-            return int(value * 1e9)
-        if isinstance(value, str):
-            from email.utils import parsedate_to_datetime
-
-            try:
-                return int(parsedate_to_datetime(value).timestamp() * 1e9)
-            except (TypeError, ValueError):
-                try:
-                    from datetime import datetime
-
-                    return int(
-                        datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9
-                    )
-                except ValueError:
-                    continue
-    return 0
-
-
-def _info_of(info: Mapping[str, Any]) -> RemoteInfo:
-    etag = info.get("ETag") or info.get("etag") or info.get("generation")
-    version = info.get("VersionId") or info.get("version_id")
-    if info.get("kind") == "storage#object" and info.get("generation"):  # GCS
-        etag, version = None, info["generation"]
-    return RemoteInfo(
-        int(info.get("size") or 0),
-        None if etag is None else str(etag),
-        None if version is None else str(version),
-        _mtime_ns(info),
-    )
 
 
 def _forget(fs: Any, url: str) -> None:
@@ -265,21 +211,6 @@ def remote_info(url: str, options: Mapping[str, Any] | None = None) -> RemoteInf
     if info.get("type") == "directory":
         raise MissingShardError(f"{url} is a directory, not a shard", url)
     return _info_of(info)
-
-
-def remote_mismatch(
-    size: int, mtime_ns: int, fingerprint: str | None, now: RemoteInfo
-) -> str | None:
-    """What makes the object ``now`` another version than the one indexed with
-    ``size``/``mtime_ns``/``fingerprint``; None when it is that version. The ETag (or
-    version) decides when recorded; else size and mtime."""
-    if now.size != size:
-        return f"its size is {now.size} bytes, the catalog indexed {size}"
-    if fingerprint is not None and now.fingerprint is not None:
-        return None if now.fingerprint == fingerprint else "its ETag differs"
-    if mtime_ns and now.mtime_ns and now.mtime_ns != mtime_ns:
-        return "it was modified (Last-Modified differs)"
-    return None
 
 
 # what the latest listing said of each object it matched (forked workers inherit it)
@@ -316,7 +247,12 @@ def list_objects(
         found = {path: {} for path in found}
     out = {}
     for path, info in found.items():
-        url = path if is_url(path) else f"{protocol}://{path}"
+        if is_url(path):
+            url = path
+        elif protocol in _hdfs.PROTOCOLS:  # the NameNode's address is the pattern's
+            url = _hdfs.full_url(pattern, path)
+        else:
+            url = f"{protocol}://{path}"
         if info.get("type") == "directory":
             continue
         out[url] = known = _info_of(info)
@@ -348,6 +284,9 @@ def _transient(exc: BaseException) -> bool:
         "ReadTimeoutError",
         "ConnectTimeoutError",
         "IncompleteRead",
+        "ConnectionError",  # requests' (WebHDFS), not the builtin
+        "ChunkedEncodingError",
+        "ReadTimeout",
     }:
         return True
     if isinstance(exc, (FileNotFoundError, PermissionError, _Changed)):
@@ -369,7 +308,7 @@ def _retrying(url: str, call: Callable[[], Any]) -> Any:
             if attempt == RETRIES:
                 raise ShardIOError(
                     f"{url}: the store did not answer after {RETRIES + 1} attempts: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"{type(exc).__name__}: {_QUERY.sub('?...', str(exc))}",
                     url,
                 ) from None
             time.sleep(delay)
@@ -446,6 +385,8 @@ def _get(
         return _get_s3(fs, url, start, end, etag)
     if protocol in ("http", "https") and hasattr(fs, "set_session"):
         return _get_http(fs, url, start, end, etag)
+    if protocol == "webhdfs" and hasattr(fs, "pars") and end is not None:
+        return _hdfs.read_range(fs, url, start, end), None
     return fs.cat_file(url, start=start, end=end), None
 
 
@@ -482,7 +423,10 @@ class RemoteSource(Source):
             self._expect = fingerprint[8:]  # the GCS generation
         self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
         self._closed = False
-        if not (self._direct or self._cloud) or self._expect is None:
+        self._mtime_ns = mtime_ns
+        # WebHDFS: every read is followed by a status check (see the module docstring)
+        self._after = protocol_of(url) == "webhdfs" and fingerprint is not None
+        if not self._after and (not (self._direct or self._cloud) or self._expect is None):
             self._check_info(mtime_ns)  # no conditional reads: check once now
         config = _cache.cache_config() if use_cache else None
         if config is not None and size > 0:
@@ -494,7 +438,7 @@ class RemoteSource(Source):
     def _fill(self, config: _cache.CacheConfig, identity: str) -> None:
         """Fetch the whole shard into the node-local cache; read it from there after."""
         try:
-            fd = _cache.fill(config, self.path, identity, self.size, self._remote, STREAM_CHUNK)
+            fd = _cache.fill(config, self.path, identity, self.size, self._checked, STREAM_CHUNK)
         except Exception:  # the cache is an optimisation: reads go to the store
             return
         if fd is not None:
@@ -535,7 +479,15 @@ class RemoteSource(Source):
         local = self._local
         if local is not None:
             return os.pread(local, end - start, start)
-        return self._remote(start, end)
+        return self._checked(start, end)
+
+    def _checked(self, start: int, end: int) -> bytes:
+        """:meth:`_remote`, on WebHDFS followed by the status check (see the module
+        docstring: after the bytes, it proves they came from the indexed file)."""
+        data = self._remote(start, end)
+        if self._after:
+            self._check_info(self._mtime_ns)
+        return data
 
     def _remote(self, start: int, end: int) -> bytes:
         """Bytes ``start:end`` from the store, in one request, checked."""
@@ -590,15 +542,17 @@ class RemoteSource(Source):
                 spans[-1][1] = max(spans[-1][1], stop)
             else:
                 spans.append([start, stop])
-        pool = _pool()
-        self._batch = [(a, b, pool.submit(self.fetch, a, b)) for a, b in spans]
+        pool, fetch = _pool(), self._remote if self._after else self.fetch
+        self._batch = [(a, b, pool.submit(fetch, a, b)) for a, b in spans]
 
     def check(self) -> None:
-        """Every read was conditional on the ETag: nothing more to ask. Ends a batch
-        (its prefetched bytes are dropped)."""
+        """Ends a batch (its prefetched bytes are dropped). Every read was conditional
+        on the ETag, except on WebHDFS: one status request now covers the batch."""
         batch, self._batch = self._batch, []
         for _, _, future in batch:
             future.cancel()
+        if self._after and self._local is None:
+            self._check_info(self._mtime_ns)
 
     def close(self) -> None:
         self._batch = []

@@ -2,20 +2,23 @@
 server (a real HTTP server speaking S3; needs ``moto[server]``, in the ``dev``
 extra) and a small HTTP server with Range and ETag support, both counting the
 requests and body bytes they serve; gcp-storage-emulator (GCS) and Azurite
-(Azure Blob Storage, a Node program) the same way."""
+(Azure Blob Storage, a Node program) the same way; and a WebHDFS REST server (a
+NameNode that redirects reads to a "DataNode" listener) over a directory."""
 
 from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import logging
 import os
 import re
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 def free_port() -> int:
@@ -208,6 +211,194 @@ class RangeServer:
             self._httpd = None
         if self._thread is not None:
             self._thread.join()
+
+
+class WebHDFSServer:
+    """The WebHDFS REST API (``/webhdfs/v1``) over the files of ``root``, on loopback,
+    as a NameNode serves it: GETFILESTATUS and LISTSTATUS answer FileStatus JSON
+    (``length``, ``modificationTime``, ``fileId``, ``type``, ``blockSize``...); OPEN
+    (``offset``, ``length``) answers 307 with the URL of a "DataNode" (a second
+    listener, :attr:`data_port`) that streams those bytes; errors are
+    RemoteException JSON (FileNotFoundException: 404). Tests write files into
+    ``root`` themselves; a file gets a fileId when first seen and a new one once
+    rewritten (another inode or ctime), as a replaced HDFS file is a new file.
+    Counts requests (path with query; the DataNode's start ``/datanode``);
+    ``fail_next`` answers that many with 503; :meth:`stop` drops the open
+    connections (a killed server) and :meth:`start` serves again on the same ports
+    with the same fileIds (a NameNode's are persistent)."""
+
+    BLOCK = 128 * 1024 * 1024
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.port, self.data_port = free_port(), free_port()
+        self.counter = Counter()
+        self.fail_next = 0
+        #: called by the DataNode before it reads (a test replaces the file there)
+        self.before_data: Callable[[], None] | None = None
+        self.connections: set[socket.socket] = set()
+        self._ids: dict[str, tuple[int, int, int]] = {}  # path -> (inode, ctime, fileId)
+        self._next_id = 16386  # after the root's, as HDFS counts
+        self._ids_lock = threading.Lock()
+        self._servers: list[tuple[http.server.ThreadingHTTPServer, threading.Thread]] = []
+
+    @property
+    def url(self) -> str:
+        """``webhdfs://127.0.0.1:<port>``: the prefix of the served files' URLs."""
+        return f"webhdfs://127.0.0.1:{self.port}"
+
+    def ops(self) -> list[str]:
+        """The operations served since the counter's reset, in order (``DATANODE``
+        for a DataNode's read)."""
+        out = []
+        for _, path, _ in list(self.counter.requests):
+            m = re.search(r"[?&]op=(\w+)", path)
+            op = m.group(1) if m else "?"
+            out.append("DATANODE" if path.startswith("/datanode") else op)
+        return out
+
+    def file_id(self, rel: str, st: os.stat_result) -> int:
+        """The fileId of ``rel`` as it is now (a new one once it was rewritten)."""
+        with self._ids_lock:
+            known = self._ids.get(rel)
+            if known is None or known[:2] != (st.st_ino, st.st_ctime_ns):
+                known = self._ids[rel] = (st.st_ino, st.st_ctime_ns, self._next_id)
+                self._next_id += 1
+            return known[2]
+
+    def status(self, rel: str, suffix: str = "") -> dict[str, Any]:
+        """The FileStatus JSON of ``rel`` (relative to ``root``); OSError if it is gone."""
+        path = os.path.join(self.root, rel)
+        st = os.stat(path)
+        is_dir = os.path.isdir(path)
+        return {
+            "accessTime": 0 if is_dir else st.st_atime_ns // 1_000_000,
+            "blockSize": 0 if is_dir else self.BLOCK,
+            "childrenNum": len(os.listdir(path)) if is_dir else 0,
+            "fileId": self.file_id(rel, st),
+            "group": "supergroup",
+            "length": 0 if is_dir else st.st_size,
+            "modificationTime": st.st_mtime_ns // 1_000_000,
+            "owner": "shardcat",
+            "pathSuffix": suffix,
+            "permission": "755" if is_dir else "644",
+            "replication": 0 if is_dir else 1,
+            "storagePolicy": 0,
+            "type": "DIRECTORY" if is_dir else "FILE",
+        }
+
+    def start(self) -> None:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                # headers and body leave at once (no Nagle wait for the client's ACK)
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                server.connections.add(self.connection)
+
+            def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                # counted before the answer leaves: a client that has it sees it counted
+                sent = len(body) if kind == "application/octet-stream" else 0
+                server.counter.note(self.command, self.path, None, sent)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, status: int, value: Any) -> None:
+                self._send(status, json.dumps(value).encode(), "application/json")
+
+            def _error(self, status: int, exception: str, message: str) -> None:
+                package = "java.io." if exception.endswith("IOException") else "java.lang."
+                if exception == "FileNotFoundException":
+                    package = "java.io."
+                remote = {"exception": exception, "javaClassName": package + exception}
+                self._json(status, {"RemoteException": {**remote, "message": message}})
+
+            def do_GET(self) -> None:
+                if server.fail_next > 0:
+                    server.fail_next -= 1
+                    self._send(503, b"", "text/plain")
+                    return
+                parts = urlsplit(self.path)
+                query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+                datanode = parts.path.startswith("/datanode/")
+                prefix = "/datanode/webhdfs/v1" if datanode else "/webhdfs/v1"
+                if not parts.path.startswith(prefix):
+                    self._error(400, "IllegalArgumentException", f"bad path {parts.path}")
+                    return
+                tail = parts.path[len(prefix) :]
+                rel = unquote(tail).strip("/")
+                try:
+                    status = server.status(rel)
+                except OSError:
+                    self._error(404, "FileNotFoundException", f"File does not exist: /{rel}")
+                    return
+                op = query.get("op", "")
+                if op == "GETFILESTATUS":
+                    self._json(200, {"FileStatus": status})
+                elif op == "LISTSTATUS":
+                    found = [status] if status["type"] == "FILE" else []
+                    for child in [] if found else sorted(os.listdir(server.root + "/" + rel)):
+                        try:
+                            found.append(server.status(f"{rel}/{child}".strip("/"), child))
+                        except OSError:
+                            continue  # removed while listed
+                    self._json(200, {"FileStatuses": {"FileStatus": found}})
+                elif op == "OPEN" and status["type"] != "FILE":
+                    self._error(404, "FileNotFoundException", f"Path is not a file: /{rel}")
+                elif op == "OPEN" and not datanode:  # where the blocks are
+                    offset, length = int(query.get("offset", 0)), query.get("length")
+                    target = f"http://127.0.0.1:{server.data_port}/datanode/webhdfs/v1{tail}"
+                    target += f"?op=OPEN&namenoderpcaddress=127.0.0.1:8020&offset={offset}"
+                    if length is not None:
+                        target += f"&length={int(length)}"
+                    self._send(307, b"", "application/octet-stream", Location=target)
+                elif op == "OPEN":
+                    size, offset = status["length"], int(query.get("offset", 0))
+                    if offset > size:
+                        self._error(403, "IOException", f"Offset={offset} out of [0, {size})")
+                        return
+                    if server.before_data is not None:
+                        server.before_data()
+                        size = os.path.getsize(os.path.join(server.root, rel))
+                    end = min(size, offset + int(query.get("length", size)))
+                    with open(os.path.join(server.root, rel), "rb") as f:
+                        f.seek(offset)
+                        data = f.read(max(0, end - offset))
+                    self._send(200, data, "application/octet-stream")
+                else:
+                    self._error(400, "UnsupportedOperationException", f"op={op} is unsupported")
+
+        for port in (self.port, self.data_port):
+            httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+            httpd.daemon_threads = True
+            thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+            thread.start()
+            self._servers.append((httpd, thread))
+
+    def stop(self) -> None:
+        """Stop both listeners, and drop the connections kept alive (a killed server)."""
+        for conn in list(self.connections):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.connections.clear()
+        for httpd, thread in self._servers:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join()
+        self._servers = []
 
 
 class GCSServer:
