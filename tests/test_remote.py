@@ -338,6 +338,39 @@ def test_http_tar_member_is_one_request(catalogs: Any, http: RangeServer, tmp_pa
     assert len(http.counter.requests) == 1  # the sample's members, one request
 
 
+@pytest.mark.parametrize("conditions", [True, False], ids=["412", "ignores-conditions"])
+def test_http_without_etags_a_same_size_replacement_is_stale_never_its_bytes(
+    catalogs: Any, tmp_path: Path, conditions: bool
+) -> None:
+    """A server that sends no ETag: reads are conditional on the indexed Last-Modified
+    (If-Unmodified-Since) and check the one answered (for servers that ignore the
+    condition), so an object replaced after the reader opened (same size, other
+    bytes) is a StaleShardError, never the new bytes."""
+    root = tmp_path / "www"
+    root.mkdir()
+    shard = _small_shard(root / "x.tfrecord", "x")
+    os.utime(shard, (1_700_000_000, 1_700_000_000))
+    server = RangeServer(str(root), etags=False, conditions=conditions)
+    server.start()
+    try:
+        cat = catalogs(tmp_path / "c.sqlite")
+        reader = cat.ingest(f"{server.url}/x.tfrecord", "t")
+        assert reader.get_feature("x3", "image") == b"x-3" * 50
+        _small_shard(tmp_path / "y.tfrecord", "x")  # same keys and size, other bytes
+        data = (tmp_path / "y.tfrecord").read_bytes().replace(b"x-3x-3", b"X-3X-3")
+        assert len(data) == shard.stat().st_size
+        shard.write_bytes(data)
+        os.utime(shard, (1_700_000_100, 1_700_000_100))
+        server.counter.reset()
+        with pytest.raises(StaleShardError, match=r"x\.tfrecord changed.*Last-Modified differs"):
+            reader.get_feature("x3", "image")
+        assert len(server.counter.requests) == 1  # the read itself, no HEAD
+        with pytest.raises(StaleShardError):
+            reader.get_many(["x1", "x3"])
+    finally:
+        server.stop()
+
+
 def test_http_retries_transient_errors_then_fails_naming_the_url(
     catalogs: Any, http: RangeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,9 +5,11 @@ source whose ``pread`` is one ranged request.
 **One request per read, no readahead.** ``pread(length, offset)`` is exactly one
 ranged GET of the bytes asked for (clamped to the object's indexed size), never
 through an fsspec file with a block cache. S3 (s3fs) and HTTP(S) are requested
-directly with ``If-Match: <ETag>``, so the object's identity is checked by the
-read itself, at no extra request: a changed object answers 412 (or another
-ETag) and the read is a :class:`~shardcat.errors.StaleShardError` naming the
+directly with ``If-Match: <ETag>`` (an HTTP server that sends no ETag: with
+``If-Unmodified-Since`` the indexed Last-Modified, and the answered one must be
+it), so the object's identity is checked by the read itself, at no extra
+request: a changed object answers 412 (or another ETag, or Last-Modified) and
+the read is a :class:`~shardcat.errors.StaleShardError` naming the
 URL, a deleted one answers 404 (:class:`~shardcat.errors.MissingShardError`).
 GCS and Azure reads are conditional too (:mod:`shardcat.readers.remote_cloud`:
 ``ifGenerationMatch``, ``If-Match``). WebHDFS has no conditional read: a read is
@@ -49,6 +51,7 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import os
 import re
@@ -347,9 +350,14 @@ def _get_s3(fs: Any, url: str, start: int, end: int | None, etag: str | None) ->
 
 
 def _get_http(
-    fs: Any, url: str, start: int, end: int | None, etag: str | None
+    fs: Any, url: str, start: int, end: int | None, etag: str | None, mtime_ns: int
 ) -> tuple[bytes, Any]:
+    """One GET; with no ETag known, conditional on the indexed Last-Modified
+    (``If-Unmodified-Since``, and the one answered must be it, for servers that
+    ignore the condition)."""
     import fsspec.asyn
+
+    since = None if etag or not mtime_ns else mtime_ns // 1_000_000_000
 
     async def go() -> tuple[bytes, Any]:
         session = await fs.set_session()
@@ -358,6 +366,8 @@ def _get_http(
             headers["Range"] = f"bytes={start}-{end - 1}"
         if etag:
             headers["If-Match"] = etag
+        elif since is not None:
+            headers["If-Unmodified-Since"] = email.utils.formatdate(since, usegmt=True)
         async with session.get(fs.encode_url(url), headers=headers) as r:
             if r.status == 404:
                 raise FileNotFoundError(url)
@@ -367,6 +377,8 @@ def _get_http(
                 raise _Transient(f"HTTP {r.status}")
             if r.status >= 400:
                 raise OSError(f"HTTP {r.status} {r.reason}")
+            if since is not None and _seconds(r.headers.get("Last-Modified")) != since:
+                raise _Changed("its Last-Modified differs")
             data = await r.read()
             if r.status == 200 and end is not None:  # the server ignored Range
                 data = data[start:end]
@@ -375,16 +387,24 @@ def _get_http(
     return fsspec.asyn.sync(fs.loop, go)  # type: ignore[no-any-return]
 
 
+def _seconds(http_date: str | None) -> int | None:
+    try:
+        return int(email.utils.parsedate_to_datetime(http_date or "").timestamp())
+    except (TypeError, ValueError):
+        return None
+
+
 def _get(
-    fs: Any, url: str, start: int, end: int | None, etag: str | None
+    fs: Any, url: str, start: int, end: int | None, etag: str | None, mtime_ns: int = 0
 ) -> tuple[bytes, str | None]:
     """Bytes ``start:end`` of the object (``end`` None: to its end) in one request,
-    conditional on ``etag`` where the protocol allows; and the ETag answered."""
+    conditional on ``etag`` (HTTP without one: on ``mtime_ns``) where the protocol
+    allows; and the ETag answered."""
     protocol = protocol_of(url)
     if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
         return _get_s3(fs, url, start, end, etag)
     if protocol in ("http", "https") and hasattr(fs, "set_session"):
-        return _get_http(fs, url, start, end, etag)
+        return _get_http(fs, url, start, end, etag, mtime_ns)
     if protocol == "webhdfs" and hasattr(fs, "pars") and end is not None:
         return _hdfs.read_range(fs, url, start, end), None
     return fs.cat_file(url, start=start, end=end), None
@@ -498,12 +518,15 @@ class RemoteSource(Source):
                 data, etag = _retrying(self.path, lambda: self._cloud_get(start, end)), None
             else:
                 data, etag = _retrying(
-                    self.path, lambda: _get(self._fs, self.path, start, end, self._etag)
+                    self.path,
+                    lambda: _get(self._fs, self.path, start, end, self._etag, self._mtime_ns),
                 )
         except FileNotFoundError:
             raise self._missing() from None
         except _Changed:
-            raise self._stale("its ETag differs") from None
+            raise self._stale(
+                "its ETag differs" if self._expect else "its Last-Modified differs"
+            ) from None
         if self._etag is not None and etag is not None and etag != self._etag:
             raise self._stale("its ETag differs")
         if len(data) != end - start:

@@ -7,6 +7,7 @@ NameNode that redirects reads to a "DataNode" listener) over a directory."""
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import http.server
 import json
@@ -107,11 +108,16 @@ class S3Server:
 
 class RangeServer:
     """Serves the files of ``root`` over HTTP with ``Range`` (one range), ``ETag``
-    (of the file's content), ``If-Match`` (412) and ``Last-Modified``; ``fail_next``
-    answers that many requests with 503; counts what it serves."""
+    (of the file's content; none with ``etags=False``, as some servers do),
+    ``If-Match`` and ``If-Unmodified-Since`` (412; ignored with ``conditions=False``,
+    as some servers do) and ``Last-Modified``;
+    ``fail_next`` answers that many requests with 503; counts what it serves."""
 
-    def __init__(self, root: str, port: int | None = None) -> None:
+    def __init__(
+        self, root: str, port: int | None = None, *, etags: bool = True, conditions: bool = True
+    ) -> None:
         self.root = root
+        self.etags, self.conditions = etags, conditions
         self.port = port or free_port()
         self.counter = Counter()
         self.fail_next = 0
@@ -153,9 +159,17 @@ class RangeServer:
                     return
                 with open(path, "rb") as f:
                     data = f.read()
-                etag = '"' + hashlib.md5(data).hexdigest() + '"'
+                etag = '"' + hashlib.md5(data).hexdigest() + '"' if server.etags else None
+                mtime = int(os.stat(path).st_mtime)
                 want = self.headers.get("If-Match")
-                if want is not None and want != etag:
+                since = self.headers.get("If-Unmodified-Since")
+                if server.conditions and (
+                    (want is not None and want != etag)
+                    or (
+                        since is not None
+                        and mtime > email.utils.parsedate_to_datetime(since).timestamp()
+                    )
+                ):
                     self.send_response(412)
                     self.send_header("Content-Length", "0")
                     server.counter.note(self.command, self.path, None, 0)
@@ -171,11 +185,10 @@ class RangeServer:
                     body, status = data[start:end], 206
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("ETag", etag)
+                if etag is not None:
+                    self.send_header("ETag", etag)
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header(
-                    "Last-Modified", self.date_time_string(int(os.stat(path).st_mtime))
-                )
+                self.send_header("Last-Modified", self.date_time_string(mtime))
                 if status == 206:
                     self.send_header(
                         "Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}"
