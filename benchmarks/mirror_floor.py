@@ -2,6 +2,7 @@
 
     python -m benchmarks.mirror_floor              # 1M rows, 5 interleaved rounds
     python -m benchmarks.mirror_floor --rows 100000 --repeats 3
+    python -m benchmarks.mirror_floor --keys       # rows with keys: key index kept or rebuilt
 
 Each variant writes the rows of the storage benchmark's TensorDB write (``price``
 float32, ``label`` int64, no keys) into a fresh WAL file (``synchronous =
@@ -15,6 +16,7 @@ what TensorDB does today; ``key UNIQUE, 1/stmt`` what it did before.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sqlite3
 import statistics
@@ -36,6 +38,8 @@ class Variant:
     rowid: bool = True
     synchronous: str = "NORMAL"
     indexes_first: bool = False  # indexes exist before the rows go in
+    keys: str = ""  # rows with keys: "sorted" (k0000000, ...) or "random" (16 hex digits)
+    rebuild_key: bool = False  # drop the partial key index before the rows, build it after
 
 
 VARIANTS = {
@@ -54,6 +58,18 @@ VARIANTS = {
     "partial, synchronous OFF": Variant(synchronous="OFF"),
 }
 SLOW = {"partial, indexes before the rows": Variant(indexes_first=True)}  # --slow: ~10x
+KEYED = {  # --keys (random keys into a kept index: ~10x)
+    "sorted keys, key index kept": Variant(keys="sorted"),
+    "sorted keys, key index rebuilt": Variant(keys="sorted", rebuild_key=True),
+    "random keys, key index kept": Variant(keys="random"),
+    "random keys, key index rebuilt": Variant(keys="random", rebuild_key=True),
+}
+
+
+def _keys(kind: str, n: int) -> list[str]:
+    if kind == "sorted":
+        return [f"k{i:07d}" for i in range(n)]
+    return [hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest() for i in range(n)]
 
 
 def write(path: Path, v: Variant, price: torch.Tensor, label: torch.Tensor) -> list[float]:
@@ -79,13 +95,20 @@ def write(path: Path, v: Variant, price: torch.Tensor, label: torch.Tensor) -> l
     conn.execute("BEGIN IMMEDIATE")
     columns = [price.reshape(-1).tolist(), label.reshape(-1).tolist()]
     n = len(columns[0])
-    t1 = time.perf_counter()
     head = "INSERT INTO rows (position, price, label) VALUES "
+    if v.keys:
+        columns.append(_keys(v.keys, n))
+        head = "INSERT INTO rows (position, price, label, key) VALUES "
+    t1 = time.perf_counter()
+    if v.rebuild_key:
+        conn.execute("DROP INDEX rows_key")
     if v.grouped:
         for values, groups in value_groups([range(n), *columns], n):
             conn.executemany(head + values, groups)
     else:
         conn.executemany(head + "(?, ?, ?)", zip(range(n), *columns, strict=True))
+    if v.rebuild_key:
+        conn.execute("CREATE UNIQUE INDEX rows_key ON rows (key) WHERE key IS NOT NULL")
     t2 = time.perf_counter()
     if not v.indexes_first:
         before = {
@@ -109,12 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--slow", action="store_true", help="also the indexes-first variant")
+    parser.add_argument("--keys", action="store_true", help="only rows with keys")
     parser.add_argument("--dir", help="where to write (default: a temp dir)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(3)  # the storage benchmark's rows
     price = (torch.rand(args.rows, 1, generator=gen) * 200).to(torch.float32)
     label = torch.randint(0, 10, (args.rows, 1), generator=gen)
-    variants = {**VARIANTS, **(SLOW if args.slow else {})}
+    variants = KEYED if args.keys else {**VARIANTS, **(SLOW if args.slow else {})}
     times: dict[str, list[list[float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="mirror-floor-") as tmp:
         path = Path(tmp) / "rows.sqlite"
