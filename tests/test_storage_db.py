@@ -437,23 +437,40 @@ def test_bulk_appends_rebuild_the_sql_indexes(
     with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA, block_size=4) as db:
         statements: list[str] = []
         db._meta.conn.set_trace_callback(statements.append)
-        db.write(batch(10), keys=keys(10))  # bulk: 10 rows into an empty table
+        db.write(batch(10), keys=keys(10)[::-1])  # bulk: 10 rows into an empty table
         db.flush()
         db.write(batch(3, 10))  # not bulk: 3 rows into 10
         db.flush()
         db._meta.conn.set_trace_callback(None)
-        # the price index, and the key index (the bulk brought keys); then no more
+        # the price index, and the key index (keys in no order); then no more
         assert [s for s in statements if s.startswith("DROP INDEX")] == [
             'DROP INDEX "rows_price"',
             "DROP INDEX rows_key",
         ]
         assert sum(s.startswith("CREATE INDEX") for s in statements) == 1
         assert sum(s.startswith("CREATE UNIQUE INDEX rows_key") for s in statements) == 1
-        with pytest.raises(DuplicateKeyError, match="already the key of row 3"):
+        with pytest.raises(DuplicateKeyError, match="already the key of row 6"):
             db.write(batch(1, 20), keys=["k00003"])
+        # keys ascending with their rows past every key there: the index takes them
+        statements.clear()
+        db._meta.conn.set_trace_callback(statements.append)
+        db.write(batch(20, 13), keys=keys(20, 13))
+        db.flush()
+        db.seek(33)
+        db.write(batch(40, 33), keys=["a", *keys(39, 34)])  # "a" sorts first: rebuilt
+        db.flush()
+        db._meta.conn.set_trace_callback(None)
+        assert [s for s in statements if s.startswith("DROP INDEX")] == [
+            'DROP INDEX "rows_price"',
+            'DROP INDEX "rows_price"',
+            "DROP INDEX rows_key",
+        ]
+        assert db.positions(["k00000", "k00009", "k00013", "a", "k00072"]) == [9, 0, 13, 33, 72]
+        with pytest.raises(DuplicateKeyError, match="already the key of row 32"):
+            db.write(batch(1, 20), keys=["k00032"])
         plan = db.query("EXPLAIN QUERY PLAN SELECT position FROM rows WHERE price > 100")
         assert "rows_price" in str(plan)
-        assert db.where("price > 100") == list(range(11, 13))
+        assert db.where("price > 100") == list(range(11, 73))
         assert_mirror_matches(db)
 
 

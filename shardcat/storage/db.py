@@ -433,12 +433,12 @@ class TensorDB(Storage):
         )
         # a bulk append (at least as many rows as the table holds) fills the table
         # first and sorts each SQL index once, instead of inserting row by row into it
-        # (the partial key index too when the new rows bring keys; a file from before
-        # it has `key UNIQUE`, whose index cannot be dropped, and keeps it)
+        # (the partial key index too when the new rows bring keys that would land all
+        # over it; a file from before it has `key UNIQUE`, which cannot be dropped)
         bulk: list[tuple[str, str]] = []  # (index, its CREATE statement)
         if length - committed >= max(committed, BULK_ROWS):
             bulk = [(index_name(f), create_index(f)) for f in self._indexed]
-            if pos_key and _has_index(conn, KEY_INDEX):
+            if pos_key and _has_index(conn, KEY_INDEX) and not self._keys_append(conn):
                 bulk.append((KEY_INDEX, CREATE_KEY_INDEX))
         for index, _ in bulk:
             conn.execute(f"DROP INDEX {index}")
@@ -458,6 +458,20 @@ class TensorDB(Storage):
         conn.execute("DELETE FROM rows WHERE position >= ?", (length,))
         for _, statement in bulk:
             conn.execute(statement)
+
+    def _keys_append(self, conn: sqlite3.Connection) -> bool:
+        """Whether the keys given ascend with their rows, past every committed key.
+
+        The key index then takes them at its end, one leaf after another, which
+        costs less than rebuilding it (random keys cost 9x more than a rebuild).
+        """
+        top = "SELECT max(key) FROM rows WHERE key IS NOT NULL"  # from the key index
+        previous_row, previous = -1, conn.execute(top).fetchone()[0]
+        for row, key in self._pos_key.items():
+            if row < previous_row or (previous is not None and key <= previous):
+                return False
+            previous_row, previous = row, key
+        return True
 
     def _values(self, start: int, stop: int) -> list[list[Any]]:
         """The filterable fields' values of rows ``start ... stop`` (as Python numbers)."""
