@@ -21,6 +21,7 @@ from benchmarks.util import Row, markdown
 SCRIPTS = {
     "tar": ("benchmarks.tar_bench", ["--mb", "20", "--reads", "100", "--gz-reads-tfd", "3"]),
     "storage": ("benchmarks.storage_bench", ["--quick"]),
+    "mirror-floor": ("benchmarks.mirror_floor", ["--rows", "100000", "--repeats", "3"]),
     "migrate": ("benchmarks.migrate_bench", ["--quick"]),
 }
 

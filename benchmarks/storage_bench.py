@@ -2,12 +2,15 @@
 
     python -m benchmarks.storage_bench            # full sizes
     python -m benchmarks.storage_bench --quick    # small sizes, a few seconds
+    python -m benchmarks.storage_bench --step where   # the TensorDB rows only
 
 Every measurement runs its contenders round-robin (A, B, C, A, B, C, ...) in
 one process and reports medians, so a noisy neighbour slows all of them
 alike. ``numpy.memmap`` of one flat file is the physical reference: no
 blocks, no metadata, no bounds checks. The ratio column is shardcat's time
-over the other's (below 1: shardcat is faster).
+over the other's (below 1: shardcat is faster). The TensorDB write also runs
+``sqlite``: raw ``sqlite3`` writing the same rows into the same ``rows`` table
+(:func:`sqlite_floor_write`), the floor of a synchronous SQL mirror.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import gc
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ import torch
 
 from benchmarks import util
 from shardcat import TensorBlob, TensorDB
+from shardcat.catalog.bulk import value_groups
 
 Contender = Callable[[], Any]
 
@@ -78,6 +83,37 @@ def _tensorblob() -> Any:
     except ImportError:
         return None
     return tensorblob
+
+
+def sqlite_floor_write(path: Path, columns: dict[str, torch.Tensor]) -> None:
+    """What TensorDB's SQL mirror of a first write costs at the least, in raw ``sqlite3``.
+
+    The same file settings (WAL, ``synchronous = NORMAL``) and ``rows`` table
+    (``position`` as rowid, ``key`` with the partial unique index, one column
+    per field), one transaction: the values as Python numbers, multi-row
+    ``VALUES`` inserts, then one index build per field. No block files, no
+    metadata tables, no checks.
+    """
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        names = list(columns)
+        types = ["REAL" if t.is_floating_point() else "INTEGER" for t in columns.values()]
+        fields = "".join(f", {n} {t}" for n, t in zip(names, types, strict=True))
+        conn.execute(f"CREATE TABLE rows (position INTEGER PRIMARY KEY, key TEXT{fields})")
+        conn.execute("CREATE UNIQUE INDEX rows_key ON rows (key) WHERE key IS NOT NULL")
+        conn.execute("BEGIN IMMEDIATE")
+        values = [t.reshape(-1).tolist() for t in columns.values()]
+        n = len(values[0])
+        head = f"INSERT INTO rows (position, {', '.join(names)}) VALUES "
+        for sql, groups in value_groups([range(n), *values], n):
+            conn.executemany(head + sql, groups)
+        for name in names:
+            conn.execute(f"CREATE INDEX rows_{name} ON rows ({name})")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
 
 
 def round_robin(
@@ -386,10 +422,17 @@ class Bench:
             price.numpy().tofile(made[-1] / "price")
             label.numpy().tofile(made[-1] / "label")
 
+        def sqlite_write() -> None:
+            made.append(self.fresh("sqlite") / "rows.sqlite")
+            made[-1].parent.mkdir()
+            sqlite_floor_write(made[-1], {"price": price, "label": label})
+            made[-1] = made[-1].parent
+
         writers: dict[str, Contender] = {"shardcat": ours_write}
         if self.tb is not None:
             writers["tensorblob"] = theirs_write
         writers["memmap"] = memmap_write
+        writers["sqlite"] = sqlite_write
         setup = round_robin(writers, cfg.db_writes, made)
         _remove(made)
         ours_write()
@@ -406,7 +449,8 @@ class Bench:
                 "ms",
                 setup,
                 1e3,
-                "shardcat also mirrors both into indexed SQL columns",
+                "shardcat also mirrors both into indexed SQL columns; sqlite: raw sqlite3 "
+                "writing the same SQL rows (the floor of the mirror)",
             )
         )
         queries = {
@@ -453,14 +497,19 @@ class Bench:
 
     # -- report ------------------------------------------------------------------------------
 
-    def run(self) -> list[Result]:
-        for step in (
-            self.write_throughput,
-            self.single_row_writes,
-            self.reading,
-            self.open_many_blocks,
-            self.where,
-        ):
+    def steps(self) -> dict[str, Callable[[], None]]:
+        return {
+            "write_throughput": self.write_throughput,
+            "single_row_writes": self.single_row_writes,
+            "reading": self.reading,
+            "open_many_blocks": self.open_many_blocks,
+            "where": self.where,  # TensorDB: the write and where()
+        }
+
+    def run(self, only: list[str] | None = None) -> list[Result]:
+        for name, step in self.steps().items():
+            if only and name not in only:
+                continue
             print(f"... {step.__name__}", flush=True)
             step()
         return self.results
@@ -481,22 +530,18 @@ def _ratio(ours: float, other: float | None) -> str:
 
 
 def format_table(results: list[Result]) -> str:
-    header = ["benchmark", "unit", "shardcat", "tensorblob", "memmap", "sc/tb", "sc/memmap"]
+    others = ["tensorblob", "memmap"]
+    if any("sqlite" in r.values for r in results):
+        others.append("sqlite")
+    short = {"tensorblob": "tb", "memmap": "memmap", "sqlite": "sqlite"}
+    header = ["benchmark", "unit", "shardcat", *others, *(f"sc/{short[o]}" for o in others)]
     lines = [header]
     for r in results:
         v = {k: x * r.scale for k, x in r.values.items()}
-        tb, mm = v.get("tensorblob"), v.get("memmap")
-        lines.append(
-            [
-                r.name,
-                r.unit,
-                f"{v['shardcat']:.1f}",
-                "-" if tb is None else f"{tb:.1f}",
-                "-" if mm is None else f"{mm:.1f}",
-                _ratio(v["shardcat"], tb),
-                _ratio(v["shardcat"], mm),
-            ]
-        )
+        line = [r.name, r.unit, f"{v['shardcat']:.1f}"]
+        line += ["-" if v.get(o) is None else f"{v[o]:.1f}" for o in others]
+        line += [_ratio(v["shardcat"], v.get(o)) for o in others]
+        lines.append(line)
     out = ["| " + " | ".join(line) + " |" for line in lines]
     out.insert(1, "|" + "|".join(" --- " for _ in header) + "|")
     notes = [f"- {r.name}: {r.note}" for r in results if r.note]
@@ -507,13 +552,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--dir", help="where to write the blobs (default: a temp dir)")
+    parser.add_argument(
+        "--step",
+        action="append",
+        choices=["write_throughput", "single_row_writes", "reading", "open_many_blocks", "where"],
+        help="run only this step (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="storage-bench-") as tmp:
         bench = Bench(cfg, Path(tmp))
         if bench.tb is None:
             print("tensorblob is not installed (pip install tensorblob==0.3.0): shardcat vs memmap")
-        results = bench.run()
+        results = bench.run(args.step)
     print()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; medians; sc/x < 1: shardcat faster")
     print(format_table(results))

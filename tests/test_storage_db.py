@@ -437,16 +437,40 @@ def test_bulk_appends_rebuild_the_sql_indexes(
     with TensorDB.open(tmp_path / "db", "w", schema=SCHEMA, block_size=4) as db:
         statements: list[str] = []
         db._meta.conn.set_trace_callback(statements.append)
-        db.write(batch(10), keys=keys(10))  # bulk: 10 rows into an empty table
+        db.write(batch(10), keys=keys(10)[::-1])  # bulk: 10 rows into an empty table
         db.flush()
         db.write(batch(3, 10))  # not bulk: 3 rows into 10
         db.flush()
         db._meta.conn.set_trace_callback(None)
-        assert sum(s.startswith("DROP INDEX") for s in statements) == 1
+        # the price index, and the key index (keys in no order); then no more
+        assert [s for s in statements if s.startswith("DROP INDEX")] == [
+            'DROP INDEX "rows_price"',
+            "DROP INDEX rows_key",
+        ]
         assert sum(s.startswith("CREATE INDEX") for s in statements) == 1
+        assert sum(s.startswith("CREATE UNIQUE INDEX rows_key") for s in statements) == 1
+        with pytest.raises(DuplicateKeyError, match="already the key of row 6"):
+            db.write(batch(1, 20), keys=["k00003"])
+        # keys ascending with their rows past every key there: the index takes them
+        statements.clear()
+        db._meta.conn.set_trace_callback(statements.append)
+        db.write(batch(20, 13), keys=keys(20, 13))
+        db.flush()
+        db.seek(33)
+        db.write(batch(40, 33), keys=["a", *keys(39, 34)])  # "a" sorts first: rebuilt
+        db.flush()
+        db._meta.conn.set_trace_callback(None)
+        assert [s for s in statements if s.startswith("DROP INDEX")] == [
+            'DROP INDEX "rows_price"',
+            'DROP INDEX "rows_price"',
+            "DROP INDEX rows_key",
+        ]
+        assert db.positions(["k00000", "k00009", "k00013", "a", "k00072"]) == [9, 0, 13, 33, 72]
+        with pytest.raises(DuplicateKeyError, match="already the key of row 32"):
+            db.write(batch(1, 20), keys=["k00032"])
         plan = db.query("EXPLAIN QUERY PLAN SELECT position FROM rows WHERE price > 100")
         assert "rows_price" in str(plan)
-        assert db.where("price > 100") == list(range(11, 13))
+        assert db.where("price > 100") == list(range(11, 73))
         assert_mirror_matches(db)
 
 
@@ -1029,4 +1053,69 @@ def test_a_failed_bulk_commit_leaves_the_previous_sql_rows(
         assert_mirror_matches(db)
     with TensorDB.open(path) as db:
         assert_rows(db[:], batch(6))
+        assert_mirror_matches(db)
+
+
+def _old_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make new files as shardcat did before the partial key index: ``key TEXT UNIQUE``."""
+    from shardcat.storage import meta
+
+    real = meta._ddl
+
+    def old_ddl(layout: Any) -> list[str]:
+        statements = [s for s in real(layout) if s != meta.CREATE_KEY_INDEX]
+        return [s.replace(", key TEXT, ", ", key TEXT UNIQUE, ") for s in statements]
+
+    monkeypatch.setattr(meta, "_ddl", old_ddl)
+
+
+@pytest.mark.parametrize("layout", ["partial key index", "key UNIQUE (older files)"])
+def test_both_key_layouts_keep_every_key_semantic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    from shardcat.storage import db as db_module
+
+    old = layout.startswith("key UNIQUE")
+    if old:
+        _old_layout(monkeypatch)
+    path = make(tmp_path / "db", 600, block_size=64)
+    monkeypatch.undo()  # the file is written; the code from here on is today's
+    sql = sqlite3.connect(path / ".shardcat.sqlite")
+    table = sql.execute("SELECT sql FROM sqlite_master WHERE name = 'rows'").fetchone()[0]
+    indexes = dict(sql.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
+    sql.close()
+    assert ("key TEXT UNIQUE" in table) is old
+    assert ("rows_key" in indexes) is not old
+    if not old:
+        assert indexes["rows_key"].endswith("ON rows (key) WHERE key IS NOT NULL")
+    monkeypatch.setattr(db_module, "BULK_ROWS", 100)
+    with TensorDB.open(path, "r+") as db:
+        for query, params in (("key = ?", ["a"]), ("key IN (?, ?)", ["a", "b"])):
+            plan = db.query(f"EXPLAIN QUERY PLAN SELECT position FROM rows WHERE {query}", params)
+            assert ("rows_key" in str(plan)) is not old and "SCAN" not in str(plan)
+        assert db.positions(["k00599", "k00000"]) == [599, 0]
+        with pytest.raises(DuplicateKeyError, match="already the key of row 4"):
+            db.write(batch(1, 900), keys=["k00004"])
+        # 450 committed rows overwritten (upserts in several statements), keys moved
+        # between rows: row 500 gets a new key, row 10 takes row 500's old one
+        db.seek(500)
+        db.write(batch(1, 3000), keys=["moved"])
+        db.seek(10)
+        db.write(batch(450, 2000), keys=["k00500", *keys(449, 11, "m")])
+        db.flush()
+        assert db.position("k00500") == 10 and db.position("moved") == 500
+        assert db.get("k00010") is None and db.position("m00011") == 11
+        assert_mirror_matches(db)
+        db.seek(600)
+        db.write(batch(700, 600), keys=keys(700, 600))  # a bulk append with keys
+        db.write(batch(5, 1300))  # and rows without keys
+        db.flush()
+        assert_mirror_matches(db)
+        assert db.position("k01299") == 1299 and db.position("k00599") == 599
+        assert db.query("SELECT count(*) FROM rows WHERE key IS NULL") == [(5,)]
+        with pytest.raises(DuplicateKeyError, match="already the key of row 1000"):
+            db.write(batch(1, 1), keys=["k01000"])
+        assert db.where("label = 3 AND position < 30") == [3, 15, 22, 29]
+    with TensorDB.open(path) as db:  # reopened: the same rows
+        assert db.position("k00500") == 10 and len(db) == 1305
         assert_mirror_matches(db)

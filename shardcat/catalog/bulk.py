@@ -27,13 +27,41 @@ from sqlalchemy import Connection
 
 from shardcat.catalog import postgres
 
-__all__ = ["insert_columns"]
+__all__ = ["insert_columns", "value_groups"]
 
 
 # Rows per ``INSERT ... VALUES (...), (...)`` statement on SQLite, at most this many
 # bound values each (SQLite's historical default limit, lower than any build's).
 ROWS_PER_STATEMENT = 200
 _MAX_VALUES = 999
+
+
+def value_groups(
+    columns: Sequence[Sequence[Any]], n: int
+) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """``n`` rows given as one sequence per column, as multi-row ``VALUES`` statements.
+
+    Returns ``(values, parameter sets)`` pairs, for an ``executemany`` of
+    ``INSERT INTO t (...) VALUES <values> [ON CONFLICT ...]`` each: groups of up
+    to :data:`ROWS_PER_STATEMENT` rows (at most ``_MAX_VALUES`` bound values),
+    then one statement for the rest. Values are bound as they are. Shared by the
+    catalog's SQLite inserts and the TensorDB ``rows`` mirror (plain ``sqlite3``).
+    """
+    width = len(columns)
+    flat: list[Any] = [None] * (n * width)  # row after row, filled column by column
+    for j, values in enumerate(columns):
+        flat[j::width] = values
+    one = "(" + ", ".join("?" * width) + ")"
+    per = max(1, min(ROWS_PER_STATEMENT, _MAX_VALUES // width))
+    full = n // per * per
+    out: list[tuple[str, list[tuple[Any, ...]]]] = []
+    if full:
+        step = per * width
+        groups = [tuple(flat[i : i + step]) for i in range(0, full * width, step)]
+        out.append((", ".join([one] * per), groups))
+    if full < n:
+        out.append((", ".join([one] * (n - full)), [tuple(flat[full * width :])]))
+    return out
 
 
 def _insert_rows(
@@ -46,21 +74,10 @@ def _insert_rows(
         rows = list(zip(*columns, strict=True))
         postgres.copy_rows(conn.connection.driver_connection, table, names, rows)
         return
-    width = len(names)
-    flat: list[Any] = [None] * (n * width)  # row after row, filled column by column
-    for j, values in enumerate(columns):
-        flat[j::width] = values
     quote = conn.dialect.identifier_preparer.quote
     head = f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in names)}) VALUES "
-    one = "(" + ", ".join("?" * width) + ")"
-    per = max(1, min(ROWS_PER_STATEMENT, _MAX_VALUES // width))
-    full = n // per * per
-    if full:
-        step = per * width
-        groups = [tuple(flat[i : i + step]) for i in range(0, full * width, step)]
-        conn.exec_driver_sql(head + ", ".join([one] * per), groups)
-    if full < n:
-        conn.exec_driver_sql(head + ", ".join([one] * (n - full)), tuple(flat[full * width :]))
+    for values, groups in value_groups(columns, n):
+        conn.exec_driver_sql(head + values, groups if len(groups) > 1 else groups[0])
 
 
 def insert_columns(

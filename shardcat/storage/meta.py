@@ -25,7 +25,11 @@ one SQLite file, ``.shardcat.sqlite``, that says what they mean:
 - ``rows`` (TensorDB only): ``position INTEGER PRIMARY KEY`` (so ``rowid`` is
   the row position), an optional unique ``key`` and one column per
   filterable field, so ``ATTACH``-ing the file lets SQL join rows with a
-  catalog dataset.
+  catalog dataset. Keys are unique through the partial index ``rows_key``
+  (``WHERE key IS NOT NULL``: rows without a key cost it nothing; SQLite
+  uses it for ``key = ?``, ``key IN (...)`` and joins on ``key``). Files
+  written before it have ``key TEXT UNIQUE`` instead (an index entry per
+  row, NULLs included); both layouts are read and written alike.
 
 Writers commit as tensorblob saves its ``.stat``: at ``flush``, ``close``,
 ``truncate`` and ``extend``. One transaction then commits the length, the
@@ -67,6 +71,8 @@ from shardcat.errors import SchemaVersionError, StaleWriterError
 from shardcat.storage import lock
 
 __all__ = [
+    "CREATE_KEY_INDEX",
+    "KEY_INDEX",
     "META_FILE",
     "SCHEMA_VERSION",
     "FieldSpec",
@@ -137,6 +143,10 @@ def create_index(field: str) -> str:
     return f"CREATE INDEX {index_name(field)} ON rows ({quote(field)})"
 
 
+KEY_INDEX = "rows_key"  # no field index can have this name: "key" is no filterable field
+CREATE_KEY_INDEX = f"CREATE UNIQUE INDEX {KEY_INDEX} ON rows (key) WHERE key IS NOT NULL"
+
+
 def _ddl(layout: Layout) -> list[str]:
     statements = [
         "CREATE TABLE storage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -151,9 +161,10 @@ def _ddl(layout: Layout) -> list[str]:
         "owner TEXT NOT NULL, PRIMARY KEY (field, file)) WITHOUT ROWID",
     ]
     if layout.kind == "db":
-        columns = ["position INTEGER PRIMARY KEY", "key TEXT UNIQUE"]
+        columns = ["position INTEGER PRIMARY KEY", "key TEXT"]
         columns += [f"{quote(f.name)} {sql_type(f.dtype)}" for f in layout.fields if f.sql]
         statements.append(f"CREATE TABLE rows ({', '.join(columns)})")
+        statements.append(CREATE_KEY_INDEX)
         statements += [create_index(f.name) for f in layout.fields if f.sql == "index"]
     return statements
 
