@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError, TFRecordWriter
 from shardcat.paths import brace_expand
@@ -369,6 +371,41 @@ def test_http_without_etags_a_same_size_replacement_is_stale_never_its_bytes(
             reader.get_many(["x1", "x3"])
     finally:
         server.stop()
+
+
+class _PlainFS(LocalFileSystem):  # type: ignore[misc]
+    """A store without conditional reads: the local disk behind a ``plainfs://`` URL."""
+
+    protocol = ("plainfs",)
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        path = str(path)
+        return super()._strip_protocol(path.removeprefix("plainfs://"))
+
+    def unstrip_protocol(self, name: str) -> str:
+        return "plainfs://" + name
+
+
+def test_other_protocols_check_the_object_after_each_read_never_returning_its_new_bytes(
+    catalogs: Any, tmp_path: Path
+) -> None:
+    """A protocol with no conditional read (an fsspec filesystem shardcat knows nothing
+    of): ``fs.info`` after each read, once per shard after a batch, so a same-size
+    replacement after the reader opened is a StaleShardError, never its bytes."""
+    fsspec.register_implementation("plainfs", _PlainFS, clobber=True)
+    shard = _small_shard(tmp_path / "x.tfrecord", "x")
+    reader = catalogs(tmp_path / "c.sqlite").ingest(f"plainfs://{tmp_path}/*.tfrecord", "t")
+    assert reader.get_feature("x3", "image") == b"x-3" * 50
+    raw = reader.get_many(["x1", "x3"], raw=True)
+    assert raw == [reader.get_raw("x1"), reader.get_raw("x3")] and b"x-3" * 50 in raw[1]
+    data = shard.read_bytes().replace(b"x-3x-3", b"X-3X-3")
+    shard.write_bytes(data)
+    os.utime(shard, (1_700_000_100, 1_700_000_100))
+    with pytest.raises(StaleShardError, match=r"x\.tfrecord changed after it was indexed"):
+        reader.get_feature("x3", "image")
+    with pytest.raises(StaleShardError):
+        reader.get_many(["x1", "x3"])
 
 
 def test_http_retries_transient_errors_then_fails_naming_the_url(

@@ -17,7 +17,9 @@ GCS and Azure reads are conditional too (:mod:`shardcat.readers.remote_cloud`:
 then GETFILESTATUS proves the file is still the indexed fileId, size and mtime
 (after each single read; once per shard after a batch, in :meth:`RemoteSource.check`;
 :mod:`shardcat.readers.remote_hdfs`). Other protocols read with
-``fs.cat_file(path, start, end)`` and check ``fs.info`` once when the source opens.
+``fs.cat_file(path, start, end)`` and are checked the same way, by ``fs.info``
+after the read (a batch: once per shard); where ``info`` tells a size only, it
+is checked once when the source opens.
 
 **Batches** (``Reader.get_many``) first hand a source all the ranges they will
 read (:meth:`RemoteSource.prefetch`): ranges closer than :data:`MERGE_GAP`
@@ -444,10 +446,13 @@ class RemoteSource(Source):
         self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
         self._closed = False
         self._mtime_ns = mtime_ns
-        # WebHDFS: every read is followed by a status check (see the module docstring)
-        self._after = protocol_of(url) == "webhdfs" and fingerprint is not None
-        if not self._after and (not (self._direct or self._cloud) or self._expect is None):
-            self._check_info(mtime_ns)  # no conditional reads: check once now
+        http_dated = protocol_of(url) in ("http", "https") and mtime_ns > 0
+        conditional = (self._direct or self._cloud) and (self._expect is not None or http_dated)
+        # No conditional read (WebHDFS, other protocols): a status check follows every
+        # read, when the store tells more of an object than its size (module docstring)
+        self._after = not conditional and (fingerprint is not None or mtime_ns > 0)
+        if not conditional and not self._after:
+            self._check_info(mtime_ns)  # its size is all there is to check: once, now
         config = _cache.cache_config() if use_cache else None
         if config is not None and size > 0:
             identity = fingerprint or f"{size}:{mtime_ns}"
@@ -502,8 +507,9 @@ class RemoteSource(Source):
         return self._checked(start, end)
 
     def _checked(self, start: int, end: int) -> bytes:
-        """:meth:`_remote`, on WebHDFS followed by the status check (see the module
-        docstring: after the bytes, it proves they came from the indexed file)."""
+        """:meth:`_remote`, followed by the status check where reads are not conditional
+        (see the module docstring: after the bytes, it proves they came from the
+        indexed file)."""
         data = self._remote(start, end)
         if self._after:
             self._check_info(self._mtime_ns)
@@ -570,7 +576,8 @@ class RemoteSource(Source):
 
     def check(self) -> None:
         """Ends a batch (its prefetched bytes are dropped). Every read was conditional
-        on the ETag, except on WebHDFS: one status request now covers the batch."""
+        on the ETag, except on WebHDFS and other protocols: one status request now
+        covers the batch."""
         batch, self._batch = self._batch, []
         for _, _, future in batch:
             future.cancel()
