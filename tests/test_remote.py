@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import random
 import sqlite3
-import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError, TFRecordWriter
+from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError
 from shardcat.paths import brace_expand
 from shardcat.readers import cache, remote, remote_file
 
@@ -36,25 +35,13 @@ except ImportError:  # pragma: no cover - the dev and remote extras install them
         raise
     pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
 
-from features import b, ex_bytes
+from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards
 
 from shardcat.testing.servers import RangeServer, S3Server
 
 BUCKET = "shards"
 RECORDS = 2000  # per shard, ~4 KB each: four shards of ~8 MB
 PAYLOAD = 4000
-
-
-def _write_shards(root: Path) -> list[Path]:
-    rng = random.Random(7)
-    paths = []
-    for s in range(4):
-        path = root / f"train-{s:05d}.tfrecord"
-        with TFRecordWriter(path) as w:
-            for i in range(RECORDS):
-                w.write(ex_bytes(key=b(f"r{s}_{i}".encode()), image=b(rng.randbytes(PAYLOAD))))
-        paths.append(path)
-    return paths
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +55,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     local = tmp_path_factory.mktemp("local")
-    for path in _write_shards(local):
+    for path in write_shards(local, shards=4, records=RECORDS, payload=PAYLOAD, seed=7):
         client.upload_file(str(path), BUCKET, f"train/{path.name}")
     try:
         yield {"server": server, "client": client, "local": local, "endpoint": server.endpoint}
@@ -79,7 +66,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="session")
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServer]:
     root = tmp_path_factory.mktemp("www")
-    _write_shards(root)
+    write_shards(root, shards=4, records=RECORDS, payload=PAYLOAD, seed=7)
     server = RangeServer(str(root))
     server.start()
     try:
@@ -168,27 +155,18 @@ def test_storage_options_are_stored_without_secrets(
     assert remote.public_options(given) == {"anon": True, "client_kwargs": {"region_name": "r"}}
 
 
-def _small_shard(path: Path, prefix: str, n: int = 10) -> Path:
-    with TFRecordWriter(path) as w:
-        for i in range(n):
-            w.write(
-                ex_bytes(key=b(f"{prefix}{i}".encode()), image=b(f"{prefix}-{i}".encode() * 50))
-            )
-    return path
-
-
 def test_s3_changed_and_deleted_objects_are_errors_naming_the_url(
     catalogs: Any, s3: dict[str, Any], tmp_path: Path
 ) -> None:
     client, url = s3["client"], f"s3://{BUCKET}/changing/x.tfrecord"
     client.upload_file(
-        str(_small_shard(tmp_path / "x.tfrecord", "x")), BUCKET, "changing/x.tfrecord"
+        str(small_shard(tmp_path / "x.tfrecord", "x")), BUCKET, "changing/x.tfrecord"
     )
     cat = catalogs(tmp_path / "c.sqlite")
     reader = cat.ingest(url, "t", storage_options={"endpoint_url": s3["endpoint"]})
     assert reader.get_feature("x3", "image") == b"x-3" * 50
     client.upload_file(
-        str(_small_shard(tmp_path / "y.tfrecord", "y")), BUCKET, "changing/x.tfrecord"
+        str(small_shard(tmp_path / "y.tfrecord", "y")), BUCKET, "changing/x.tfrecord"
     )
     with pytest.raises(StaleShardError, match=r"s3://shards/changing/x\.tfrecord changed"):
         reader.get_feature("x3", "image")
@@ -204,26 +182,8 @@ def test_s3_changed_and_deleted_objects_are_errors_naming_the_url(
         reader.get_feature("y3", "image")
 
 
-def _child(url_reader: Any, keys: list[str], out: Any) -> None:
-    data = url_reader.get_many(keys, raw=True)
-    pids = sorted({key[0] for key in remote._filesystems})
-    out.put((data, pids, os.getpid()))
-
-
 def test_forked_reader_opens_its_own_session(s3_catalog: Catalog) -> None:
-    reader = s3_catalog.dataset("train")
-    keys = _keys(50, seed=5)
-    expected = reader.get_many(keys, raw=True)  # the parent's session is open now
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_child, args=(reader, keys, out))
-    child.start()
-    data, pids, pid = out.get(timeout=60)
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert data == expected
-    assert pid in pids and pid != os.getpid()
-    assert reader.get_many(keys, raw=True) == expected  # the parent's still works
+    forked_reads_equal(s3_catalog.dataset("train"), _keys(50, seed=5))
 
 
 def test_gzip_tfrecord_on_s3_reads_from_the_nearest_seek_point(
@@ -319,15 +279,7 @@ def test_http_brace_ingest_single_reads_and_batches(
 
 
 def test_http_tar_member_is_one_request(catalogs: Any, http: RangeServer, tmp_path: Path) -> None:
-    tar = Path(http.root) / "web-000.tar"
-    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
-        for i in range(20):
-            for ext, data in (("jpg", os.urandom(3000)), ("cls", str(i).encode())):
-                member = tarfile.TarInfo(f"s{i:03d}.{ext}")
-                member.size = len(data)
-                import io
-
-                archive.addfile(member, io.BytesIO(data))
+    tar = sample_tar(Path(http.root) / "web-000.tar")
     cat = catalogs(tmp_path / "tar.sqlite")
     reader = cat.ingest(f"{http.url}/web-{{000..000}}.tar", "tar")
     local = cat.ingest(str(tar), "tarlocal")
@@ -350,7 +302,7 @@ def test_http_without_etags_a_same_size_replacement_is_stale_never_its_bytes(
     bytes) is a StaleShardError, never the new bytes."""
     root = tmp_path / "www"
     root.mkdir()
-    shard = _small_shard(root / "x.tfrecord", "x")
+    shard = small_shard(root / "x.tfrecord", "x")
     os.utime(shard, (1_700_000_000, 1_700_000_000))
     server = RangeServer(str(root), etags=False, conditions=conditions)
     server.start()
@@ -358,7 +310,7 @@ def test_http_without_etags_a_same_size_replacement_is_stale_never_its_bytes(
         cat = catalogs(tmp_path / "c.sqlite")
         reader = cat.ingest(f"{server.url}/x.tfrecord", "t")
         assert reader.get_feature("x3", "image") == b"x-3" * 50
-        _small_shard(tmp_path / "y.tfrecord", "x")  # same keys and size, other bytes
+        small_shard(tmp_path / "y.tfrecord", "x")  # same keys and size, other bytes
         data = (tmp_path / "y.tfrecord").read_bytes().replace(b"x-3x-3", b"X-3X-3")
         assert len(data) == shard.stat().st_size
         shard.write_bytes(data)
@@ -394,7 +346,7 @@ def test_other_protocols_check_the_object_after_each_read_never_returning_its_ne
     of): ``fs.info`` after each read, once per shard after a batch, so a same-size
     replacement after the reader opened is a StaleShardError, never its bytes."""
     fsspec.register_implementation("plainfs", _PlainFS, clobber=True)
-    shard = _small_shard(tmp_path / "x.tfrecord", "x")
+    shard = small_shard(tmp_path / "x.tfrecord", "x")
     reader = catalogs(tmp_path / "c.sqlite").ingest(f"plainfs://{tmp_path}/*.tfrecord", "t")
     assert reader.get_feature("x3", "image") == b"x-3" * 50
     raw = reader.get_many(["x1", "x3"], raw=True)
@@ -432,7 +384,7 @@ def test_server_killed_mid_read_then_back(
     monkeypatch.setattr(remote, "BACKOFF", 0.01)
     root = tmp_path / "www"
     root.mkdir()
-    _small_shard(root / "k.tfrecord", "k", 100)
+    small_shard(root / "k.tfrecord", "k", 100)
     server = RangeServer(str(root))
     server.start()
     try:

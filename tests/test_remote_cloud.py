@@ -9,7 +9,6 @@ secrets are never stored."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import re
@@ -23,7 +22,7 @@ import pytest
 # before gcsfs is imported: its bucket-type probe speaks gRPC, which the emulator has not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-from shardcat import Catalog, MissingShardError, StaleShardError, TFRecordWriter
+from shardcat import Catalog, MissingShardError, StaleShardError
 from shardcat.readers import remote
 from shardcat.testing.servers import AzuriteServer, GCSServer, azurite_binary
 
@@ -36,34 +35,12 @@ except ImportError:  # pragma: no cover - the remote and dev extras install them
         raise
     pytest.skip("needs the remote and dev extras (gcsfs, adlfs, ...)", allow_module_level=True)
 
-from features import b, ex_bytes
+from remote_shards import forked_reads_equal, small_shard, write_shards
 
 CI = os.environ.get("CI") == "true"
 
 BUCKET = "shards"
 SHARDS, RECORDS, PAYLOAD = 4, 500, 4000  # four ~2 MB TFRecord shards
-
-
-def _write_shards(root: Path) -> list[Path]:
-    rng = random.Random(5)
-    paths = []
-    for s in range(SHARDS):
-        path = root / f"train-{s:05d}.tfrecord"
-        with TFRecordWriter(path) as w:
-            for i in range(RECORDS):
-                w.write(ex_bytes(key=b(f"r{s}_{i}".encode()), image=b(rng.randbytes(PAYLOAD))))
-        paths.append(path)
-    return paths
-
-
-def _small_shard(path: Path, prefix: str, n: int = 10) -> Path:
-    """Shards written with prefixes of one length have the same size."""
-    with TFRecordWriter(path) as w:
-        for i in range(n):
-            w.write(
-                ex_bytes(key=b(f"{prefix}{i}".encode()), image=b(f"{prefix}-{i}".encode() * 50))
-            )
-    return path
 
 
 def _keys(n: int, seed: int = 0) -> list[str]:
@@ -80,27 +57,8 @@ def _range_length(header: str | None) -> int:
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("local")
-    _write_shards(root)
+    write_shards(root, shards=SHARDS, records=RECORDS, payload=PAYLOAD, seed=5)
     return root
-
-
-def _child(reader: Any, keys: list[str], out: Any) -> None:
-    data = reader.get_many(keys, raw=True)
-    out.put((data, sorted({key[0] for key in remote._filesystems}), os.getpid()))
-
-
-def _forked_reads_equal(reader: Any, keys: list[str]) -> None:
-    expected = reader.get_many(keys, raw=True)  # the parent's client is open now
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_child, args=(reader, keys, out))
-    child.start()
-    data, pids, pid = out.get(timeout=120)
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert data == expected
-    assert pid in pids and pid != os.getpid()  # the child made its own filesystem
-    assert reader.get_many(keys, raw=True) == expected
 
 
 # -- GCS ---------------------------------------------------------------------------
@@ -244,7 +202,7 @@ def test_gcs_changed_and_deleted_objects_are_errors_naming_the_url(
     gcs: dict[str, Any], catalogs: Any, tmp_path: Path
 ) -> None:
     fs, url = gcs["fs"], f"gs://{BUCKET}/changing/x.tfrecord"
-    x, y = _small_shard(tmp_path / "x.tfrecord", "x"), _small_shard(tmp_path / "y.tfrecord", "y")
+    x, y = small_shard(tmp_path / "x.tfrecord", "x"), small_shard(tmp_path / "y.tfrecord", "y")
     assert x.stat().st_size == y.stat().st_size
     fs.put_file(str(x), url)
     cat = catalogs(tmp_path / "c.sqlite")
@@ -267,7 +225,7 @@ def test_gcs_forked_reader_opens_its_own_client(
 ) -> None:
     remote.configure("gs", token="anon")  # a secret this process keeps for its workers
     try:
-        _forked_reads_equal(catalogs(gcs_catalog_file).dataset("train"), _keys(50, seed=5))
+        forked_reads_equal(catalogs(gcs_catalog_file).dataset("train"), _keys(50, seed=5))
     finally:
         remote._configured.pop("gs", None)
 
@@ -377,7 +335,7 @@ def test_azure_changed_and_deleted_objects_are_errors_naming_the_url(
     azure: dict[str, Any], catalogs: Any, tmp_path: Path
 ) -> None:
     fs, url = azure["fs"], f"az://{BUCKET}/changing/x.tfrecord"
-    x, y = _small_shard(tmp_path / "x.tfrecord", "x"), _small_shard(tmp_path / "y.tfrecord", "y")
+    x, y = small_shard(tmp_path / "x.tfrecord", "x"), small_shard(tmp_path / "y.tfrecord", "y")
     fs.put_file(str(x), url)
     cat = catalogs(tmp_path / "c.sqlite")
     reader = cat.ingest(url, "t", storage_options=azure["options"])
@@ -399,6 +357,6 @@ def test_azure_forked_reader_opens_its_own_client(
 ) -> None:
     remote.configure("az", **azure["options"])  # the connection string is not stored
     try:
-        _forked_reads_equal(catalogs(az_catalog_file).dataset("train"), _keys(50, seed=5))
+        forked_reads_equal(catalogs(az_catalog_file).dataset("train"), _keys(50, seed=5))
     finally:
         remote._configured.pop("az", None)

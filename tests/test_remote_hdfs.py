@@ -10,11 +10,8 @@ without a Hadoop client is one clear error suggesting ``webhdfs://``."""
 
 from __future__ import annotations
 
-import io
-import multiprocessing
 import os
 import random
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,6 @@ from shardcat import (
     MissingShardError,
     ShardIOError,
     StaleShardError,
-    TFRecordWriter,
 )
 from shardcat.readers import remote
 
@@ -39,35 +35,12 @@ except ImportError:  # pragma: no cover - the remote extra installs them
         raise
     pytest.skip("needs the remote extra (fsspec, requests)", allow_module_level=True)
 
-from features import b, ex_bytes
+from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards
 
 from shardcat.testing.servers import WebHDFSServer
 
 SHARDS, RECORDS, PAYLOAD = 4, 500, 4000  # four ~2 MB TFRecord shards
 READ = ["OPEN", "DATANODE", "GETFILESTATUS"]  # one record: the bytes, then the proof
-
-
-def _write_shards(root: Path) -> list[Path]:
-    rng = random.Random(3)
-    root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for s in range(SHARDS):
-        path = root / f"train-{s:05d}.tfrecord"
-        with TFRecordWriter(path) as w:
-            for i in range(RECORDS):
-                w.write(ex_bytes(key=b(f"r{s}_{i}".encode()), image=b(rng.randbytes(PAYLOAD))))
-        paths.append(path)
-    return paths
-
-
-def _small_shard(path: Path, prefix: str, n: int = 10) -> Path:
-    """Shards written with prefixes of one length have the same size."""
-    with TFRecordWriter(path) as w:
-        for i in range(n):
-            w.write(
-                ex_bytes(key=b(f"{prefix}{i}".encode()), image=b(f"{prefix}-{i}".encode() * 50))
-            )
-    return path
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -80,7 +53,7 @@ def _replace(path: Path, data: bytes) -> None:
 @pytest.fixture(scope="module")
 def hdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebHDFSServer]:
     root = tmp_path_factory.mktemp("hdfs")
-    _write_shards(root / "train")
+    write_shards(root / "train", shards=SHARDS, records=RECORDS, payload=PAYLOAD, seed=3)
     server = WebHDFSServer(str(root))
     server.start()
     try:
@@ -152,14 +125,8 @@ def test_get_many_coalesces_1000_random_records(hdfs: WebHDFSServer, hdfs_catalo
 
 
 def test_tar_members_and_samples(catalogs: Any, hdfs: WebHDFSServer, tmp_path: Path) -> None:
-    tar = Path(hdfs.root) / "web" / "web-000.tar"
-    tar.parent.mkdir()
-    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
-        for i in range(20):
-            for ext, data in (("jpg", os.urandom(3000)), ("cls", str(i).encode())):
-                member = tarfile.TarInfo(f"s{i:03d}.{ext}")
-                member.size = len(data)
-                archive.addfile(member, io.BytesIO(data))
+    (Path(hdfs.root) / "web").mkdir()
+    tar = sample_tar(Path(hdfs.root) / "web" / "web-000.tar")
     cat = catalogs(tmp_path / "tar.sqlite")
     reader = cat.ingest(f"{hdfs.url}/web/web-{{000..000}}.tar", "tar")
     local = cat.ingest(str(tar), "tarlocal")
@@ -210,12 +177,12 @@ def test_replaced_and_deleted_files_are_errors_naming_the_url(
 ) -> None:
     shard = Path(hdfs.root) / "changing" / "x.tfrecord"
     shard.parent.mkdir()
-    _small_shard(shard, "x")
+    small_shard(shard, "x")
     url = f"{hdfs.url}/changing/x.tfrecord"
     cat = catalogs(tmp_path / "c.sqlite")
     reader = cat.ingest(url, "t", storage_options={"user": "alice"})
     assert reader.get_feature("x3", "image") == b"x-3" * 50
-    other = _small_shard(tmp_path / "y.tfrecord", "y").read_bytes()
+    other = small_shard(tmp_path / "y.tfrecord", "y").read_bytes()
     assert len(other) == shard.stat().st_size  # same size, other bytes, a new fileId
     _replace(shard, other)
     with pytest.raises(StaleShardError, match=r"changing/x\.tfrecord changed"):
@@ -237,10 +204,10 @@ def test_replaced_between_redirect_and_datanode_read_is_stale_not_new_bytes(
     bytes, and the status after the read is what refuses them."""
     shard = Path(hdfs.root) / "race" / "x.tfrecord"
     shard.parent.mkdir()
-    _small_shard(shard, "x")
+    small_shard(shard, "x")
     cat = catalogs(tmp_path / "r.sqlite")
     reader = cat.ingest(f"{hdfs.url}/race/x.tfrecord", "r")
-    other = _small_shard(tmp_path / "z.tfrecord", "z").read_bytes()
+    other = small_shard(tmp_path / "z.tfrecord", "z").read_bytes()
     hdfs.before_data = lambda: _replace(shard, other)
     try:
         hdfs.counter.reset()
@@ -259,7 +226,7 @@ def test_server_killed_mid_read_then_back(
     monkeypatch.setattr(remote, "BACKOFF", 0.01)
     root = tmp_path / "hdfs"
     (root / "k").mkdir(parents=True)
-    _small_shard(root / "k" / "k.tfrecord", "k", 100)
+    small_shard(root / "k" / "k.tfrecord", "k", 100)
     server = WebHDFSServer(str(root))
     server.start()
     remote.configure("webhdfs", token="s3cr3t-delegation")
@@ -288,26 +255,8 @@ def test_server_killed_mid_read_then_back(
         server.stop()
 
 
-def _child(reader: Any, keys: list[str], out: Any) -> None:
-    data = reader.get_many(keys, raw=True)
-    pids = sorted({key[0] for key in remote._filesystems})
-    out.put((data, pids, os.getpid()))
-
-
 def test_forked_reader_opens_its_own_session(hdfs_catalog: Catalog) -> None:
-    reader = hdfs_catalog.dataset("train")
-    keys = _keys(50, seed=5)
-    expected = reader.get_many(keys, raw=True)  # the parent's session is open now
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_child, args=(reader, keys, out))
-    child.start()
-    data, pids, pid = out.get(timeout=60)
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert data == expected
-    assert pid in pids and pid != os.getpid()
-    assert reader.get_many(keys, raw=True) == expected
+    forked_reads_equal(hdfs_catalog.dataset("train"), _keys(50, seed=5))
 
 
 def test_reingest_reads_only_the_changed_file(
@@ -316,11 +265,11 @@ def test_reingest_reads_only_the_changed_file(
     folder = Path(hdfs.root) / "re"
     folder.mkdir()
     for name in ("a", "b", "c"):
-        _small_shard(folder / f"{name}.tfrecord", name)
+        small_shard(folder / f"{name}.tfrecord", name)
     cat = catalogs(tmp_path / "re.sqlite")
     pattern = f"{hdfs.url}/re/*.tfrecord"
     cat.ingest(pattern, "re").close()
-    _replace(folder / "b.tfrecord", _small_shard(tmp_path / "q.tfrecord", "q").read_bytes())
+    _replace(folder / "b.tfrecord", small_shard(tmp_path / "q.tfrecord", "q").read_bytes())
     hdfs.counter.reset()
     reader = cat.ingest(pattern, "re")
     opened = {r[1].split("?")[0].rsplit("/", 1)[1] for r in hdfs.counter.requests}

@@ -106,6 +106,52 @@ class S3Server:
         self._server.stop()
 
 
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """What the test servers' handlers share: HTTP/1.1, no log lines, the answer
+    sent at once (no Nagle wait), every connection kept in the server's
+    ``connections`` (so a test can cut them)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.connections.add(self.connection)  # type: ignore[attr-defined]
+
+
+def _serve(
+    port: int, handler: type[_Handler], connections: set[socket.socket]
+) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
+    """A threaded HTTP server on loopback ``port``, serving in a daemon thread."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    httpd.daemon_threads = True
+    httpd.connections = connections  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    return httpd, thread
+
+
+def _stop(
+    servers: list[tuple[http.server.ThreadingHTTPServer, threading.Thread]],
+    connections: set[socket.socket],
+) -> None:
+    """Cut the connections kept alive (a killed server), then stop ``servers``."""
+    for conn in list(connections):
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    connections.clear()
+    for httpd, thread in servers:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+    servers.clear()
+
+
 class RangeServer:
     """Serves the files of ``root`` over HTTP with ``Range`` (one range), ``ETag``
     (of the file's content; none with ``etags=False``, as some servers do),
@@ -122,8 +168,7 @@ class RangeServer:
         self.counter = Counter()
         self.fail_next = 0
         self.connections: set[socket.socket] = set()
-        self._httpd: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._servers: list[tuple[http.server.ThreadingHTTPServer, threading.Thread]] = []
 
     @property
     def url(self) -> str:
@@ -132,16 +177,7 @@ class RangeServer:
     def start(self) -> None:
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def setup(self) -> None:
-                super().setup()
-                server.connections.add(self.connection)
-
+        class Handler(_Handler):
             def _answer(self, head_only: bool) -> None:
                 if server.fail_next > 0:
                     server.fail_next -= 1
@@ -205,25 +241,11 @@ class RangeServer:
             def do_HEAD(self) -> None:
                 self._answer(True)
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._servers.append(_serve(self.port, Handler, self.connections))
 
     def stop(self) -> None:
         """Stop serving, and drop the connections kept alive (a killed server)."""
-        for conn in list(self.connections):
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.connections.clear()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join()
+        _stop(self._servers, self.connections)
 
 
 class WebHDFSServer:
@@ -303,18 +325,7 @@ class WebHDFSServer:
     def start(self) -> None:
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def setup(self) -> None:
-                super().setup()
-                # headers and body leave at once (no Nagle wait for the client's ACK)
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                server.connections.add(self.connection)
-
+        class Handler(_Handler):
             def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
@@ -393,25 +404,11 @@ class WebHDFSServer:
                     self._error(400, "UnsupportedOperationException", f"op={op} is unsupported")
 
         for port in (self.port, self.data_port):
-            httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-            httpd.daemon_threads = True
-            thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-            thread.start()
-            self._servers.append((httpd, thread))
+            self._servers.append(_serve(port, Handler, self.connections))
 
     def stop(self) -> None:
         """Stop both listeners, and drop the connections kept alive (a killed server)."""
-        for conn in list(self.connections):
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.connections.clear()
-        for httpd, thread in self._servers:
-            httpd.shutdown()
-            httpd.server_close()
-            thread.join()
-        self._servers = []
+        _stop(self._servers, self.connections)
 
 
 class GCSServer:
