@@ -12,12 +12,17 @@ Tiny records (a 20-character ``key`` and an int64 ``label`` 0..99) in shards of
 - *add one shard*: one more 125k-record shard of the same kind ingested into
   the big dataset (the key index exists then: each key is an insert into it);
 - *count*: ``count(*) WHERE label < 10`` (10% of the rows) through the view,
-  with an index on ``label``, median of 5.
+  with an index on ``label``, median of 5;
+- ``--add-cache KIB ...``: only the *add one shard*, into copies of one big
+  catalog, with the commit's SQLite page cache at each size in turn
+  (``commit.COMMIT_CACHE_KIB``; 2048 is SQLite's default), ``--rounds`` times
+  interleaved: median seconds and the ratio to the first size.
 
 The shards are written once under ``benchmarks/data/scale-<kind>-<records>``
 (fast: one serialized Example patched per record, CRCs by ``crc32c``).
 
-Run: ``python -m benchmarks.scale --sizes 1000000 10000000 30000000``.
+Run: ``python -m benchmarks.scale --sizes 1000000 10000000 30000000``, or
+``python -m benchmarks.scale --sizes 10000000 --keys scattered --add-cache 2048 65536``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import crc32c
 
 from benchmarks.util import print_table
 from shardcat import Catalog
+from shardcat.catalog import commit
 from shardcat.readers.tfrecord import make_example
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -137,12 +143,71 @@ def measure(kind: str, records: int, workers: int) -> dict[str, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def add_cache(kind: str, records: int, caches: list[int], rounds: int, workers: int) -> None:
+    """The *add one shard* of :func:`measure` into copies of one catalog of
+    ``records``, with the commit's page cache at each of ``caches`` KiB in turn."""
+    directory = shards(kind, records)
+    extra = DATA / f"scale-{kind}-extra-{records}.tfrecord"
+    work = Path(tempfile.mkdtemp(prefix="scale-", dir=DATA))
+    link = directory / "zz-extra.tfrecord"
+    times: dict[int, list[float]] = {c: [] for c in caches}
+    try:
+        base = work / "base.sqlite"
+        with Catalog(base) as cat:
+            cat.ingest(str(directory / "*.tfrecord"), "d", workers=workers).close()
+            cat.checkpoint()
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        os.symlink(extra, link)
+        for _ in range(rounds):
+            for cache in caches:
+                copy = work / "copy.sqlite"
+                for leftover in work.glob("copy.sqlite*"):
+                    leftover.unlink()
+                shutil.copyfile(base, copy)
+                warm(directory)
+                with open(copy, "rb") as f:  # the catalog's pages in the page cache too
+                    while f.read(8 << 20):
+                        pass
+                commit.COMMIT_CACHE_KIB = cache  # read at each commit; workers fork after
+                with Catalog(copy) as cat:
+                    start = time.perf_counter()
+                    cat.ingest(str(directory / "*.tfrecord"), "d", workers=workers).close()
+                    times[cache].append(time.perf_counter() - start)
+                print(f"{kind} {records:,} cache {cache} KiB: {times[cache][-1]:.2f} s", flush=True)
+    finally:
+        if link.is_symlink():
+            link.unlink()
+        shutil.rmtree(work, ignore_errors=True)
+    first = statistics.median(times[caches[0]])
+    print_table(
+        ("keys", "records", "commit cache KiB", "add one 125k shard s (median)", "ratio"),
+        [
+            (
+                kind,
+                f"{records:,}",
+                str(c),
+                f"{statistics.median(times[c]):.2f}",
+                f"{statistics.median(times[c]) / first:.2f}",
+            )
+            for c in caches
+        ],
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     p.add_argument("--keys", nargs="+", default=["scattered", "sequential"])
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--add-cache", type=int, nargs="+", metavar="KIB")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    if args.add_cache:
+        for kind in args.keys:
+            for records in args.sizes:
+                add_cache(kind, records, args.add_cache, args.rounds, args.workers)
+        return
     rows = []
     base: dict[str, float] = {}
     for kind in args.keys:

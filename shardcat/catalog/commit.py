@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 DUPLICATE_POLICIES = ("error", "first", "last")
+#: SQLite page cache (KiB) of a writer connection committing into an existing key
+#: index (allocated as pages are touched; the default is 2 MiB)
+COMMIT_CACHE_KIB = 64 * 1024
 
 
 class Batch(Protocol):
@@ -260,6 +263,10 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
     # Into a key index, in key order: it takes the shard's keys in one sweep. Without
     # one (a first ingest builds it last), in ordinal order: the table's own.
     order = "key" if tables.has_key_index(conn, job.dataset_id) else None
+    if order is not None and conn.dialect.name == "sqlite":
+        # scattered keys dirty a page of the index each; in SQLite's default 2 MiB
+        # page cache they spill to the WAL before the commit and are read back
+        conn.exec_driver_sql(f"PRAGMA cache_size = -{COMMIT_CACHE_KIB}")
     insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
 
 
