@@ -360,6 +360,37 @@ def test_other_protocols_check_the_object_after_each_read_never_returning_its_ne
         reader.get_many(["x1", "x3"])
 
 
+def test_http_answers_of_another_range_are_placed_by_content_range_or_refused(
+    catalogs: Any, tmp_path: Path
+) -> None:
+    """A server (or proxy) answering a wider, aligned range: the record's bytes are
+    cut out of it by its Content-Range. One answering other bytes of the same length
+    (a range moved by 16 bytes): a ShardIOError naming the URL, never those bytes."""
+    root = tmp_path / "www"
+    root.mkdir()
+    small_shard(root / "x.tfrecord", "x")
+    local = catalogs(tmp_path / "local.sqlite").ingest(str(root / "x.tfrecord"), "t")
+    server = RangeServer(str(root))
+    server.start()
+    try:
+        cat = catalogs(tmp_path / "c.sqlite")
+        reader = cat.ingest(f"{server.url}/x.tfrecord", "a")
+        server.align = 512
+        server.counter.reset()
+        assert reader.get_raw("x3") == local.get_raw("x3")
+        assert len(server.counter.requests) == 1 and server.counter.body_bytes == 512
+        assert reader.get_many(["x1", "x7"], raw=True) == local.get_many(["x1", "x7"], raw=True)
+        server.align, server.shift = 0, 16
+        with pytest.raises(ShardIOError, match=r"x\.tfrecord: cannot read bytes .*answered"):
+            reader.get_raw("x3")
+        with pytest.raises(ShardIOError):
+            reader.get_many(["x1", "x7"], raw=True)
+        with pytest.raises(ShardIOError, match=r"x\.tfrecord: cannot read bytes"):
+            cat.ingest(f"{server.url}/x.tfrecord", "b")  # its first bytes, for its format
+    finally:
+        server.stop()
+
+
 def test_http_retries_transient_errors_then_fails_naming_the_url(
     catalogs: Any, http: RangeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

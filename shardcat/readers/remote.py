@@ -53,7 +53,6 @@ secrets: :func:`public_options`) and from :func:`configure` in this process
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import os
 import re
@@ -63,12 +62,20 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from shardcat.errors import CatalogError, MissingShardError, ShardIOError, StaleShardError
+from shardcat.errors import (
+    CatalogError,
+    MissingShardError,
+    ShardcatError,
+    ShardIOError,
+    StaleShardError,
+)
 from shardcat.readers import cache as _cache
 from shardcat.readers import remote_hdfs as _hdfs
 from shardcat.readers.rawio import Source
 from shardcat.readers.remote_cloud import Changed as _Changed
 from shardcat.readers.remote_cloud import cloud_get, gcs_generation, handles
+from shardcat.readers.remote_get import Misplaced, Transient
+from shardcat.readers.remote_get import get as _get
 from shardcat.readers.remote_identity import RemoteInfo, remote_mismatch
 from shardcat.readers.remote_identity import info_of as _info_of
 
@@ -271,12 +278,8 @@ def list_objects(
 # -- requests ----------------------------------------------------------------------
 
 
-class _Transient(Exception):
-    """A 5xx answer: worth retrying."""
-
-
 def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, (_Transient, TimeoutError, ConnectionError)):
+    if isinstance(exc, (Transient, TimeoutError, ConnectionError)):
         return True
     name = type(exc).__name__
     if name in {
@@ -294,7 +297,7 @@ def _transient(exc: BaseException) -> bool:
         "ReadTimeout",
     }:
         return True
-    if isinstance(exc, (FileNotFoundError, PermissionError, _Changed)):
+    if isinstance(exc, (FileNotFoundError, PermissionError, _Changed, Misplaced)):
         return False
     return isinstance(exc, OSError) and any(
         word in str(exc) for word in ("503", "500", "502", "504", "SlowDown", "reset", "refused")
@@ -319,97 +322,6 @@ def _retrying(url: str, call: Callable[[], Any]) -> Any:
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
-
-
-def _get_s3(fs: Any, url: str, start: int, end: int | None, etag: str | None) -> tuple[bytes, Any]:
-    import fsspec.asyn
-
-    bucket, key, version = fs.split_path(url)
-
-    async def go() -> tuple[bytes, Any]:
-        kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if end is not None:
-            kw["Range"] = f"bytes={start}-{end - 1}"
-        if etag:
-            kw["IfMatch"] = etag
-        if version:
-            kw["VersionId"] = version
-        try:
-            resp = await fs._call_s3("get_object", **kw)
-        except OSError as exc:
-            text = str(exc)
-            if "PreconditionFailed" in text or "412" in text or "pre-condition" in text:
-                raise _Changed(str(exc)) from None
-            raise
-        body = resp["Body"]
-        try:
-            data = await body.read()
-        finally:
-            body.close()
-        return data, resp.get("ETag")
-
-    return fsspec.asyn.sync(fs.loop, go)  # type: ignore[no-any-return]
-
-
-def _get_http(
-    fs: Any, url: str, start: int, end: int | None, etag: str | None, mtime_ns: int
-) -> tuple[bytes, Any]:
-    """One GET; with no ETag known, conditional on the indexed Last-Modified
-    (``If-Unmodified-Since``, and the one answered must be it, for servers that
-    ignore the condition)."""
-    import fsspec.asyn
-
-    since = None if etag or not mtime_ns else mtime_ns // 1_000_000_000
-
-    async def go() -> tuple[bytes, Any]:
-        session = await fs.set_session()
-        headers = {}
-        if end is not None:
-            headers["Range"] = f"bytes={start}-{end - 1}"
-        if etag:
-            headers["If-Match"] = etag
-        elif since is not None:
-            headers["If-Unmodified-Since"] = email.utils.formatdate(since, usegmt=True)
-        async with session.get(fs.encode_url(url), headers=headers) as r:
-            if r.status == 404:
-                raise FileNotFoundError(url)
-            if r.status == 412:
-                raise _Changed("412 Precondition Failed")
-            if r.status >= 500:
-                raise _Transient(f"HTTP {r.status}")
-            if r.status >= 400:
-                raise OSError(f"HTTP {r.status} {r.reason}")
-            if since is not None and _seconds(r.headers.get("Last-Modified")) != since:
-                raise _Changed("its Last-Modified differs")
-            data = await r.read()
-            if r.status == 200 and end is not None:  # the server ignored Range
-                data = data[start:end]
-            return data, r.headers.get("ETag")
-
-    return fsspec.asyn.sync(fs.loop, go)  # type: ignore[no-any-return]
-
-
-def _seconds(http_date: str | None) -> int | None:
-    try:
-        return int(email.utils.parsedate_to_datetime(http_date or "").timestamp())
-    except (TypeError, ValueError):
-        return None
-
-
-def _get(
-    fs: Any, url: str, start: int, end: int | None, etag: str | None, mtime_ns: int = 0
-) -> tuple[bytes, str | None]:
-    """Bytes ``start:end`` of the object (``end`` None: to its end) in one request,
-    conditional on ``etag`` (HTTP without one: on ``mtime_ns``) where the protocol
-    allows; and the ETag answered."""
-    protocol = protocol_of(url)
-    if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
-        return _get_s3(fs, url, start, end, etag)
-    if protocol in ("http", "https") and hasattr(fs, "set_session"):
-        return _get_http(fs, url, start, end, etag, mtime_ns)
-    if protocol == "webhdfs" and hasattr(fs, "pars") and end is not None:
-        return _hdfs.read_range(fs, url, start, end), None
-    return fs.cat_file(url, start=start, end=end), None
 
 
 def _etag_of(fingerprint: str | None) -> str | None:
@@ -446,7 +358,8 @@ class RemoteSource(Source):
         self._local: int | None = None  # the node-local cached copy (shardcat.readers.cache)
         self._closed = False
         self._mtime_ns = mtime_ns
-        http_dated = protocol_of(url) in ("http", "https") and mtime_ns > 0
+        self._protocol = protocol_of(url)
+        http_dated = self._protocol in ("http", "https") and mtime_ns > 0
         conditional = (self._direct or self._cloud) and (self._expect is not None or http_dated)
         # No conditional read (WebHDFS, other protocols): a status check follows every
         # read, when the store tells more of an object than its size (module docstring)
@@ -525,13 +438,21 @@ class RemoteSource(Source):
             else:
                 data, etag = _retrying(
                     self.path,
-                    lambda: _get(self._fs, self.path, start, end, self._etag, self._mtime_ns),
+                    lambda: _get(
+                        self._fs, self.path, self._protocol, start, end, self._etag, self._mtime_ns
+                    ),
                 )
         except FileNotFoundError:
             raise self._missing() from None
         except _Changed:
             raise self._stale(
                 "its ETag differs" if self._expect else "its Last-Modified differs"
+            ) from None
+        except OSError as exc:  # refused, or an answer that does not hold the bytes
+            if isinstance(exc, ShardcatError):
+                raise
+            raise ShardIOError(
+                f"{self.path}: cannot read bytes {start}-{end - 1}: {exc}", self.path
             ) from None
         if self._etag is not None and etag is not None and etag != self._etag:
             raise self._stale("its ETag differs")

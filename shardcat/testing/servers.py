@@ -156,14 +156,24 @@ class RangeServer:
     """Serves the files of ``root`` over HTTP with ``Range`` (one range), ``ETag``
     (of the file's content; none with ``etags=False``, as some servers do),
     ``If-Match`` and ``If-Unmodified-Since`` (412; ignored with ``conditions=False``,
-    as some servers do) and ``Last-Modified``;
+    as some servers do) and ``Last-Modified``; ``align`` > 0 answers each range
+    widened to multiples of it and ``shift`` moved by that many bytes, each with
+    its true ``Content-Range`` (as some proxies do);
     ``fail_next`` answers that many requests with 503; counts what it serves."""
 
     def __init__(
-        self, root: str, port: int | None = None, *, etags: bool = True, conditions: bool = True
+        self,
+        root: str,
+        port: int | None = None,
+        *,
+        etags: bool = True,
+        conditions: bool = True,
+        align: int = 0,
+        shift: int = 0,
     ) -> None:
         self.root = root
         self.etags, self.conditions = etags, conditions
+        self.align, self.shift = align, shift
         self.port = port or free_port()
         self.counter = Counter()
         self.fail_next = 0
@@ -217,6 +227,10 @@ class RangeServer:
                 if m is not None:
                     start = int(m.group(1))
                     end = int(m.group(2)) + 1 if m.group(2) else len(data)
+                    if server.align:
+                        start -= start % server.align
+                        end += -end % server.align
+                    start, end = start + server.shift, end + server.shift
                     end = min(end, len(data))
                     body, status = data[start:end], 206
                 self.send_response(status)
