@@ -60,8 +60,8 @@ def _get_http(
     fs: Any, url: str, start: int, end: int | None, etag: str | None, mtime_ns: int
 ) -> tuple[bytes, Any]:
     """One GET; with no ETag known, conditional on the indexed Last-Modified
-    (``If-Unmodified-Since``, and the one answered must be it, for servers that
-    ignore the condition)."""
+    (``If-Unmodified-Since``, and the one answered, if any, must be it, for
+    servers that ignore the condition)."""
     import fsspec.asyn
 
     since = None if etag or not mtime_ns else mtime_ns // 1_000_000_000
@@ -84,7 +84,8 @@ def _get_http(
                 raise Transient(f"HTTP {r.status}")
             if r.status >= 400:
                 raise OSError(f"HTTP {r.status} {r.reason}")
-            if since is not None and _seconds(r.headers.get("Last-Modified")) != since:
+            answered = _seconds(r.headers.get("Last-Modified"))  # None: not sent
+            if since is not None and answered is not None and answered != since:
                 raise Changed("its Last-Modified differs")
             data = await r.read()
             if r.status == 200 and end is not None:  # the server ignored Range
