@@ -152,18 +152,11 @@ def catalog_for_legacy_index(
     or, with ``readonly=True``, is not imported yet (nothing is written then).
     """
     named = os.fspath(index_file)
+    remote = is_url(named) and not postgres.is_server_url(named)  # on object storage
     index: Path | str
-    if is_url(named) and not postgres.is_server_url(named):  # on object storage
+    if remote:
         index, identity = named, _remote_identity(named)
         catalog = _remote_catalog_path(named)
-        stored = _dataset_options(catalog, shard_paths)
-        if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
-            return catalog  # imported already: known by its identity, nothing read
-        if not _is_remote_tfd_pickle(named, identity["size"]):
-            raise CatalogError(
-                f"index_file {named} is not a tfd-utils index; a shardcat catalog is a "
-                "local file or a database server URL"
-            )
     else:
         given = Path(index_file).expanduser()
         if not _is_tfd_pickle(given):
@@ -172,9 +165,14 @@ def catalog_for_legacy_index(
         st = os.stat(index)
         identity = {"path": str(index), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         catalog = catalog_path_for(index)
-        stored = _dataset_options(catalog, shard_paths)
-        if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
-            return catalog
+    stored = _dataset_options(catalog, shard_paths)
+    if stored is not None and (readonly or stored.get(IDENTITY_OPTION) == identity):
+        return catalog  # imported already: known by its identity, nothing read
+    if remote and not _is_remote_tfd_pickle(named, identity["size"]):
+        raise CatalogError(
+            f"index_file {named} is not a tfd-utils index; a shardcat catalog is a "
+            "local file or a database server URL"
+        )
     if readonly:
         raise CatalogError(
             f"index_file {index} is a tfd-utils index, not a shardcat catalog, and a "
