@@ -7,6 +7,7 @@ or ``except ValueError``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = [
@@ -31,11 +32,50 @@ __all__ = [
     "StorageShapeError",
     "StorageTypeError",
     "StorageValueError",
+    "masked",
 ]
 
+# A URL in a message: scheme, an optional password, the rest, an optional query.
+_URL = re.compile(
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)(?:(?P<user>[^\s/@:'\"]*):[^\s/@'\"]+@)?"
+    r"(?P<rest>[^\s?'\"]*)(?P<query>\?[^\s'\")]*)?"
+)
+# A query parameter that carries a secret: presigned S3 (X-Amz-Signature,
+# AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), tokens and API keys.
+_SECRET = re.compile(r"(?i)[?&;][^=&;]*(?:sig|token|credential|secret|password|passwd|key|auth)")
 
-class ShardcatError(Exception):
-    """Base class of all errors shardcat raises on purpose."""
+
+def _mask(m: re.Match[str]) -> str:
+    user = m.group("user")
+    query = m.group("query") or ""
+    after = query[len(query.rstrip(":,.;")) :]  # the message's punctuation, not the URL's
+    return (
+        m.group("head")
+        + ("" if user is None else f"{user}:***@")
+        + m.group("rest")
+        + ("?..." + after if _SECRET.search(query) else query)
+    )
+
+
+def masked(text: str) -> str:
+    """``text`` with the secrets its URLs may carry masked: a password
+    (``https://user:***@host/...``) and a query string naming a signature, token,
+    key or credential (a presigned URL: ``...shard.tar?...``). A shard URL is
+    stored whole (reads need it); every message shows it this way, since
+    messages end up in logs."""
+    return _URL.sub(_mask, text) if "://" in text else text
+
+
+class _Masked:
+    """Messages (the string arguments) pass through :func:`masked`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(masked(a) if isinstance(a, str) else a for a in args))
+
+
+class ShardcatError(_Masked, Exception):
+    """Base class of all errors shardcat raises on purpose. Its message shows URLs
+    without their secrets (:func:`masked`); attributes such as ``path`` keep them."""
 
 
 class CatalogError(ShardcatError, ValueError):
@@ -162,7 +202,7 @@ class SamplerStateError(SamplerError):
     seed or shuffle, so loading it would silently continue a different order."""
 
 
-class ShardcatWarning(UserWarning):
+class ShardcatWarning(_Masked, UserWarning):
     """Base class of the warnings shardcat gives (the CLI prints them as one line)."""
 
 

@@ -547,3 +547,89 @@ def _epochs(reader: Any, keys: list[str], out: Any, directory: Path) -> None:
         "this worker's downloads",
     )
     out.put(reader.get_many(keys, raw=True))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "{u}/x.tfrecord?X-Amz-Signature=s3cr3t&X-Amz-Credential=AKIA",
+        "http://me:s3cr3t@{h}/x.tfrecord",
+    ],
+    ids=["presigned", "userinfo"],
+)
+def test_secrets_in_a_shard_url_never_reach_an_error_message(
+    catalogs: Any, tmp_path: Path, url: str
+) -> None:
+    """A presigned URL's signature or a URL's password is stored (later reads need
+    it) but every error shows the URL with it masked: messages end up in logs."""
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    root = tmp_path / "www"
+    root.mkdir()
+    shard = small_shard(root / "x.tfrecord", "x")
+    server = RangeServer(str(root))
+    server.start()
+    try:
+        url = url.format(u=server.url, h=f"127.0.0.1:{server.port}")
+        cat = catalogs(tmp_path / "c.sqlite")
+        reader = cat.ingest(url, "t")
+        assert reader.get_feature("x3", "image") == b"x-3" * 50
+        shard.write_bytes(shard.read_bytes().replace(b"x-3x-3", b"X-3X-3"))
+        errors = []
+        for call in (lambda: reader.get_feature("x3", "image"), lambda: reader.get_many(["x3"])):
+            with pytest.raises(StaleShardError) as stale:
+                call()
+            errors.append(stale.value)
+        catalog = str(tmp_path / "c.sqlite")
+        outputs = [
+            CliRunner().invoke(app, ["get", "t", "x3", "image", "-c", catalog]),
+            CliRunner().invoke(app, ["verify", "t", "-c", catalog]),
+        ]
+        shard.unlink()
+        with pytest.raises(MissingShardError) as missing:
+            reader.get_feature("x1", "image")
+        errors.append(missing.value)
+        server.stop()
+        with pytest.raises(ShardIOError) as down:
+            reader.get_feature("x2", "image")
+        errors.append(down.value)
+        for error in errors:
+            assert "s3cr3t" not in str(error) and "x.tfrecord" in str(error), str(error)
+            assert error.path is not None and "s3cr3t" in error.path  # the attribute is whole
+        outputs.append(CliRunner().invoke(app, ["get", "t", "x2", "image", "-c", catalog]))
+        for out in outputs:
+            assert out.exit_code != 0 and isinstance(out.exception, SystemExit), out.output
+            assert "s3cr3t" not in out.output and "x.tfrecord" in out.output, out.output
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("s3://b/x.tar?X-Amz-Signature=abc&X-Amz-Date=1: bad", "s3://b/x.tar?...: bad"),
+        ("(https://h/x.tar?AWSAccessKeyId=A&Signature=S&Expires=1)", "(https://h/x.tar?...)"),
+        (
+            "https://storage.googleapis.com/b/x?X-Goog-Signature=f00",
+            "https://storage.googleapis.com/b/x?...",
+        ),
+        (
+            "https://a.blob.core.windows.net/c/x.tar?sv=2022&sp=r&sig=Zm9v%3D.",
+            "https://a.blob.core.windows.net/c/x.tar?....",
+        ),
+        ("https://h/x?access_token=t, then", "https://h/x?..., then"),
+        ("http://me:pw@h:8080/x.tfrecord changed", "http://me:***@h:8080/x.tfrecord changed"),
+        ("cannot open postgresql://u:pw@db/cat", "cannot open postgresql://u:***@db/cat"),
+        ("key 'http://site/img.jpg?w=512' not found", "key 'http://site/img.jpg?w=512' not found"),
+        ("http://me@h/x and /data/x.tar?y", "http://me@h/x and /data/x.tar?y"),
+    ],
+)
+def test_masked_hides_url_secrets_and_keeps_the_rest(text: str, shown: str) -> None:
+    from shardcat.errors import masked
+
+    assert masked(text) == shown
+    error = ShardIOError(f"read failed: {text}", text)
+    assert str(error) == f"read failed: {shown}" and error.path == text
+    assert isinstance(error, OSError)

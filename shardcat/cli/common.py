@@ -27,7 +27,7 @@ from rich.text import Text
 
 from shardcat.catalog import postgres
 from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, catalog_location
-from shardcat.errors import ShardcatError, ShardcatWarning
+from shardcat.errors import ShardcatError, ShardcatWarning, masked
 from shardcat.facade import tasks
 from shardcat.facade.catalog import Catalog
 
@@ -110,7 +110,8 @@ _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
 def cli_message(text: str) -> str:
     """A library message in the CLI's spelling (``--format``, ``--on-duplicate``,
     ``--by-position`` instead of ``format=``, ``on_duplicate='first'``,
-    ``key=None``), on one line."""
+    ``key=None``), on one line, its URLs without their secrets (:func:`masked`)."""
+    text = masked(text)
     for pattern, replacement in _CLI_SPELLING:
         text = pattern.sub(replacement, text)
     return " ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -6,6 +6,7 @@ import typer
 
 from shardcat.cli.common import handle_errors, open_to_read, print_json, progress_bar
 from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
+from shardcat.errors import masked
 from shardcat.facade import tasks
 
 
@@ -36,7 +37,7 @@ def verify(
         print_json([{"path": p.path, "offset": p.offset, "problem": p.problem} for p in problems])
     else:
         for p in problems:
-            typer.echo(f"{p.path}: at byte {p.offset}: {p.problem}")
+            typer.echo(masked(f"{p.path}: at byte {p.offset}: {p.problem}"))
         typer.echo(f"{dataset}: {result.records:,} records checked, {len(problems)} bad", err=True)
     if problems:
         raise typer.Exit(1)

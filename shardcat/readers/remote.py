@@ -109,7 +109,6 @@ BACKOFF = 0.05
 STREAM_CHUNK = 8 * 1024 * 1024
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_QUERY = re.compile(r"\?[^\s'\")]*")  # of a URL in an error: may carry a token
 _SECRET = re.compile(
     r"key|secret|token|password|passwd|credential|session|auth|connection_str|kerb_kwargs", re.I
 )
@@ -316,7 +315,7 @@ def _retrying(url: str, call: Callable[[], Any]) -> Any:
             if attempt == RETRIES:
                 raise ShardIOError(
                     f"{url}: the store did not answer after {RETRIES + 1} attempts: "
-                    f"{type(exc).__name__}: {_QUERY.sub('?...', str(exc))}",
+                    f"{type(exc).__name__}: {exc}",
                     url,
                 ) from None
             time.sleep(delay)
