@@ -35,26 +35,23 @@ __all__ = [
     "masked",
 ]
 
-# A URL in a message: scheme, an optional password, the rest, an optional query.
-_URL = re.compile(
-    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)(?:(?P<user>[^\s/@:'\"]*):[^\s/@'\"]+@)?"
-    r"(?P<rest>[^\s?'\"]*)(?P<query>\?[^\s'\")]*)?"
-)
+# A URL's password (``scheme://user:password@``), and a query string (of a URL or
+# of a bare path, as HTTP clients print the URL they failed on).
+_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'\"]*):[^\s/@'\"]+@")
+_QUERY = re.compile(r"(?<=\S)\?[^\s'\")]+")
 # A query parameter that carries a secret: presigned S3 (X-Amz-Signature,
-# AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), tokens and API keys.
-_SECRET = re.compile(r"(?i)[?&;][^=&;]*(?:sig|token|credential|secret|password|passwd|key|auth)")
+# AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), WebHDFS (delegation),
+# tokens and API keys.
+_SECRET = re.compile(
+    r"(?i)[?&;][^=&;]*(?:sig|token|credential|secret|password|passwd|key|auth|delegation)"
+)
 
 
-def _mask(m: re.Match[str]) -> str:
-    user = m.group("user")
-    query = m.group("query") or ""
-    after = query[len(query.rstrip(":,.;")) :]  # the message's punctuation, not the URL's
-    return (
-        m.group("head")
-        + ("" if user is None else f"{user}:***@")
-        + m.group("rest")
-        + ("?..." + after if _SECRET.search(query) else query)
-    )
+def _query(m: re.Match[str]) -> str:
+    query = m.group(0)
+    if _SECRET.search(query) is None:
+        return query
+    return "?..." + query[len(query.rstrip(":,.;")) :]  # the message's punctuation kept
 
 
 def masked(text: str) -> str:
@@ -63,7 +60,9 @@ def masked(text: str) -> str:
     key or credential (a presigned URL: ``...shard.tar?...``). A shard URL is
     stored whole (reads need it); every message shows it this way, since
     messages end up in logs."""
-    return _URL.sub(_mask, text) if "://" in text else text
+    if "?" in text:
+        text = _QUERY.sub(_query, text)
+    return _PASSWORD.sub(r"\g<head>:***@", text) if "@" in text else text
 
 
 class _Masked:

@@ -620,6 +620,12 @@ def test_secrets_in_a_shard_url_never_reach_an_error_message(
             "https://a.blob.core.windows.net/c/x.tar?....",
         ),
         ("https://h/x?access_token=t, then", "https://h/x?..., then"),
+        ("webhdfs://nn:9870/x?op=OPEN&delegation=tok", "webhdfs://nn:9870/x?..."),
+        (
+            "with url: /webhdfs/v1/x?delegation=tok (Caused by",
+            "with url: /webhdfs/v1/x?... (Caused by",
+        ),
+        ("did you mean x? or y?", "did you mean x? or y?"),
         ("http://me:pw@h:8080/x.tfrecord changed", "http://me:***@h:8080/x.tfrecord changed"),
         ("cannot open postgresql://u:pw@db/cat", "cannot open postgresql://u:***@db/cat"),
         ("key 'http://site/img.jpg?w=512' not found", "key 'http://site/img.jpg?w=512' not found"),
