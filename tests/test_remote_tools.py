@@ -240,6 +240,68 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
         assert far.get_raw("k1_33").endswith(b"img1-33")
 
 
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_path: Path) -> None:
+    """The rule of remote RecordIO shards asks the store whether the first ``.idx``
+    exists (one HEAD, no bytes); each ``.idx`` is downloaded once, by its shard's
+    scan. The rule downloaded the first ``.idx`` whole, then its scan again; a
+    re-ingest of unchanged shards downloaded it for the rule once more."""
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.testing.servers import RangeServer
+
+    local = tmp_path / "recidx"
+    local.mkdir()
+    for s in range(3):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(200):
+                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 900), f"k{s}_{i}")
+    sizes = {p.name: p.stat().st_size for p in local.iterdir()}
+    http = RangeServer(str(local))
+    if store == "http":
+        http.start()
+        counter, url, prefix = http.counter, http.url + "/part-{0..2}.rec", "/"
+        options: dict[str, Any] = {}
+    else:
+        counter, prefix = s3.counter, f"/{BUCKET}/recidx/"
+        url, options = _upload(s3, local, "recidx") + "/*.rec", s3.options
+
+    def idx_requests() -> dict[str, list[tuple[str, str | None]]]:
+        out: dict[str, list[tuple[str, str | None]]] = {}
+        for method, path, asked in counter.requests:
+            if path.endswith(".idx"):
+                out.setdefault(path.removeprefix(prefix), []).append((method, asked))
+        return out
+
+    def fetched(name: str) -> tuple[str, str]:
+        return ("GET", f"bytes=0-{sizes[name] - 1}")
+
+    try:
+        with Catalog(tmp_path / "r.sqlite") as cat:
+            counter.reset()
+            with cat.ingest(url, "far", storage_options=options) as far:
+                assert far.options["idx"] is True and len(far) == 600
+                assert far.get_raw("k2_77").endswith(bytes([2, 77]) * 900)
+            assert idx_requests() == {
+                "part-0.idx": [("HEAD", None), ("HEAD", None), fetched("part-0.idx")],
+                "part-1.idx": [("HEAD", None), fetched("part-1.idx")],
+                "part-2.idx": [("HEAD", None), fetched("part-2.idx")],
+            }
+            idx_bytes = sum(
+                sizes[name]
+                for name, asked in idx_requests().items()
+                for method, _ in asked
+                if method == "GET"
+            )
+            assert idx_bytes == sum(v for k, v in sizes.items() if k.endswith(".idx")) == 3 * 2626
+            counter.reset()
+            cat.ingest(url, "far", storage_options=options).close()
+            # unchanged: the rule's one question about the first .idx, no download
+            assert idx_requests() == {"part-0.idx": [("HEAD", None)]}
+    finally:
+        if store == "http":
+            http.stop()
+
+
 # -- ingest judges shards from the listing ---------------------------------------
 
 
