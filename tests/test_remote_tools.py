@@ -212,6 +212,59 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     assert "changed after it was indexed" in result.output
 
 
+def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
+    """tfd-utils' ``.tar_index`` of local archives moved to an HTTP server
+    (``--remap``): the options are read off the first archive's first 64 KiB, as a
+    remote ingest reads its rule (a tar's options need no more), not a 4 MiB head
+    (here the whole 1.7 MB archive, then streamed again to re-index it)."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tar_index
+
+    from shardcat.testing.servers import RangeServer
+
+    old = tmp_path / "tars"
+    old.mkdir()
+    for name in ("a", "b"):
+        with tarfile.open(old / f"{name}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
+            for i in range(150):
+                for ext, data in (("jpg", bytes([i]) * 10_000), ("cls", b"%d" % i)):
+                    member = tarfile.TarInfo(f"{name}{i:03d}.{ext}")
+                    member.size = len(data)
+                    archive.addfile(member, io.BytesIO(data))
+    index = tfd_tar_index(str(old / "*.tar"))
+    size = (old / "a.tar").stat().st_size
+    assert size == (old / "b.tar").stat().st_size == 1_771_520
+    server = RangeServer(str(old))
+    server.start()
+    try:
+        with Catalog(tmp_path / "m.sqlite") as cat:
+            server.counter.reset()
+            report = cat.migrate(str(index), remap=[f"{old}={server.url}"])
+            [made] = report.datasets
+            assert [(s.path, s.records) for s in made.shards] == [
+                (f"{server.url}/a.tar", 150),
+                (f"{server.url}/b.tar", 150),
+            ]
+            gets = {
+                name: sorted(r for m, p, r in server.counter.requests if m == "GET" and p == name)
+                for name in ("/a.tar", "/b.tar")
+            }
+            # the options' head, the compression check, the re-index's one streamed read
+            whole = f"bytes=0-{size - 1}"
+            assert gets == {
+                "/a.tar": sorted(["bytes=0-65535", "bytes=0-5", whole]),
+                "/b.tar": sorted(["bytes=0-5", whole]),
+            }
+            assert _shard_bytes(server.counter.requests, {"/a.tar": size}) == 65_536 + 6 + size
+            near = cat.ingest(str(old / "*.tar"), "near", grouping="tfd")
+            far = cat.dataset(made.dataset)
+            keys = sorted(near.iter_keys())
+            assert sorted(far.iter_keys()) == keys and len(keys) == 300
+            assert far.get_many(keys[::17], raw=True) == near.get_many(keys[::17], raw=True)
+    finally:
+        server.stop()
+
+
 # -- RecordIO .idx ---------------------------------------------------------------
 
 
