@@ -212,6 +212,59 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     assert "changed after it was indexed" in result.output
 
 
+def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
+    """tfd-utils' ``.tar_index`` of local archives moved to an HTTP server
+    (``--remap``): the options are read off the first archive's first 64 KiB, as a
+    remote ingest reads its rule (a tar's options need no more), not a 4 MiB head
+    (here the whole 1.7 MB archive, then streamed again to re-index it)."""
+    pytest.importorskip("tfd_utils")
+    from legacy_fixtures import tfd_tar_index
+
+    from shardcat.testing.servers import RangeServer
+
+    old = tmp_path / "tars"
+    old.mkdir()
+    for name in ("a", "b"):
+        with tarfile.open(old / f"{name}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
+            for i in range(150):
+                for ext, data in (("jpg", bytes([i]) * 10_000), ("cls", b"%d" % i)):
+                    member = tarfile.TarInfo(f"{name}{i:03d}.{ext}")
+                    member.size = len(data)
+                    archive.addfile(member, io.BytesIO(data))
+    index = tfd_tar_index(str(old / "*.tar"))
+    size = (old / "a.tar").stat().st_size
+    assert size == (old / "b.tar").stat().st_size == 1_771_520
+    server = RangeServer(str(old))
+    server.start()
+    try:
+        with Catalog(tmp_path / "m.sqlite") as cat:
+            server.counter.reset()
+            report = cat.migrate(str(index), remap=[f"{old}={server.url}"])
+            [made] = report.datasets
+            assert [(s.path, s.records) for s in made.shards] == [
+                (f"{server.url}/a.tar", 150),
+                (f"{server.url}/b.tar", 150),
+            ]
+            gets = {
+                name: sorted(r for m, p, r in server.counter.requests if m == "GET" and p == name)
+                for name in ("/a.tar", "/b.tar")
+            }
+            # the options' head, the compression check, the re-index's one streamed read
+            whole = f"bytes=0-{size - 1}"
+            assert gets == {
+                "/a.tar": sorted(["bytes=0-65535", "bytes=0-5", whole]),
+                "/b.tar": sorted(["bytes=0-5", whole]),
+            }
+            assert _shard_bytes(server.counter.requests, {"/a.tar": size}) == 65_536 + 6 + size
+            near = cat.ingest(str(old / "*.tar"), "near", grouping="tfd")
+            far = cat.dataset(made.dataset)
+            keys = sorted(near.iter_keys())
+            assert sorted(far.iter_keys()) == keys and len(keys) == 300
+            assert far.get_many(keys[::17], raw=True) == near.get_many(keys[::17], raw=True)
+    finally:
+        server.stop()
+
+
 # -- RecordIO .idx ---------------------------------------------------------------
 
 
@@ -238,6 +291,68 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
         assert list(far.iter_keys()) == list(near.iter_keys())
         assert far.get_raw("k1_33") == near.get_raw("k1_33")
         assert far.get_raw("k1_33").endswith(b"img1-33")
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_path: Path) -> None:
+    """The rule of remote RecordIO shards asks the store whether the first ``.idx``
+    exists (one HEAD, no bytes); each ``.idx`` is downloaded once, by its shard's
+    scan. The rule downloaded the first ``.idx`` whole, then its scan again; a
+    re-ingest of unchanged shards downloaded it for the rule once more."""
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.testing.servers import RangeServer
+
+    local = tmp_path / "recidx"
+    local.mkdir()
+    for s in range(3):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(200):
+                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 900), f"k{s}_{i}")
+    sizes = {p.name: p.stat().st_size for p in local.iterdir()}
+    http = RangeServer(str(local))
+    if store == "http":
+        http.start()
+        counter, url, prefix = http.counter, http.url + "/part-{0..2}.rec", "/"
+        options: dict[str, Any] = {}
+    else:
+        counter, prefix = s3.counter, f"/{BUCKET}/recidx/"
+        url, options = _upload(s3, local, "recidx") + "/*.rec", s3.options
+
+    def idx_requests() -> dict[str, list[tuple[str, str | None]]]:
+        out: dict[str, list[tuple[str, str | None]]] = {}
+        for method, path, asked in counter.requests:
+            if path.endswith(".idx"):
+                out.setdefault(path.removeprefix(prefix), []).append((method, asked))
+        return out
+
+    def fetched(name: str) -> tuple[str, str]:
+        return ("GET", f"bytes=0-{sizes[name] - 1}")
+
+    try:
+        with Catalog(tmp_path / "r.sqlite") as cat:
+            counter.reset()
+            with cat.ingest(url, "far", storage_options=options) as far:
+                assert far.options["idx"] is True and len(far) == 600
+                assert far.get_raw("k2_77").endswith(bytes([2, 77]) * 900)
+            assert idx_requests() == {
+                "part-0.idx": [("HEAD", None), ("HEAD", None), fetched("part-0.idx")],
+                "part-1.idx": [("HEAD", None), fetched("part-1.idx")],
+                "part-2.idx": [("HEAD", None), fetched("part-2.idx")],
+            }
+            idx_bytes = sum(
+                sizes[name]
+                for name, asked in idx_requests().items()
+                for method, _ in asked
+                if method == "GET"
+            )
+            assert idx_bytes == sum(v for k, v in sizes.items() if k.endswith(".idx")) == 3 * 2626
+            counter.reset()
+            cat.ingest(url, "far", storage_options=options).close()
+            # unchanged: the rule's one question about the first .idx, no download
+            assert idx_requests() == {"part-0.idx": [("HEAD", None)]}
+    finally:
+        if store == "http":
+            http.stop()
 
 
 # -- ingest judges shards from the listing ---------------------------------------

@@ -31,7 +31,7 @@ from shardcat.facade.ingest import (
     ProvideEntries,
     judge_files,
     raise_for_failures,
-    rule_copy,
+    remote_rule,
     run_ingest,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
@@ -102,11 +102,8 @@ class Catalog(Store):
             name = str(opts.format)
             return reuse.Rule(name, dict(detected), explicit, get_format(name).key_rule)
         if is_url(files[0]):  # detected from a local copy of the object's first record
-            with rule_copy(files[0], opts.options.get(STORAGE_OPTIONS), opts.format) as (
-                head,
-                name,
-            ):
-                return self._rule([head], opts.with_(format=name))
+            name, found = remote_rule(files[0], opts.options.get(STORAGE_OPTIONS), opts.format)
+            return reuse.Rule(name, found, explicit, get_format(name).key_rule)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
         return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)

@@ -44,7 +44,13 @@ from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
-from shardcat.facade.ingest import SNIFF_REMOTE, ProvideEntries, ShardOutcome, local_copy
+from shardcat.facade.ingest import (
+    SNIFF_HEAD,
+    SNIFF_REMOTE,
+    ProvideEntries,
+    ShardOutcome,
+    head_copy,
+)
 from shardcat.facade.options import KEEP, IngestOptions, Progress
 from shardcat.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
@@ -91,16 +97,17 @@ def _parse_remap(
 
 
 def _head_size(fmt: str, rows: Sequence[Any]) -> int:
-    """How many first bytes of a remote shard its options are read from: up to the
-    end of its first record as its legacy rows say (TFRecord, RecordIO; and a little
-    more), else :data:`SNIFF_REMOTE` as ingest reads."""
+    """How many first bytes of a remote shard its options are read from first: up
+    to the end of its first record as its legacy rows say (TFRecord, RecordIO; and
+    a little more), else :data:`SNIFF_HEAD` as ingest reads (then, as there, the
+    rest of a longer first record: :func:`head_copy`)."""
     end = None
     if fmt == "tfrecord" and rows:
         first = min(rows, key=lambda e: e.offset)
         end = first.offset + first.length + TFRECORD_FRAME if first.offset == 0 else None
     elif fmt == "recordio" and len(rows) > 1:
         end = sorted(row[1] for row in rows)[1]
-    return SNIFF_REMOTE if end is None else min(SNIFF_REMOTE, end + SNIFF_BYTES)
+    return SNIFF_HEAD if end is None else min(SNIFF_REMOTE, end + SNIFF_BYTES)
 
 
 def _detect_options(
@@ -110,7 +117,7 @@ def _detect_options(
     copy of its first bytes, up to the end of its first record, see :func:`_head_size`)."""
     if not is_url(first):
         return get_format(fmt).detect_options(first)
-    with local_copy(first, storage, _head_size(fmt, rows)) as (head, _):
+    with head_copy(first, storage, fmt, _head_size(fmt, rows)) as (head, _):
         return get_format(fmt).detect_options(head)
 
 

@@ -261,8 +261,11 @@ class Format(ABC):
         """Feature name -> type name."""
         return {}
 
-    def detect_options(self, path: str) -> dict[str, Any]:
-        """Dataset options read off the first shard (e.g. RecordIO's IRHeader)."""
+    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
+        """Dataset options read off the first shard (e.g. RecordIO's IRHeader).
+        ``sidecar``: whether the shard has its :meth:`sidecar`, when that is known
+        already (a remote shard's, asked of the store); None: looked for beside
+        ``path``. Options tell whether there is one, never read what it holds."""
         return {}
 
     def head_needed(self, head: str) -> int | None:

@@ -445,10 +445,12 @@ class RecordIOFormat(Format):
             return None if magic == MAGIC else 0
         return HEADER + padded(lrecord & LENGTH_MASK)
 
-    def detect_options(self, path: str) -> dict[str, Any]:
-        """``idx``: whether an MXNet ``.idx`` lies beside the file; ``header``: whether
-        its first payload looks like an IRHeader (see the module docs)."""
-        options: dict[str, Any] = {"idx": os.path.isfile(idx_path_for(path)), "header": True}
+    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
+        """``idx``: whether an MXNet ``.idx`` lies beside the file (``sidecar``: whether
+        the shard has one, asked of its store already); ``header``: whether its first
+        payload looks like an IRHeader (see the module docs)."""
+        idx = os.path.isfile(idx_path_for(path)) if sidecar is None else sidecar
+        options: dict[str, Any] = {"idx": idx, "header": True}
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:

@@ -387,7 +387,7 @@ class TarFormat(Format):
         cur: Cursor = stream if isinstance(stream, _CURSORS) else StreamCursor(stream)
         return _scan_cursor(cur, path, options)
 
-    def detect_options(self, path: str) -> dict[str, Any]:
+    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
         return {"grouping": DEFAULT_GROUPING}
 
     def key_rule(self, options: Mapping[str, Any]) -> str:

@@ -343,7 +343,7 @@ class TFRecordFormat(Format):
             first = f.read(8)
         return 0 if len(first) < 8 else HEADER + _U64.unpack(first)[0] + FOOTER
 
-    def detect_options(self, path: str) -> dict[str, Any]:
+    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
         """Dataset options read off the first shard: ``message`` is ``sequence_example``
         when its first record carries feature lists, else ``example``.
 
