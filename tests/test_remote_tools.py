@@ -355,6 +355,38 @@ def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_p
             http.stop()
 
 
+@pytest.mark.parametrize(
+    "given", [{"options": {"idx": False}}, {"key": None}], ids=["idx-off", "by-position"]
+)
+def test_remote_recordio_scan_that_does_not_read_the_idx_does_not_fetch_it(
+    given: dict[str, Any], tmp_path: Path
+) -> None:
+    """Options under which a scan ignores the ``.idx`` (``idx=False``; keyed by
+    position): no shard's ``.idx`` is downloaded (each was, whole, for nothing)."""
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.testing.servers import RangeServer
+
+    local = tmp_path / "noidx"
+    local.mkdir()
+    for s in range(2):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(50):
+                w.write(pack(IRHeader(0, float(i), i, 0), b"r%d-%d" % (s, i)), f"k{s}_{i}")
+    http = RangeServer(str(local))
+    http.start()
+    try:
+        with (
+            Catalog(tmp_path / "r.sqlite") as cat,
+            cat.ingest(f"{http.url}/part-{{0..1}}.rec", "far", **given) as far,
+        ):
+            assert far.key_rule == "position" and len(far) == 100
+            assert far.get_raw(75).endswith(b"r1-25")
+        gets = [p for m, p, _ in http.counter.requests if m == "GET" and p.endswith(".idx")]
+        assert gets == []
+    finally:
+        http.stop()
+
+
 # -- ingest judges shards from the listing ---------------------------------------
 
 

@@ -344,26 +344,33 @@ def local_copy(
     options: Mapping[str, Any] | None,
     limit: int | None = None,
     fmt: Format | None = None,
+    format_options: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[str, remote.RemoteInfo]]:
     """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
     file, deleted on exit; with the identity of the version read. With ``fmt``, the
-    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too."""
+    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too, when a
+    scan with ``format_options`` reads it."""
     with remote_file.downloaded(url, options, limit) as (tmp, info):
         if fmt is None:
             yield tmp, info
         else:
-            with sidecar_copy(url, tmp, fmt, options):
+            with sidecar_copy(url, tmp, fmt, options, format_options):
                 yield tmp, info
 
 
 @contextlib.contextmanager
 def sidecar_copy(
-    url: str, copy: str, fmt: Format, options: Mapping[str, Any] | None
+    url: str,
+    copy: str,
+    fmt: Format,
+    options: Mapping[str, Any] | None,
+    format_options: Mapping[str, Any] | None = None,
 ) -> Iterator[str | None]:
     """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
-    when the store has one, fetched beside ``copy`` (the shard's local copy) under
-    the name the format looks for there; deleted on exit. None: no sidecar."""
-    far, near = fmt.sidecar(url), fmt.sidecar(copy)
+    when the store has one and a scan with ``format_options`` reads it, fetched
+    beside ``copy`` (the shard's local copy) under the name the format looks for
+    there; deleted on exit. None: no sidecar."""
+    far, near = fmt.sidecar(url, format_options), fmt.sidecar(copy, format_options)
     if far is None or near is None:
         yield None
         return
@@ -401,7 +408,8 @@ def _index_remote(
             info = remote.remote_info(url, job.options.get(STORAGE_OPTIONS))
             scanned = provide(url, info.as_stat())
         if scanned is None:
-            with local_copy(url, job.options.get(STORAGE_OPTIONS), fmt=fmt) as (tmp, info):
+            storage = job.options.get(STORAGE_OPTIONS)
+            with local_copy(url, storage, fmt=fmt, format_options=job.options) as (tmp, info):
                 scanned = fmt.scan_shard(tmp, job.options)
         return _commit_scan(
             engine,

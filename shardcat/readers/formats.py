@@ -274,10 +274,10 @@ class Format(ABC):
         that many, not a fixed head); None: cannot tell (a compressed stream)."""
         return 0
 
-    def sidecar(self, path: str) -> str | None:
+    def sidecar(self, path: str, options: Mapping[str, Any] | None = None) -> str | None:
         """A file beside the shard ``path`` that its scan reads when present (RecordIO:
-        the MXNet ``.idx`` holding its keys); None: none. A remote shard's is fetched
-        beside its local copy."""
+        the MXNet ``.idx`` holding its keys); None: none, or none a scan with
+        ``options`` reads. A remote shard's is fetched beside its local copy."""
         return None
 
     def detect_dataset_options(

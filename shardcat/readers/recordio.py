@@ -141,12 +141,19 @@ _NO_MEMBERS: list[tuple[Any, ...]] = []
 # -- keys from an MXNet .idx (see shardcat.readers.mxnet_idx) ------------------------
 
 
+def _reads_idx(options: Mapping[str, Any]) -> bool:
+    """Whether a scan with these options reads the ``.idx`` (not with ``idx=False``,
+    nor keyed by position unless the ``.idx`` key is a column)."""
+    idx = options.get("idx")
+    return idx is not False and (options.get("key", "key") is not None or idx == IDX_AS_COLUMN)
+
+
 def _keys_source(path: str, options: Mapping[str, Any]) -> dict[int, tuple[str, int]] | None:
     """The shard's index (offset -> key) when records are keyed by ``.idx`` (or keep
     its key in a column), else None."""
-    idx = options.get("idx")
-    if idx is False or (options.get("key", "key") is None and idx != IDX_AS_COLUMN):
+    if not _reads_idx(options):
         return None
+    idx = options.get("idx")
     idx_path = idx_path_for(path)
     if os.path.isfile(idx_path):
         return read_idx(idx_path)
@@ -428,8 +435,8 @@ class RecordIOFormat(Format):
             for name, values in sorted(features_of(record).items())
         }
 
-    def sidecar(self, path: str) -> str | None:
-        return idx_path_for(path)
+    def sidecar(self, path: str, options: Mapping[str, Any] | None = None) -> str | None:
+        return None if options is not None and not _reads_idx(options) else idx_path_for(path)
 
     def head_needed(self, head: str) -> int | None:
         """The first record's frame when it is one part; None when compressed or
