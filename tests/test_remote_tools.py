@@ -296,9 +296,11 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
 @pytest.mark.parametrize("store", ["http", "s3"])
 def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_path: Path) -> None:
     """The rule of remote RecordIO shards asks the store whether the first ``.idx``
-    exists (one HEAD, no bytes); each ``.idx`` is downloaded once, by its shard's
-    scan. The rule downloaded the first ``.idx`` whole, then its scan again; a
-    re-ingest of unchanged shards downloaded it for the rule once more."""
+    exists (one HEAD, no bytes). A new dataset whose ``.idx`` use is not given reads
+    every ``.idx`` once to learn whether their keys collide (as a local ingest
+    does), then each scan reads its own; with ``idx`` given, each ``.idx`` is
+    downloaded once, by its shard's scan. (The rule downloaded the first ``.idx``
+    whole too; a re-ingest of unchanged shards downloaded it once more.)"""
     from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
     from shardcat.testing.servers import RangeServer
 
@@ -331,7 +333,18 @@ def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_p
     try:
         with Catalog(tmp_path / "r.sqlite") as cat:
             counter.reset()
-            with cat.ingest(url, "far", storage_options=options) as far:
+            with cat.ingest(url, "checked", storage_options=options) as checked:
+                assert checked.options["idx"] is True and len(checked) == 600
+            once = [("HEAD", None), fetched("part-0.idx")]
+            assert idx_requests() == {  # the rule's HEAD; the keys checked; the scan
+                "part-0.idx": [("HEAD", None), *once, *once],
+                "part-1.idx": [("HEAD", None), fetched("part-1.idx")] * 2,
+                "part-2.idx": [("HEAD", None), fetched("part-2.idx")] * 2,
+            }
+        with Catalog(tmp_path / "given.sqlite") as cat:  # (a dataset of the same shards
+            counter.reset()  # in the same catalog would copy their rows: no scan)
+            given = {"idx": True}
+            with cat.ingest(url, "far", options=given, storage_options=options) as far:
                 assert far.options["idx"] is True and len(far) == 600
                 assert far.get_raw("k2_77").endswith(bytes([2, 77]) * 900)
             assert idx_requests() == {
@@ -347,12 +360,52 @@ def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_p
             )
             assert idx_bytes == sum(v for k, v in sizes.items() if k.endswith(".idx")) == 3 * 2626
             counter.reset()
-            cat.ingest(url, "far", storage_options=options).close()
+            cat.ingest(url, "far", options=given, storage_options=options).close()
             # unchanged: the rule's one question about the first .idx, no download
             assert idx_requests() == {"part-0.idx": [("HEAD", None)]}
     finally:
         if store == "http":
             http.stop()
+
+
+def test_remote_recordio_with_colliding_idx_keys_is_keyed_like_a_local_ingest(
+    tmp_path: Path,
+) -> None:
+    """Shards whose ``.idx`` keys collide (DALI's ``rec2idx`` numbers every file's
+    records from 0): keyed by position with each ``.idx`` key in ``idx_key``, with
+    the warning saying so, remote as local. A remote ingest failed on the second
+    shard with duplicate keys."""
+    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.testing.servers import RangeServer
+
+    local = tmp_path / "dali"
+    local.mkdir()
+    for s in range(3):
+        with RecordIOWriter(local / f"part-{s}.rec") as w:
+            for i in range(40):
+                w.write(pack(IRHeader(0, float(i), i, 0), b"r%d-%d" % (s, i)), str(i))
+    http = RangeServer(str(local))
+    http.start()
+    try:
+        with Catalog(tmp_path / "near.sqlite") as cat, pytest.warns(UserWarning) as near_w:
+            near = cat.ingest(str(local / "part-*.rec"), "d")
+            near_rows = [
+                tuple(r) for r in cat.query("SELECT key, idx_key FROM d ORDER BY position")
+            ]
+            near_raw = [near.get_raw(k) for k in ("0", "45", "119")]
+        with Catalog(tmp_path / "far.sqlite") as cat, pytest.warns(UserWarning) as far_w:
+            far = cat.ingest(f"{http.url}/part-{{0..2}}.rec", "d")
+            assert far.key_rule == "position" and far.options["idx"] == "column"
+            rows = cat.query("SELECT key, idx_key FROM d ORDER BY position")
+            assert [tuple(r) for r in rows] == near_rows
+            assert [far.get_raw(k) for k in ("0", "45", "119")] == near_raw
+            assert far.get_raw("45").endswith(b"r1-5")
+        for caught in (near_w, far_w):
+            (message,) = [str(w.message) for w in caught if ".idx keys collide" in str(w.message)]
+            assert "'0' is in part-0.idx and in part-1.idx (and 79 more keys)" in message
+        assert near_rows[45] == ("45", "5")
+    finally:
+        http.stop()
 
 
 @pytest.mark.parametrize(

@@ -31,10 +31,10 @@ from shardcat.facade.ingest import (
     ProvideEntries,
     judge_files,
     raise_for_failures,
-    remote_rule,
     run_ingest,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
+from shardcat.facade.remote_detect import remote_dataset_options, remote_rule
 from shardcat.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
 from shardcat.readers.formats import detect_format, get_format
@@ -238,11 +238,12 @@ class Catalog(Store):
                 name = self.unused_name(base)
         # A new dataset may take options that only all its shards tell (RecordIO: .idx
         # keys that collide across shards); read outside the write lock, once.
-        first = (
-            {}
-            if self.has_dataset(name) or is_url(files[0])
-            else fmt.detect_dataset_options(files, rule.explicit)
-        )
+        if self.has_dataset(name):
+            first: dict[str, Any] = {}
+        elif is_url(files[0]):
+            first = remote_dataset_options(fmt, files, rule, remote_options)
+        else:
+            first = fmt.detect_dataset_options(files, rule.explicit)
         stats, same_file = judge_files(files, self.directory, remote_options)
         dataset_id, dataset_options, key_rule = self.ensure_dataset(
             name,

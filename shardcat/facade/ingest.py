@@ -52,8 +52,7 @@ from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote, remote_file
-from shardcat.readers.compressed import detect_compression
-from shardcat.readers.formats import Format, ShardScan, detect_format, get_format
+from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -277,65 +276,6 @@ def _failed(
     if isinstance(exc, SQLAlchemyError):  # the catalog itself failed (disk full, I/O error)
         raise catalog_error(postgres.display(job.catalog), exc) from None
     raise exc
-
-
-#: at most the bytes of a remote shard its format and options are detected from
-SNIFF_REMOTE = 4 << 20
-#: the first bytes of a remote shard read for its rule (then the rest of its first
-#: record, when the format says it is longer: :meth:`Format.head_needed`)
-SNIFF_HEAD = 64 << 10
-
-
-@contextlib.contextmanager
-def head_copy(
-    url: str, options: Mapping[str, Any] | None, format: str | None, first: int = SNIFF_HEAD
-) -> Iterator[tuple[str, str]]:
-    """A local copy of the first bytes of the remote shard ``url`` that its format
-    (``format``, else detected) and options are read off, and the format's name:
-    ``first`` bytes (:data:`SNIFF_HEAD`; a caller that knows where the first record
-    ends asks for that), then the rest of the first record when the format says it
-    is longer (:data:`SNIFF_REMOTE` at most, or when it cannot tell), in one more
-    request. A compressed shard of a format not given: its first
-    :data:`SNIFF_REMOTE` bytes (a bz2 block is larger than the head)."""
-    with remote_file.downloaded(url, options, first) as (tmp, info):
-        need: int | None = None
-        if format not in (None, "auto") or detect_compression(tmp) is None:
-            name = detect_format(tmp) if format in (None, "auto") else str(format)
-            need = get_format(name).head_needed(tmp)
-        have = min(first, info.size)
-        end = min(SNIFF_REMOTE if need is None else need, SNIFF_REMOTE, info.size)
-        if end > have:  # the rest, in one request
-            source = remote.RemoteSource(
-                url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False
-            )
-            try:
-                with open(tmp, "ab") as f:
-                    f.write(source.fetch(have, end))
-            finally:
-                source.close()
-        yield tmp, detect_format(tmp) if format in (None, "auto") else str(format)
-
-
-def remote_rule(
-    url: str, options: Mapping[str, Any] | None, format: str | None
-) -> tuple[str, dict[str, Any]]:
-    """The format (``format``, else detected) and the options detected of remote
-    shards whose first is ``url``: read off its :func:`head_copy` and, for a format
-    with a sidecar (RecordIO's ``.idx``), whether the store has the shard's. That
-    is asked (one HEAD, no bytes): the shard's scan downloads it."""
-    with head_copy(url, options, format) as (head, name):
-        fmt = get_format(name)
-        far = fmt.sidecar(url)
-        has = None if far is None else _exists(far, options)
-        return name, fmt.detect_options(head, sidecar=has)
-
-
-def _exists(url: str, options: Mapping[str, Any] | None) -> bool:
-    try:
-        remote.remote_info(url, options)
-    except MissingShardError:
-        return False
-    return True
 
 
 @contextlib.contextmanager

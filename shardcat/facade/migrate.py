@@ -44,14 +44,9 @@ from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
-from shardcat.facade.ingest import (
-    SNIFF_HEAD,
-    SNIFF_REMOTE,
-    ProvideEntries,
-    ShardOutcome,
-    head_copy,
-)
+from shardcat.facade.ingest import ProvideEntries, ShardOutcome
 from shardcat.facade.options import KEEP, IngestOptions, Progress
+from shardcat.facade.remote_detect import SNIFF_HEAD, SNIFF_REMOTE, head_copy
 from shardcat.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.legacy.plans import Plan, make_plans, source_of
 from shardcat.legacy.remote import discover_remote

@@ -280,11 +280,24 @@ class Format(ABC):
         ``options`` reads. A remote shard's is fetched beside its local copy."""
         return None
 
+    def dataset_sidecars(self, options: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+        """Whether :meth:`detect_dataset_options` reads every shard's :meth:`sidecar`
+        (``options``: the first shard's, ``given``: the caller's)."""
+        return False
+
     def detect_dataset_options(
-        self, files: Sequence[str], given: Mapping[str, Any]
+        self,
+        files: Sequence[str],
+        given: Mapping[str, Any],
+        *,
+        first: Mapping[str, Any] | None = None,
+        sidecars: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Options of a new dataset that only all its shards tell (called once, when
-        the dataset is created; ``given``: the options the caller set)."""
+        the dataset is created; ``given``: the options the caller set). ``first``:
+        the first shard's options when read already; ``sidecars``: name -> local
+        copy of each shard's sidecar that exists, instead of the files beside
+        ``files`` (remote shards)."""
         return {}
 
     def key_rule(self, options: Mapping[str, Any]) -> str:

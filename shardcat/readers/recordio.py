@@ -474,25 +474,47 @@ class RecordIOFormat(Format):
         )
         return options
 
+    def dataset_sidecars(self, options: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+        """When the first shard has an ``.idx`` and the caller decided neither ``idx``
+        nor ``key=None``: whether the ``.idx`` keys collide decides."""
+        return (
+            options.get("idx") is True
+            and "idx" not in given
+            and given.get("key", "key") is not None
+        )
+
     def detect_dataset_options(
-        self, files: Sequence[str], given: Mapping[str, Any] | None = None
+        self,
+        files: Sequence[str],
+        given: Mapping[str, Any] | None = None,
+        *,
+        first: Mapping[str, Any] | None = None,
+        sidecars: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """The options of a new dataset of these shards: :meth:`detect_options` of the
-        first, and what only all of them tell. When the first shard has an ``.idx``
-        and the ``.idx`` keys collide (across shards or within one), records are keyed
-        by position and each ``.idx`` key goes to SQL column ``idx_key``
-        (``idx="column"``), with a warning saying so. ``given``: the options the
-        caller sets (``idx`` given, or ``key=None``: nothing to decide, no ``.idx``
-        read). Reads every ``.idx`` once, as the ingest does anyway; for creating a
+        first (``first``: read already), and what only all of them tell. When the
+        first shard has an ``.idx`` and the ``.idx`` keys collide (across shards or
+        within one), records are keyed by position and each ``.idx`` key goes to SQL
+        column ``idx_key`` (``idx="column"``), with a warning saying so. ``given``:
+        the options the caller sets (``idx`` given, or ``key=None``: nothing to
+        decide, no ``.idx`` read). Reads every ``.idx`` once (``sidecars``: name ->
+        local copy, for remote shards), as the ingest does anyway; for creating a
         dataset, not for opening one."""
-        options = self.detect_options(files[0])
-        given = given or {}
-        if options["idx"] is not True or "idx" in given or given.get("key", "key") is None:
+        options = dict(first) if first is not None else self.detect_options(files[0])
+        if not self.dataset_sidecars(options, given or {}):
             return options
-        indexes = [idx_path_for(f) for f in files if os.path.isfile(idx_path_for(f))]
-        where = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in indexes])
+        if sidecars is None:
+            found = (os.path.abspath(idx_path_for(f)) for f in files)
+            sidecars = {p: p for p in found if os.path.isfile(p)}
+        if not sidecars:
+            return options
+        # by characters, cut back to a "/": names may be URLs (commonpath folds "//")
+        prefix = os.path.commonprefix([n.rsplit("/", 1)[0] + "/" for n in sidecars])  # noqa: RUF071
+        where = prefix[: prefix.rfind("/")]
         try:
-            clash = find_collision((os.path.relpath(p, where), idx_keys(p)) for p in indexes)
+            clash = find_collision(
+                (name[len(where) + 1 :], idx_keys(path)) for name, path in sidecars.items()
+            )
         except CorruptRecordError:  # not UTF-8: the scan of that shard reports it
             return options
         if clash is not None:

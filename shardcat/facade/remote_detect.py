@@ -1,0 +1,106 @@
+"""What a remote ingest reads before its scans: the format and options of its
+shards off a copy of the first shard's head (:func:`head_copy`, :func:`remote_rule`;
+``catalog migrate`` reads its options the same way), and a new dataset's options
+that only every shard's sidecar tells (:func:`remote_dataset_options`: RecordIO's
+``.idx`` keys colliding)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from shardcat.catalog.reuse import Rule
+from shardcat.errors import MissingShardError
+from shardcat.readers import remote, remote_file
+from shardcat.readers.compressed import detect_compression
+from shardcat.readers.formats import Format, detect_format, get_format
+
+__all__ = ["SNIFF_HEAD", "SNIFF_REMOTE", "head_copy", "remote_dataset_options", "remote_rule"]
+
+#: at most the bytes of a remote shard its format and options are detected from
+SNIFF_REMOTE = 4 << 20
+#: the first bytes of a remote shard read for its rule (then the rest of its first
+#: record, when the format says it is longer: :meth:`Format.head_needed`)
+SNIFF_HEAD = 64 << 10
+
+
+@contextlib.contextmanager
+def head_copy(
+    url: str, options: Mapping[str, Any] | None, format: str | None, first: int = SNIFF_HEAD
+) -> Iterator[tuple[str, str]]:
+    """A local copy of the first bytes of the remote shard ``url`` that its format
+    (``format``, else detected) and options are read off, and the format's name:
+    ``first`` bytes (:data:`SNIFF_HEAD`; a caller that knows where the first record
+    ends asks for that), then the rest of the first record when the format says it
+    is longer (:data:`SNIFF_REMOTE` at most, or when it cannot tell), in one more
+    request. A compressed shard of a format not given: its first
+    :data:`SNIFF_REMOTE` bytes (a bz2 block is larger than the head)."""
+    with remote_file.downloaded(url, options, first) as (tmp, info):
+        need: int | None = None
+        if format not in (None, "auto") or detect_compression(tmp) is None:
+            name = detect_format(tmp) if format in (None, "auto") else str(format)
+            need = get_format(name).head_needed(tmp)
+        have = min(first, info.size)
+        end = min(SNIFF_REMOTE if need is None else need, SNIFF_REMOTE, info.size)
+        if end > have:  # the rest, in one request
+            source = remote.RemoteSource(
+                url, info.size, info.mtime_ns, info.fingerprint, options, use_cache=False
+            )
+            try:
+                with open(tmp, "ab") as f:
+                    f.write(source.fetch(have, end))
+            finally:
+                source.close()
+        yield tmp, detect_format(tmp) if format in (None, "auto") else str(format)
+
+
+def remote_rule(
+    url: str, options: Mapping[str, Any] | None, format: str | None
+) -> tuple[str, dict[str, Any]]:
+    """The format (``format``, else detected) and the options detected of remote
+    shards whose first is ``url``: read off its :func:`head_copy` and, for a format
+    with a sidecar (RecordIO's ``.idx``), whether the store has the shard's. That
+    is asked (one HEAD, no bytes): the shard's scan downloads it."""
+    with head_copy(url, options, format) as (head, name):
+        fmt = get_format(name)
+        far = fmt.sidecar(url)
+        has = None if far is None else _exists(far, options)
+        return name, fmt.detect_options(head, sidecar=has)
+
+
+def remote_dataset_options(
+    fmt: Format, files: Sequence[str], rule: Rule, options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """:meth:`Format.detect_dataset_options` of a new dataset of remote shards
+    (``rule``: read off the first): when the format decides from every shard's
+    sidecar (RecordIO: whether the ``.idx`` keys collide), those the store has
+    are downloaded first, into a temporary directory; the scans download them
+    again (``.idx`` files are small beside their ``.rec``)."""
+    if not fmt.dataset_sidecars(rule.detected, rule.explicit):
+        return {}
+    with tempfile.TemporaryDirectory(prefix="shardcat-") as tmp:
+        sidecars = {}
+        for i, url in enumerate(files):
+            far = fmt.sidecar(url)
+            if far is None:
+                continue
+            near = os.path.join(tmp, f"{i}-{far.rsplit('/', 1)[-1][-60:]}")
+            try:
+                remote_file.download(far, near, options)
+            except MissingShardError:
+                continue
+            sidecars[far] = near
+        return fmt.detect_dataset_options(
+            files, rule.explicit, first=rule.detected, sidecars=sidecars
+        )
+
+
+def _exists(url: str, options: Mapping[str, Any] | None) -> bool:
+    try:
+        remote.remote_info(url, options)
+    except MissingShardError:
+        return False
+    return True
