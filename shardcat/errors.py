@@ -89,27 +89,37 @@ class KeyNotFoundError(ShardcatError, KeyError):
 
 
 class NoSuchFeatureError(CatalogError):
-    """The record has no feature of that name; ``available`` lists those it has."""
+    """The record has no feature of that name; ``available`` lists those it has.
+    (With the message alone: rebuilt from it, as torch's DataLoader does.)"""
 
-    def __init__(self, key: str, feature: str, available: list[str]) -> None:
-        self.key = key
-        self.feature = feature
-        self.available = available
+    def __init__(
+        self, key: str, feature: str | None = None, available: list[str] | None = None
+    ) -> None:
+        self.key, self.feature, self.available = key, feature, available
+        if feature is None:
+            super().__init__(key)
+            return
         super().__init__(
-            f"record {key!r} has no feature {feature!r} (it has: {', '.join(available)})"
+            f"record {key!r} has no feature {feature!r} (it has: {', '.join(available or [])})"
         )
 
 
 class CorruptRecordError(ShardcatError, ValueError):
     """Bytes on disk that do not match the container format.
 
-    Carries the shard ``path`` and the byte ``offset`` of the bad record.
+    Carries the shard ``path`` and the byte ``offset`` of the bad record. (With the
+    message alone, as torch's DataLoader rebuilds a worker's error: neither.)
     """
 
-    def __init__(self, path: str, offset: int, problem: str) -> None:
-        self.path = path
-        self.offset = offset
-        self.problem = problem
+    path: str | None
+    offset: int | None
+
+    def __init__(self, path: str, offset: int | None = None, problem: str | None = None) -> None:
+        if offset is None and problem is None:
+            self.path, self.offset, self.problem = None, None, path
+            super().__init__(path)
+            return
+        self.path, self.offset, self.problem = path, offset, problem or ""
         super().__init__(f"{path}: at byte {offset}: {problem}")
 
 
@@ -128,9 +138,9 @@ class IngestError(ShardcatError, ValueError):
     ``failures`` lists each failed shard (``path``, ``error``).
     """
 
-    def __init__(self, message: str, failures: list[Any]) -> None:
+    def __init__(self, message: str, failures: list[Any] | None = None) -> None:
         super().__init__(message)
-        self.failures = failures
+        self.failures = [] if failures is None else failures
 
 
 class StaleShardError(ShardcatError, RuntimeError):

@@ -50,7 +50,7 @@ def get(
         try:
             value = feature_value(reader, key, feature, index)
         except NoSuchFeatureError as exc:
-            have = ", ".join(printable(name) for name in exc.available)
+            have = ", ".join(printable(name) for name in exc.available or [])
             raise CatalogError(
                 f"record {key!r} has no feature {feature!r} (it has: {have})"
             ) from None

@@ -87,7 +87,7 @@ def _one(
     try:
         entry = next(ref(io.BytesIO(frame), path, options, size))
     except CorruptRecordError as exc:
-        raise type(exc)(path, offset + exc.offset, exc.problem) from None
+        raise type(exc)(path, offset + (exc.offset or 0), exc.problem) from None
     entry.offset += offset
     return entry
 
