@@ -409,13 +409,15 @@ def test_verify_finds_a_changed_header(tmp_path: Path):
         cat.ingest(path, "v").close()
         _damage_keeping_mtime(path, oracle(path)[2][1] - 512 + 1)
         problems = cat.verify("v")
-        assert [(p.offset, p.problem) for p in problems] == [
+        assert [(p.path, p.offset, p.problem) for p in problems] == [
             (
+                str(path),
                 0,
-                f"{path} changed after it was indexed: its content changed (fingerprint "
+                "changed after it was indexed: its content changed (fingerprint "
                 "differs); re-ingest it (catalog ingest, or reader.rebuild_index())",
             )
         ]
+        assert str(problems[0]).count("v.tar") == 1  # the file named once
 
     big = tmp_path / "big.tar"
     with tarfile.open(big, "w") as tf:

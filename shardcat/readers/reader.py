@@ -61,6 +61,7 @@ from shardcat.errors import (
     ShardcatError,
     ShardIOError,
     StaleShardError,
+    masked,
 )
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
@@ -81,6 +82,16 @@ _VERIFY_BATCH = 4096
 def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
     """A stored location's extents (JSON ``[[offset, length], ...]``)."""
     return None if text is None else tuple((int(a), int(b)) for a, b in json.loads(text))
+
+
+def _whole_shard(path: str, exc: ShardcatError) -> CorruptRecordError:
+    """:meth:`Reader.verify`'s problem for a shard it cannot check at all (byte 0),
+    its error's text without the shard's name again (``x.tar: at byte 0: changed
+    ...``, not ``x.tar: at byte 0: x.tar changed ...``)."""
+    text, shown = str(exc), masked(path)
+    if text.startswith(shown):
+        text = text[len(shown) :].lstrip(": ")
+    return CorruptRecordError(path, 0, text)
 
 
 class Reader(DatasetView):
@@ -449,7 +460,7 @@ class Reader(DatasetView):
             try:
                 self._source(shard.id)
             except ShardcatError as exc:  # stale, missing or unreadable file
-                problems.append(CorruptRecordError(shard.path, 0, str(exc)))
+                problems.append(_whole_shard(shard.path, exc))
                 done += shard.count
                 continue
             rows = list(lookup.records_of_shard(conn, self._sql, shard.id, self._parts))
@@ -466,7 +477,7 @@ class Reader(DatasetView):
                 except CorruptRecordError as exc:
                     problems.append(exc)
                 except StaleShardError as exc:  # the file is not the indexed version
-                    problems.append(CorruptRecordError(shard.path, 0, str(exc)))
+                    problems.append(_whole_shard(shard.path, exc))
                     break
                 if not self._parts:  # rows are members for tar: count records per shard
                     done += 1
