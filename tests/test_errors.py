@@ -7,12 +7,12 @@ with ``num_workers > 0``."""
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
+from damage import flip_keeping_mtime
 
 import shardcat.errors as errors
 from shardcat import Catalog, CorruptRecordError, ShardIOError, TFRecordWriter, make_example
@@ -78,13 +78,7 @@ def test_corrupt_record_in_a_dataloader_worker_is_a_corrupt_record_error(tmp_pat
         reader = cat.dataset("d", verify_crc=True)
         frame = shard.stat().st_size // 400  # records of one size
         at = 200 * frame + 40  # inside record k200's payload
-        st = shard.stat()
-        with open(shard, "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0xFF]))
-        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+        flip_keeping_mtime(shard, at)
         assert reader.get_raw("k199") is not None
         with pytest.raises(CorruptRecordError, match=r"a\.tfrecord: at byte"):
             reader.get_raw("k200")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from damage import flip_keeping_mtime
 
 import shardcat
 from shardcat import (
@@ -512,17 +513,6 @@ def test_key_by_position(data: tuple[str, list[Rec]]) -> None:
 
 
 # -- 5. CRC verification --------------------------------------------------------------------
-
-
-def flip_keeping_mtime(path: str, at: int) -> None:
-    """Flip the byte at ``at`` in place and put the file's mtime back (``touch -r``)."""
-    st = os.stat(path)
-    with open(path, "r+b") as f:
-        f.seek(at)
-        original = f.read(1)
-        f.seek(at)
-        f.write(bytes([original[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def test_same_size_rewrite_with_restored_mtime_is_stale(

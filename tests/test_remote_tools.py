@@ -268,15 +268,23 @@ def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
 # -- RecordIO .idx ---------------------------------------------------------------
 
 
-def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Path) -> None:
+def _rec_shards(directory: Path, shards: int, records: int, payload: Any, key: Any = None) -> None:
+    """``part-<s>.rec`` with its MXNet ``.idx`` in ``directory`` for ``s < shards``:
+    record ``i`` has IRHeader label and id ``i``, bytes ``payload(s, i)`` and
+    ``.idx`` key ``key(s, i)`` (default ``k<s>_<i>``)."""
     from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 
+    directory.mkdir(parents=True, exist_ok=True)
+    for s in range(shards):
+        with RecordIOWriter(directory / f"part-{s}.rec") as w:
+            for i in range(records):
+                name = f"k{s}_{i}" if key is None else key(s, i)
+                w.write(pack(IRHeader(0, float(i), i, 0), payload(s, i)), name)
+
+
+def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Path) -> None:
     local = tmp_path / "rec"
-    local.mkdir()
-    for s in range(2):
-        with RecordIOWriter(local / f"part-{s}.rec") as w:
-            for i in range(50):
-                w.write(pack(IRHeader(0, float(i), i, 0), b"img%d-%d" % (s, i)), f"k{s}_{i}")
+    _rec_shards(local, 2, 50, lambda s, i: b"img%d-%d" % (s, i))
     (local / "part-1.idx").rename(tmp_path / "kept.idx")  # part-1 has none on the store
     url = _upload(s3, local, "rec")
     (tmp_path / "kept.idx").rename(local / "part-1.idx")
@@ -301,15 +309,10 @@ def test_remote_recordio_ingest_fetches_each_idx_once(store: str, s3: Any, tmp_p
     does), then each scan reads its own; with ``idx`` given, each ``.idx`` is
     downloaded once, by its shard's scan. (The rule downloaded the first ``.idx``
     whole too; a re-ingest of unchanged shards downloaded it once more.)"""
-    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
     from shardcat.testing.servers import RangeServer
 
     local = tmp_path / "recidx"
-    local.mkdir()
-    for s in range(3):
-        with RecordIOWriter(local / f"part-{s}.rec") as w:
-            for i in range(200):
-                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 900), f"k{s}_{i}")
+    _rec_shards(local, 3, 200, lambda s, i: bytes([s, i % 251]) * 900)
     sizes = {p.name: p.stat().st_size for p in local.iterdir()}
     http = RangeServer(str(local))
     if store == "http":
@@ -375,15 +378,10 @@ def test_remote_recordio_with_colliding_idx_keys_is_keyed_like_a_local_ingest(
     records from 0): keyed by position with each ``.idx`` key in ``idx_key``, with
     the warning saying so, remote as local. A remote ingest failed on the second
     shard with duplicate keys."""
-    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
     from shardcat.testing.servers import RangeServer
 
     local = tmp_path / "dali"
-    local.mkdir()
-    for s in range(3):
-        with RecordIOWriter(local / f"part-{s}.rec") as w:
-            for i in range(40):
-                w.write(pack(IRHeader(0, float(i), i, 0), b"r%d-%d" % (s, i)), str(i))
+    _rec_shards(local, 3, 40, lambda s, i: b"r%d-%d" % (s, i), key=lambda s, i: str(i))
     http = RangeServer(str(local))
     http.start()
     try:
@@ -416,15 +414,10 @@ def test_remote_recordio_scan_that_does_not_read_the_idx_does_not_fetch_it(
 ) -> None:
     """Options under which a scan ignores the ``.idx`` (``idx=False``; keyed by
     position): no shard's ``.idx`` is downloaded (each was, whole, for nothing)."""
-    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
     from shardcat.testing.servers import RangeServer
 
     local = tmp_path / "noidx"
-    local.mkdir()
-    for s in range(2):
-        with RecordIOWriter(local / f"part-{s}.rec") as w:
-            for i in range(50):
-                w.write(pack(IRHeader(0, float(i), i, 0), b"r%d-%d" % (s, i)), f"k{s}_{i}")
+    _rec_shards(local, 2, 50, lambda s, i: b"r%d-%d" % (s, i))
     http = RangeServer(str(local))
     http.start()
     try:

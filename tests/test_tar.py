@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from damage import flip_keeping_mtime
 
 from shardcat import (
     Catalog,
@@ -392,14 +393,6 @@ def test_get_feature_reads_only_that_member(tmp_path: Path, monkeypatch: pytest.
         assert reader.verify() == []
 
 
-def _damage_keeping_mtime(path: Path, at: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[at] ^= 0x01
-    stat = path.stat()
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size and mtime
-
-
 def test_verify_finds_a_changed_header(tmp_path: Path):
     """A header changed in place, size and mtime put back: near either end of the
     file the fingerprint says the shard is stale; mid-file the header check finds it."""
@@ -407,7 +400,7 @@ def test_verify_finds_a_changed_header(tmp_path: Path):
     write_samples(path)
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "v").close()
-        _damage_keeping_mtime(path, oracle(path)[2][1] - 512 + 1)
+        flip_keeping_mtime(path, oracle(path)[2][1] - 512 + 1, 0x01)
         problems = cat.verify("v")
         assert [(p.path, p.offset, p.problem) for p in problems] == [
             (
@@ -428,7 +421,7 @@ def test_verify_finds_a_changed_header(tmp_path: Path):
     with Catalog(tmp_path / "c2.sqlite") as cat:
         cat.ingest(big, "v").close()
         header = oracle(big)[1][1] - 512
-        _damage_keeping_mtime(big, header + 1)
+        flip_keeping_mtime(big, header + 1, 0x01)
         problems = cat.verify("v")
         assert [(p.offset, p.problem) for p in problems] == [
             (header, "bad tar header checksum before member data (stale shard?)")
