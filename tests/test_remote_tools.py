@@ -265,6 +265,32 @@ def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_convert_lines_show_a_url_without_its_password(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+    from shardcat.testing.servers import RangeServer
+
+    (tmp_path / "www").mkdir()
+    _tar(tmp_path / "www" / "web-000.tar", 4)
+    server = RangeServer(str(tmp_path / "www"))
+    server.start()
+    try:
+        url = f"http://me:s3cr3t@127.0.0.1:{server.port}/web-000.tar"
+        out = tmp_path / "out"
+        result = CliRunner().invoke(app, ["convert", url, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        shown = f"http://me:***@127.0.0.1:{server.port}/web-000.tar"
+        assert f"{shown} -> {out}/web-000.tfrecord (4 records)" in result.output
+        assert "s3cr3t" not in result.output
+        server.stop()  # a failed archive's line too
+        result = CliRunner().invoke(app, ["convert", url, "-o", str(tmp_path / "again")])
+        assert result.exit_code != 0 and "s3cr3t" not in result.output, result.output
+        assert "web-000.tar" in result.output
+    finally:
+        server.stop()
+
+
 # -- RecordIO .idx ---------------------------------------------------------------
 
 

@@ -8,10 +8,16 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import RERUN_TO_FINISH, handle_errors, print_json, progress_bar
+from shardcat.cli.common import (
+    RERUN_TO_FINISH,
+    cli_message,
+    handle_errors,
+    print_json,
+    progress_bar,
+)
 from shardcat.cli.options import JsonOpt, StorageOpt, storage_options
 from shardcat.convert import ConvertResult
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, masked
 from shardcat.facade import tasks
 
 
@@ -80,9 +86,9 @@ def convert(
     else:
         for r in results:
             if r.error is None:
-                typer.echo(f"{r.source} -> {r.output} ({r.records:,} records)")
+                typer.echo(masked(f"{r.source} -> {r.output} ({r.records:,} records)"))
     for r in failed:
-        typer.echo(f"failed: {r.error}", err=True)
+        typer.echo(f"failed: {cli_message(str(r.error))}", err=True)
     if failed:
         raise CatalogError(
             f"{len(failed)} of {len(results)} archive(s) failed; their sources are kept"
