@@ -59,8 +59,15 @@ def tar_inputs(spec: PathsLike, storage_options: Mapping[str, Any] | None = None
     return [
         p
         for p in files
-        if p.endswith(TarFormat.EXTENSIONS) or (not remote.is_url(p) and _is_tar(p))
+        if _name(p).endswith(TarFormat.EXTENSIONS) or (not remote.is_url(p) and _is_tar(p))
     ]
+
+
+def _name(source: str) -> str:
+    """The file name of ``source``; of a URL, without its query (a presigned URL's)."""
+    if remote.is_url(source):
+        source = source.split("?", 1)[0]
+    return source.rsplit("/", 1)[-1]
 
 
 def _is_tar(path: str) -> bool:
@@ -74,7 +81,7 @@ def _is_tar(path: str) -> bool:
 def output_path(source: str, output_dir: str | os.PathLike[str] | None = None) -> str:
     """``<archive name without its tar extension>.tfrecord`` in ``output_dir``
     (default: beside the archive)."""
-    name = source.rsplit("/", 1)[-1]
+    name = _name(source)
     for ext in sorted(TarFormat.EXTENSIONS, key=len, reverse=True):
         if name.endswith(ext) and len(name) > len(ext):
             name = name[: -len(ext)]

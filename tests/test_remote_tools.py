@@ -265,7 +265,15 @@ def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_convert_lines_show_a_url_without_its_password(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://me:s3cr3t@{host}/web-000.tar", "http://me:***@{host}/web-000.tar"),
+        ("http://{host}/web-000.tar?X-Amz-Signature=s3cr3t", "http://{host}/web-000.tar?..."),
+    ],
+    ids=["password", "presigned"],
+)
+def test_convert_lines_show_a_url_without_its_secret(tmp_path: Path, url: str, shown: str) -> None:
     from typer.testing import CliRunner
 
     from shardcat.cli import app
@@ -276,11 +284,11 @@ def test_convert_lines_show_a_url_without_its_password(tmp_path: Path) -> None:
     server = RangeServer(str(tmp_path / "www"))
     server.start()
     try:
-        url = f"http://me:s3cr3t@127.0.0.1:{server.port}/web-000.tar"
+        host = f"127.0.0.1:{server.port}"
+        url, shown = url.format(host=host), shown.format(host=host)
         out = tmp_path / "out"
         result = CliRunner().invoke(app, ["convert", url, "-o", str(out)])
         assert result.exit_code == 0, result.output
-        shown = f"http://me:***@127.0.0.1:{server.port}/web-000.tar"
         assert f"{shown} -> {out}/web-000.tfrecord (4 records)" in result.output
         assert "s3cr3t" not in result.output
         server.stop()  # a failed archive's line too
