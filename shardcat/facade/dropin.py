@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.engine import locate
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
@@ -99,7 +99,7 @@ class _PathReader(Reader):
                 f"{dropped} duplicate record{'s' if dropped > 1 else ''} in dataset "
                 f"{self.dataset!r}: as tfd-utils, the reader keeps the last one of each key "
                 "(in shard path order); get_stats()['duplicates_dropped'] counts them",
-                UserWarning,
+                ShardcatWarning,
                 stacklevel=3,
             )
 

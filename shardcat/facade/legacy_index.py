@@ -46,7 +46,7 @@ from typing import Any
 
 from shardcat.catalog import postgres
 from shardcat.catalog.engine import user_cache_dir
-from shardcat.errors import CatalogError, MissingShardError, ShardcatError
+from shardcat.errors import CatalogError, MissingShardError, ShardcatError, ShardcatWarning
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.migrate import migrate_for_reader
 from shardcat.facade.options import IngestOptions
@@ -202,6 +202,7 @@ def catalog_for_legacy_index(
         f"index_file {index} is a {_KIND_OF[format]}, not a shardcat catalog: imported it "
         f"into {catalog} ({_summary(report)}; {how}{failed}); readers given this index_file "
         "use that catalog from now on",
+        ShardcatWarning,
         stacklevel=2,
     )
     return catalog

@@ -80,7 +80,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.errors import CatalogError, CorruptRecordError, ShardcatWarning
 from shardcat.readers import native
 from shardcat.readers.compressed import detect_compression
 from shardcat.readers.formats import Columns, Entry, Format, Location, Mismatch, Scalar, ShardScan
@@ -519,7 +519,7 @@ class RecordIOFormat(Format):
             return options
         if clash is not None:
             options["idx"] = IDX_AS_COLUMN
-            warnings.warn(f"{where}: {position_keys_note(clash)}", stacklevel=2)
+            warnings.warn(f"{where}: {position_keys_note(clash)}", ShardcatWarning, stacklevel=2)
         return options
 
     def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
