@@ -632,12 +632,12 @@ def _legacy_tree(root: Path) -> dict[str, list[Path]]:
     ``.idx`` files beside two RecordIO shards (``rec/``): ~1.5 MB per shard."""
     from legacy_fixtures import tfrecord2idx
 
-    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
     from shardcat.readers.tfrecord import TFRecordWriter, make_example
 
     (root / "tf").mkdir(parents=True)
-    (root / "rec").mkdir()
-    tf, rec = [], []
+    _rec_shards(root / "rec", 2, 600, lambda s, i: bytes([s, i % 251]) * 1250)
+    rec = [root / "rec" / f"part-{s}.rec" for s in range(2)]
+    tf = []
     for s in range(2):
         path = root / "tf" / f"train-{s:05d}.tfrecord"
         with TFRecordWriter(path) as w:
@@ -645,10 +645,6 @@ def _legacy_tree(root: Path) -> dict[str, list[Path]]:
                 w.write(make_example({"key": f"t{s}_{i}", "payload": bytes([s, i % 251]) * 1250}))
         tfrecord2idx(path, root / "tf" / f"train-{s:05d}.tfrecord.idx")
         tf.append(path)
-        with RecordIOWriter(root / "rec" / f"part-{s}.rec") as w:
-            for i in range(600):
-                w.write(pack(IRHeader(0, float(i), i, 0), bytes([s, i % 251]) * 1250), f"k{s}_{i}")
-        rec.append(root / "rec" / f"part-{s}.rec")
     return {"tf": tf, "rec": rec}
 
 
