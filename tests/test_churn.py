@@ -26,3 +26,14 @@ def test_readers_during_reingest_get_right_bytes_or_a_stale_error(tmp_path: Path
     assert result["reingests"] >= 2, result
     assert result["ok"] > 1000, result
     assert (result["wrong"], result["missing"], result["other"]) == (0, 0, 0), result
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+def test_threads_sharing_one_reader_during_reingest(tmp_path: Path, fmt: str):
+    # 16 threads share one reader (and its catalog) while another process re-ingests:
+    # each call runs in its own snapshot, never another thread's.
+    result = run(tmp_path, fmt=fmt, seconds=SECONDS, readers=1, threads=16, shards=6)
+    print(f"churn {fmt}, 16 threads: {result}")
+    assert result["reingests"] >= 2, result
+    assert result["ok"] > 500, result
+    assert (result["wrong"], result["missing"], result["other"]) == (0, 0, 0), result

@@ -28,14 +28,14 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from shardcat.catalog import datasets, postgres, reuse, schema, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.commit import catalog_error
+from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
 from shardcat.catalog.datasets import DatasetInfo, describe
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
     catalog_location,
     connect_readonly,
-    file_identity,
-    fork_generation,
+    damage_error,
     make_engine,
     make_readonly_engine,
     open_error,
@@ -139,14 +139,10 @@ class Store:
         self.readonly = readonly or immutable
         self.immutable = immutable
         self.closed = False
-        self._ro: Any = None
-        self._ro_generation = -1
-        self._snapshot_at = 0.0
-        self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
+        self._reads = ThreadConnections(self._open_reads)
         self._engine: Engine | None = None
-        # (device, inode, size, mtime, ctime) of an immutable catalog's file when opened
-        self._identity: tuple[int, ...] | None = None
-        self._identity_fd: int | None = None  # that file, held open to fstat it cheaply
+        # an immutable catalog's file, checked to be the one opened
+        self._watch = FileWatch(self._file(), str(self.path)) if immutable else None
         try:
             if self.server:
                 self._open_server()
@@ -160,9 +156,9 @@ class Store:
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
         except BaseException:
-            if self._ro is not None:  # not registered in _open yet: close it here
-                self._ro.close()
-                self._ro = None
+            self._reads.close()  # not registered in _open yet: close it here
+            if self._watch is not None:
+                self._watch.close()
             if self._engine is not None:
                 self._engine.dispose()
             raise
@@ -284,10 +280,9 @@ class Store:
                         f"in {self.path}-wal; checkpoint it where it is written "
                         f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
                     ) from None
-                if self._ro is not None:
-                    self._ro.close()
-                    self._ro = None
+                self._reads.close()
                 self.immutable = True
+                self._watch = FileWatch(file, str(self.path))
                 row = self.reader_connection().execute(sql).fetchone()
         except sqlite3.OperationalError as exc:
             if not str(exc).startswith("no such table"):
@@ -302,7 +297,8 @@ class Store:
         return None if row is None else int(row[0])
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
-        """The read-only DBAPI connection of this process (reopened after fork).
+        """This thread's read-only DBAPI connection (see
+        :mod:`~shardcat.catalog.connections`: one per thread, reopened after fork).
 
         ``snapshot=True`` (the readers' per-record lookups) keeps a read
         transaction open for up to ``SNAPSHOT_SECONDS``: SQLite then skips its
@@ -311,67 +307,60 @@ class Store:
         the transaction first and sees the latest commit, as do lookups after
         this catalog's own ``ingest``/``drop``.
         """
+        return self.read_snapshot()[0] if snapshot else self._latest()
+
+    def read_snapshot(self) -> tuple[ReadConnection, int]:
+        """This thread's connection in a read snapshot (see :meth:`reader_connection`)
+        and the snapshot's number (unique in this process: a new number, a new snapshot)."""
         self._check_open()
-        conn = self._ro
-        if conn is None or self._ro_generation != fork_generation():
-            if self.immutable:
-                self._check_unchanged()
-            # A connection inherited through fork is dropped, never used or closed here.
-            conn = self._ro = (
-                postgres.ServerConnection(self.location)
-                if self.server
-                else connect_readonly(self._file(), immutable=self.immutable)
-            )
-            self._ro_generation = fork_generation()
-        if snapshot:
-            now = time.monotonic()
-            if now - self._snapshot_at > SNAPSHOT_SECONDS or not conn.in_transaction:
-                if self.immutable:
-                    self._check_unchanged()
+        slot = self._reads.slot()
+        conn = slot.conn
+        now = time.monotonic()
+        if now - slot.since > SNAPSHOT_SECONDS or not conn.in_transaction:
+            if self._watch is not None:
+                self._watch.unchanged()
+            try:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
                 conn.execute("BEGIN")
-                self._snapshot_at = now
-                self.snapshot_serial += 1  # readers re-check their dataset's version
-        else:
-            if self.immutable:
-                self._check_unchanged()
-            if conn.in_transaction:
+            except sqlite3.Error as exc:
+                raise self.damaged(exc) from None
+            slot.since = now
+            slot.serial = next_serial()  # readers re-check their dataset's version
+        if self._watch is not None:
+            self._watch.not_rewritten()
+        return conn, slot.serial
+
+    def _latest(self) -> ReadConnection:
+        """This thread's connection out of any read snapshot: it sees the latest commit."""
+        self._check_open()
+        conn = self._reads.slot().conn
+        if self._watch is not None:
+            self._watch.unchanged()
+        if conn.in_transaction:
+            try:
                 conn.execute("COMMIT")
-        if self.immutable and snapshot:
-            self._check_rewritten()
+            except sqlite3.Error as exc:
+                raise self.damaged(exc) from None
         return conn
 
-    def _check_unchanged(self) -> None:
-        """Refuse to go on reading an immutable catalog whose file changed since it was
-        opened (replaced, or rewritten in place: another device, inode, size, mtime or
-        ctime): SQLite trusts an immutable file never to change, so it could return
-        rows of another catalog, or of no consistent one. One ``stat`` per read
-        snapshot (at most every ``SNAPSHOT_SECONDS``), per other call and per fork;
-        within a snapshot, :meth:`_check_rewritten` on every lookup."""
-        now = file_identity(self._file())
-        if self._identity is None and now is not None:
-            self._identity = now
-            with contextlib.suppress(OSError):
-                self._identity_fd = os.open(self._file(), os.O_RDONLY)
-        elif now != self._identity:
-            raise self._changed("it is gone" if now is None else "replaced or rewritten")
+    def _open_reads(self) -> ReadConnection:
+        """A new read-only connection (for :class:`ThreadConnections`)."""
+        if self.server:
+            return postgres.ServerConnection(self.location)
+        if self._watch is not None:
+            self._watch.unchanged()
+        return connect_readonly(self._file(), immutable=self.immutable)
 
-    def _check_rewritten(self) -> None:
-        """The file SQLite reads, rewritten in place (size, mtime, ctime) since it was
-        opened: one ``fstat`` (a fraction of a microsecond) per lookup. (A file replaced
-        by another is harmless until the next snapshot: SQLite keeps reading the old one.)"""
-        if self._identity_fd is None or self._identity is None:
-            return
-        st = os.fstat(self._identity_fd)
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._identity[2:]:
-            raise self._changed("rewritten in place")
+    @property
+    def snapshot_serial(self) -> int:
+        """The number of this thread's current read snapshot (0: none begun)."""
+        return self._reads.slot().serial
 
-    def _changed(self, how: str) -> CatalogError:
-        return CatalogError(
-            f"immutable catalog {self.path} changed since it was opened ({how}): "
-            "reopen it (Catalog(path, immutable=True)) to read the new file"
-        )
+    def damaged(self, exc: BaseException) -> CatalogError:
+        """The error for a database failure reading the catalog (see
+        :func:`~shardcat.catalog.engine.damage_error`)."""
+        return damage_error(str(self.path), exc, server=self.server)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[Connection]:
@@ -574,8 +563,8 @@ class Store:
         engine = self._writer()
         if self.server:  # the server keeps its own log
             return True
-        if self._ro is not None and self._ro_generation == fork_generation():
-            self.reader_connection()  # end this process's read snapshot: it pins the WAL
+        if self._reads.opened():
+            self.reader_connection()  # end this thread's read snapshot: it pins the WAL
         try:
             conn = engine.raw_connection()
             try:
@@ -589,12 +578,9 @@ class Store:
         """Close this process's connections (idempotent)."""
         if self.closed:
             return
-        if self._ro is not None and self._ro_generation == fork_generation():
-            self._ro.close()
-        self._ro = None
-        if self._identity_fd is not None:
-            os.close(self._identity_fd)  # (a forked child's copy: its own to close)
-            self._identity_fd = None
+        self._reads.close()
+        if self._watch is not None:
+            self._watch.close()
         if self._engine is not None:
             self._engine.dispose()
         self.closed = True

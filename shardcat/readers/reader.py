@@ -66,7 +66,7 @@ from shardcat.errors import (
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
-from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
+from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex, one_call
 
 __all__ = ["CatalogLike", "Reader"]
 
@@ -272,6 +272,7 @@ class Reader(DatasetView):
             raise self._broken()
         return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, raw)
 
+    @one_call
     def key_at(self, position: int) -> str:
         conn = self._conn()
         shard, ordinal = self._shard_at(position)
@@ -384,10 +385,12 @@ class Reader(DatasetView):
         if self._by_position:
             yield from (str(p) for p in range(self._len))
             return
-        conn = self._conn()
         for shard in list(self._order):
             # one shard's keys at a time: lookups between two keys may renew the snapshot
-            yield from lookup.keys_of_shard(conn, self._sql, shard.id)
+            yield from self._exclusively(self._keys_of, shard.id)
+
+    def _keys_of(self, shard_id: int) -> list[str]:
+        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
 
     def get_keys(self) -> list[str]:
         """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
@@ -406,9 +409,11 @@ class Reader(DatasetView):
         )
         return [r[0] for r in rows]
 
+    @one_call
     def contains_key(self, key: Any) -> bool:
         return self._locate(self._conn(), key) is not None
 
+    @one_call
     def get_stats(self) -> dict[str, Any]:
         """Counts as tfd-utils reports them, plus the catalog and dataset names and
         ``duplicates_dropped``: the records of the shards that the dataset does not
@@ -446,6 +451,7 @@ class Reader(DatasetView):
             return {}
         return self._fmt.describe(self.get_record_at(0))
 
+    @one_call
     def verify(
         self,
         progress: Callable[[int, int], None] | None = None,  # the Progress shape

@@ -4,8 +4,9 @@ Every payload names its key and version and is derived from them, so a reader
 can tell whether bytes it got are exactly one version's bytes of that key
 without knowing which version is current. A writer process rewrites shards
 (new layout, new payload sizes; replaced with ``os.replace`` or rewritten in
-place) and re-ingests them; reader processes read random keys (single reads
-and ``get_many`` batches) and count what they get:
+place) and re-ingests them; reader processes (each one reader, shared by
+``threads`` threads) read random keys (single reads and ``get_many`` batches)
+and count what they get:
 
 - ``ok``: a version's exact bytes of the key asked for;
 - ``stale``: a :class:`~shardcat.StaleShardError` (the file changed and its
@@ -94,40 +95,65 @@ def write_version(directory: Path, fmt: str, shard: int, version: int, in_place:
         os.replace(scratch, path)
 
 
-def _reader(catalog: str, fmt: str, shards: int, until: float, seed: int, queue: Any) -> None:
-    from shardcat import Catalog, StaleShardError
+def _read_loop(
+    reader: Any, keys: list[str], until: float, seed: int
+) -> tuple[Counter[str], list[str]]:
+    from shardcat import StaleShardError
 
     counts: Counter[str] = Counter()
     examples: list[str] = []
     rng = random.Random(seed)
+    while time.monotonic() < until:
+        batch = rng.sample(keys, 8) if rng.random() < 0.2 else [rng.choice(keys)]
+        try:
+            if len(batch) == 1:
+                got = [reader.get_feature(batch[0], "bin")]
+            else:
+                records = reader.get_many(batch)
+                got = [reader.features(r)["bin"][0] for r in records]
+        except StaleShardError:
+            counts["stale"] += len(batch)
+            continue
+        except KeyError as exc:
+            counts["missing"] += len(batch)
+            examples.append(f"missing: {exc}")
+            continue
+        except Exception:  # reported to the parent, never swallowed
+            counts["other"] += 1
+            examples.append(traceback.format_exc())
+            continue
+        for key, data in zip(batch, got, strict=True):
+            named = None if data is None else _parse(data)
+            if data is None:
+                counts["missing"] += 1
+                examples.append(f"missing: {key}")
+            elif named is None or named[0] != key or data != expected_payload(*named):
+                counts["wrong"] += 1
+                examples.append(f"wrong: {key} -> {data[:40]!r}")
+            else:
+                counts["ok"] += 1
+    return counts, examples
+
+
+def _reader(catalog: str, shards: int, until: float, seed: int, threads: int, queue: Any) -> None:
+    """One reader read by ``threads`` threads at once (each its own random keys)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardcat import Catalog
+
+    counts: Counter[str] = Counter()
+    examples: list[str] = []
     keys = [k for s in range(shards) for k in _keys(s)]
     try:
-        with Catalog(catalog, readonly=True) as cat, cat.dataset("churn") as reader:
-            while time.monotonic() < until:
-                batch = rng.sample(keys, 8) if rng.random() < 0.2 else [rng.choice(keys)]
-                try:
-                    if len(batch) == 1:
-                        got = [reader.get_feature(batch[0], "bin")]
-                    else:
-                        records = reader.get_many(batch)
-                        got = [reader.features(r)["bin"][0] for r in records]
-                except StaleShardError:
-                    counts["stale"] += len(batch)
-                    continue
-                except KeyError as exc:
-                    counts["missing"] += len(batch)
-                    examples.append(f"missing: {exc}")
-                    continue
-                for key, data in zip(batch, got, strict=True):
-                    named = None if data is None else _parse(data)
-                    if data is None:
-                        counts["missing"] += 1
-                        examples.append(f"missing: {key}")
-                    elif named is None or named[0] != key or data != expected_payload(*named):
-                        counts["wrong"] += 1
-                        examples.append(f"wrong: {key} -> {data[:40]!r}")
-                    else:
-                        counts["ok"] += 1
+        with (
+            Catalog(catalog, readonly=True) as cat,
+            cat.dataset("churn") as reader,
+            ThreadPoolExecutor(threads) as pool,
+        ):
+            seeds = [seed * 1000 + t for t in range(threads)]
+            for found, seen in pool.map(lambda s: _read_loop(reader, keys, until, s), seeds):
+                counts.update(found)
+                examples += seen
     except Exception:  # reported to the parent, never swallowed
         counts["other"] += 1
         examples.append(traceback.format_exc())
@@ -166,9 +192,11 @@ def run(
     shards: int = 4,
     seconds: float = 3.0,
     readers: int = 2,
+    threads: int = 1,
 ) -> dict[str, Any]:
-    """Run the churn for ``seconds``; returns the summed counts, ``reingests`` and
-    up to a few ``examples`` of anything that went wrong."""
+    """Run the churn for ``seconds`` (``readers`` processes, each sharing one reader
+    among ``threads`` threads); returns the summed counts, ``reingests`` and up to
+    a few ``examples`` of anything that went wrong."""
     from shardcat import Catalog
 
     where = Path(directory)
@@ -184,7 +212,7 @@ def run(
     until = time.monotonic() + seconds
     procs = [ctx.Process(target=_writer, args=(catalog, str(where), fmt, shards, until, queue))]
     procs += [
-        ctx.Process(target=_reader, args=(catalog, fmt, shards, until, seed, queue))
+        ctx.Process(target=_reader, args=(catalog, shards, until, seed, threads, queue))
         for seed in range(readers)
     ]
     for p in procs:
