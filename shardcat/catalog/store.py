@@ -44,7 +44,14 @@ from shardcat.catalog.engine import (
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.mounts import warn_if_network
-from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
+from shardcat.catalog.query import (
+    DEFAULT_QUERY_MEMORY,
+    DEFAULT_QUERY_TIMEOUT,
+    Rows,
+    attached,
+    check_limits,
+    streamed,
+)
 from shardcat.catalog.sync import Judge
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.errors import CatalogError, SchemaVersionError
@@ -446,30 +453,37 @@ class Store:
     def _describe(self, row: Sequence[Any]) -> DatasetInfo:
         return describe(self.reader_connection(), row, server=self.server)
 
-    def query(
+    @contextlib.contextmanager
+    def query_rows(
         self,
         sql: str,
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
-    ) -> QueryResult:
-        """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`);
-        ``attach`` maps schema names to other SQLite files, attached read-only."""
-        conn = self.reader_connection()
-        if isinstance(conn, postgres.ServerConnection):
+        memory: int | None = DEFAULT_QUERY_MEMORY,
+    ) -> Iterator[Rows]:
+        """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`): yields
+        the column names and the rows, fetched as they are iterated (within the
+        block). ``attach`` maps schema names to other SQLite files, attached
+        read-only; no value may be longer than ``memory`` bytes."""
+        check_limits(timeout, memory)
+        if self.server:
+            self._check_open()
             if attach:
                 raise CatalogError(
                     f"attach= is for SQLite catalogs; {self.path} is a server catalog"
                 )
-            if timeout is not None and not timeout > 0:
-                raise CatalogError(
-                    f"timeout must be a positive number of seconds or None, not {timeout}"
-                )
-            return QueryResult(*postgres.run_readonly(conn, sql, params, timeout))
+            with postgres.streamed(self.location, sql, params, timeout, memory) as result:
+                yield result
+            return
+        conn = self.reader_connection()
         assert isinstance(conn, sqlite3.Connection)
-        with attached(conn, attach):
-            return run_readonly(conn, sql, params, timeout=timeout)
+        with (
+            attached(conn, attach),
+            streamed(conn, sql, params, timeout=timeout, memory=memory) as result,
+        ):
+            yield result
 
     def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
         """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
