@@ -3,14 +3,16 @@ WAL checkpoints and what the ``-shm`` wal-index says about them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
@@ -256,6 +258,27 @@ def database_failure(exc: BaseException) -> bool:
     return isinstance(exc, (sqlite3.Error, UnicodeDecodeError, json.JSONDecodeError)) or type(
         exc
     ).__module__.startswith("psycopg")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reads_catalog(method: F) -> F:
+    """A method of an object with ``damaged(exc)`` that reads the catalog: a database
+    failure (:func:`database_failure`) is that method's :class:`CatalogError`."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except CatalogError:
+            raise
+        except Exception as exc:
+            if not database_failure(exc):
+                raise
+            raise self.damaged(exc) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def damage_error(where: str, exc: BaseException, *, server: bool = False) -> CatalogError:

@@ -180,6 +180,7 @@ def streamed(
     sql: str,
     params: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
+    attach: Mapping[str, str | os.PathLike[str]] | None = None,
     timeout: float | None = DEFAULT_QUERY_TIMEOUT,
     memory: int | None = DEFAULT_QUERY_MEMORY,
 ) -> Iterator[Rows]:
@@ -194,8 +195,22 @@ def streamed(
     limit) is stopped with :class:`CatalogError`; Ctrl-C stops it with
     ``KeyboardInterrupt``. No value may be longer than ``memory`` bytes (SQLite's
     length limit: a string or blob built past it stops the statement; sorts and
-    temporary tables spill to temporary files). The connection is left as it was.
+    temporary tables spill to temporary files). ``attach``: see :func:`attached`.
+    The connection is left as it was.
     """
+    with attached(conn, attach), _guarded(conn, timeout, memory) as guard:
+        try:
+            cursor = conn.execute(sql, params or ())
+        except sqlite3.Error as exc:
+            raise _failed(guard, exc, memory) from None
+        yield [d[0] for d in cursor.description or ()], _fetched(cursor, guard, memory)
+
+
+@contextlib.contextmanager
+def _guarded(
+    conn: sqlite3.Connection, timeout: float | None, memory: int | None
+) -> Iterator[_Guard]:
+    """The authorizer, progress handler and length limit of one statement on ``conn``."""
     check_limits(timeout, memory)
     guard = _Guard(timeout)
     set_limit: Any = getattr(conn, "setlimit", None)  # (Python 3.11+)
@@ -203,11 +218,7 @@ def streamed(
     conn.set_authorizer(guard.authorize)
     conn.set_progress_handler(guard.progress, _PROGRESS_STEPS)
     try:
-        try:
-            cursor = conn.execute(sql, params or ())
-        except sqlite3.Error as exc:
-            raise _failed(guard, exc, memory) from None
-        yield [d[0] for d in cursor.description or ()], _fetched(cursor, guard, memory)
+        yield guard
     finally:
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)

@@ -39,6 +39,7 @@ from shardcat.catalog.engine import (
     make_engine,
     make_readonly_engine,
     open_error,
+    reads_catalog,
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
@@ -48,7 +49,6 @@ from shardcat.catalog.query import (
     DEFAULT_QUERY_MEMORY,
     DEFAULT_QUERY_TIMEOUT,
     Rows,
-    attached,
     check_limits,
     streamed,
 )
@@ -344,29 +344,22 @@ class Store:
         conn = self._reads.slot().conn
         if self._watch is not None:
             self._watch.unchanged()
-        if conn.in_transaction:
-            try:
+        try:
+            if conn.in_transaction:
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise self.damaged(exc) from None
+        except sqlite3.Error as exc:
+            raise self.damaged(exc) from None
         return conn
 
-    def _open_reads(self) -> ReadConnection:
-        """A new read-only connection (for :class:`ThreadConnections`)."""
+    def _open_reads(self) -> ReadConnection:  # (for ThreadConnections)
         if self.server:
             return postgres.ServerConnection(self.location)
         if self._watch is not None:
             self._watch.unchanged()
         return connect_readonly(self._file(), immutable=self.immutable)
 
-    @property
-    def snapshot_serial(self) -> int:
-        """The number of this thread's current read snapshot (0: none begun)."""
-        return self._reads.slot().serial
-
     def damaged(self, exc: BaseException) -> CatalogError:
-        """The error for a database failure reading the catalog (see
-        :func:`~shardcat.catalog.engine.damage_error`)."""
+        """The error for a database failure reading the catalog (see ``damage_error``)."""
         return damage_error(str(self.path), exc, server=self.server)
 
     @contextlib.contextmanager
@@ -414,6 +407,7 @@ class Store:
         if self.closed:
             raise CatalogError(f"catalog {self.path} is closed")
 
+    @reads_catalog
     def dataset_row(self, name: str) -> Any:
         """``(id, name, format, key_rule, grouping, options JSON, source JSON, created_at)``
         of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
@@ -429,6 +423,7 @@ class Store:
             )
         return row
 
+    @reads_catalog
     def unused_name(self, base: str) -> str:
         """``base``, else ``base_2``, ``base_3``, ...: the first name no dataset has."""
         taken = {
@@ -437,6 +432,7 @@ class Store:
         }
         return schema.first_free(base, taken)
 
+    @reads_catalog
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
         conn = self.reader_connection()
@@ -445,6 +441,7 @@ class Store:
         ).fetchall()
         return [self._describe(row) for row in rows]
 
+    @reads_catalog
     def info(self, name: str) -> DatasetInfo:
         """One dataset as :meth:`datasets` describes it (:class:`CatalogError`
         naming the known datasets when it is missing)."""
@@ -453,7 +450,6 @@ class Store:
     def _describe(self, row: Sequence[Any]) -> DatasetInfo:
         return describe(self.reader_connection(), row, server=self.server)
 
-    @contextlib.contextmanager
     def query_rows(
         self,
         sql: str,
@@ -462,29 +458,33 @@ class Store:
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
         memory: int | None = DEFAULT_QUERY_MEMORY,
-    ) -> Iterator[Rows]:
+    ) -> contextlib.AbstractContextManager[Rows]:
         """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`): yields
         the column names and the rows, fetched as they are iterated (within the
         block). ``attach`` maps schema names to other SQLite files, attached
         read-only; no value may be longer than ``memory`` bytes."""
         check_limits(timeout, memory)
-        if self.server:
-            self._check_open()
-            if attach:
-                raise CatalogError(
-                    f"attach= is for SQLite catalogs; {self.path} is a server catalog"
-                )
-            with postgres.streamed(self.location, sql, params, timeout, memory) as result:
-                yield result
-            return
-        conn = self.reader_connection()
-        assert isinstance(conn, sqlite3.Connection)
-        with (
-            attached(conn, attach),
-            streamed(conn, sql, params, timeout=timeout, memory=memory) as result,
-        ):
-            yield result
+        if not self.server:
+            conn = self.reader_connection()
+            assert isinstance(conn, sqlite3.Connection)
+            return streamed(conn, sql, params, attach=attach, timeout=timeout, memory=memory)
+        self._check_open()
+        if attach:
+            raise CatalogError(f"attach= is for SQLite catalogs; {self.path} is a server catalog")
+        return postgres.streamed(self.location, sql, params, timeout, memory)
 
+    def damage(self) -> list[str]:
+        """What SQLite's ``quick_check`` finds damaged in the catalog file (up to 20
+        lines; empty: nothing; always empty on a server)."""
+        if self.server:
+            return []
+        try:
+            lines = [str(r[0]) for r in self._latest().execute("PRAGMA quick_check(20)")]
+        except sqlite3.DatabaseError as exc:  # too damaged to check
+            lines = [str(exc)]
+        return [] if lines == ["ok"] else lines
+
+    @reads_catalog
     def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
         """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
         rows = self.reader_connection().execute(
@@ -494,12 +494,14 @@ class Store:
         )
         return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
+    @reads_catalog
     def stored_options(self, name: str) -> dict[str, Any] | None:
         """The options dataset ``name`` was ingested with; None when there is no such dataset."""
         sql = "SELECT options FROM shardcat_datasets WHERE name = ?"
         row = self.reader_connection().execute(sql, (name,)).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
+    @reads_catalog
     def has_dataset(self, name: str) -> bool:
         sql = "SELECT 1 FROM shardcat_datasets WHERE name = ?"
         return self.reader_connection().execute(sql, (name,)).fetchone() is not None
