@@ -9,11 +9,13 @@ and never uses nor closes its parent's. A thread that has ended leaves its
 connection behind until the next thread opens one (it is closed then) or the
 store closes.
 
-Measured on the single read by key (a TFRecord ``get_record``, page cache
-warm, one thread), against one shared connection: a per-thread connection
-costs one dict lookup (under 0.1 µs of a ~13 µs read); serializing every call
-on one lock instead would cost as little but keep threads from running their
-SQLite work at once (``sqlite3`` releases the GIL while a statement runs).
+Measured on the single read by key (one thread, page cache warm; a TFRecord
+``get_record`` is 10-20 µs on the shared test machine): finding this thread's
+connection is one dict lookup by thread id, about 0.04 µs; the reader's lock
+around each call (:func:`~shardcat.readers.view.one_call`) about 0.25 µs.
+A lock alone (one connection for every thread) could not cover the store's
+other users: any caller of :meth:`Store.reader_connection` runs several
+statements on it, and a query installs an authorizer on it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +57,11 @@ class Slot:
 
 class ThreadConnections:
     """Read-only connections by thread, for this process (see the module docstring);
-    ``opener`` opens one."""
+    ``opener`` (a method of the owner, held weakly: no cycle keeps an unclosed
+    store alive) opens one."""
 
     def __init__(self, opener: Callable[[], Any]) -> None:
-        self._opener = opener
+        self._opener = weakref.WeakMethod(opener)  # type: ignore[arg-type]
         self._slots: dict[int, Slot] = {}
         self._generation = _engine._fork_generation
         self._lock = threading.Lock()
@@ -71,7 +75,10 @@ class ThreadConnections:
         return self._open() if found is None else found
 
     def _open(self) -> Slot:
-        conn = self._opener()
+        opener = self._opener()
+        if opener is None:
+            raise CatalogError("the catalog of these connections is gone")
+        conn = opener()
         with self._lock:
             alive = {t.ident for t in threading.enumerate()}
             for ident in [i for i in self._slots if i not in alive]:
