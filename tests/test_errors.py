@@ -16,6 +16,7 @@ from damage import flip_keeping_mtime
 
 import shardcat.errors as errors
 from shardcat import Catalog, CorruptRecordError, ShardIOError, TFRecordWriter, make_example
+from shardcat.testing.required import need
 
 # One instance of every error class, built as the library builds it.
 EXAMPLES: dict[type[BaseException], tuple[Any, ...]] = {
@@ -65,7 +66,7 @@ def test_corrupt_record_in_a_dataloader_worker_is_a_corrupt_record_error(tmp_pat
     same size, mtime put back), found by its CRC: read in a worker process, the
     training loop gets a CorruptRecordError (torch turned it into a RuntimeError: CorruptRecordError
     could not be made from a message)."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch", why="shardcat[torch]")
     from shardcat.torch import RecordDataset
 
     shard = tmp_path / "a.tfrecord"

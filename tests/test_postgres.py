@@ -24,16 +24,11 @@ from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
+from shardcat.testing.required import missing, need
 
-try:
-    import psycopg
-except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
-    psycopg = None
-
-if psycopg is None or find_binaries() is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server is missing")
-    pytest.skip("psycopg or the PostgreSQL server binaries are missing", allow_module_level=True)
+psycopg = need("psycopg", why="shardcat[postgres]")
+if find_binaries() is None:
+    missing("the PostgreSQL server binaries (initdb, postgres)")
 
 
 @pytest.fixture(scope="module")

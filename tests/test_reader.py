@@ -31,8 +31,9 @@ from shardcat import (
     make_example,
 )
 from shardcat.pb2 import Example
+from shardcat.testing.required import need
 
-tfd_utils = pytest.importorskip("tfd_utils")
+tfd_utils = need("tfd_utils", why="shardcat[bench]")
 
 HEADER = 12  # TFRecord frame: uint64 length + uint32 length CRC before the payload
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from shardcat.testing.required import need
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -56,8 +56,8 @@ def test_markers_are_read() -> None:
 
 
 def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
-    pytest.importorskip("tensordict", reason="the TensorDB block needs the torch extra")
-    pytest.importorskip("psycopg", reason="the PostgreSQL blocks need the postgres extra")
+    need("tensordict", why="shardcat[torch]")
+    need("psycopg", why="shardcat[postgres]")
     from shardcat.testing.postgres import postgres_server
 
     with postgres_server() as server, _object_stores(tmp_path / "stores") as stores:
@@ -68,7 +68,7 @@ def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
 def _object_stores(root: Path) -> Iterator[dict[str, str]]:
     """What the remote-storage block reads: an S3 server (moto's, on loopback) holding
     ``s3://bucket/train/*.tfrecord`` and an HTTP server holding two tar shards."""
-    boto3 = pytest.importorskip("boto3", reason="the remote block needs the dev extra")
+    boto3 = need("boto3", why="shardcat[dev]")
     from shardcat.sample import make_sample
     from shardcat.testing.servers import RangeServer, S3Server
 

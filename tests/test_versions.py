@@ -30,6 +30,7 @@ from shardcat import (
 )
 from shardcat.catalog import store as catalog_module
 from shardcat.readers.recordio import RecordIOWriter
+from shardcat.testing.required import need
 
 COMPRESS: dict[str | None, Callable[[bytes], bytes]] = {
     None: lambda b: b,
@@ -149,7 +150,7 @@ def test_forked_workers_read_their_own_bytes(tmp_path: Path, fmt: str, compressi
 
 
 def test_dataloader_workers_over_a_compressed_tar(tmp_path: Path):
-    torch_data = pytest.importorskip("torch.utils.data")
+    torch_data = need("torch.utils.data", why="shardcat[torch]")
     from shardcat import RecordDataset
 
     db, _, expected = dataset(tmp_path, "tar", "gzip", n=200)
