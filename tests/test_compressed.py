@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from shardcat import Catalog, CorruptRecordError, IngestError, TarReader, TFRecordReader
+from shardcat import (
+    Catalog,
+    CatalogError,
+    CorruptRecordError,
+    IngestError,
+    TarReader,
+    TFRecordReader,
+)
 from shardcat.readers import compressed
 from shardcat.readers.formats import detect_format
 from shardcat.readers.tar import TarFormat
@@ -283,5 +290,5 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_pa
     compress(src, path, "gzip")
     monkeypatch.setattr(builtins, "__import__", no_indexed_gzip)
     monkeypatch.delitem(__import__("sys").modules, "indexed_gzip", raising=False)
-    with pytest.raises(Exception, match=r"shardcat\[compressed\]"):
+    with pytest.raises(CatalogError, match=r"shardcat\[compressed\]"):
         compressed.IndexingStream(str(path), "gzip")

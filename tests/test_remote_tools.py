@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from shardcat import Catalog
+from shardcat import Catalog, IngestError
 from shardcat.testing.required import missing, need
 
 boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")
@@ -318,8 +318,10 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
     (tmp_path / "kept.idx").rename(local / "part-1.idx")
     with Catalog(tmp_path / "r.sqlite") as cat:
         s3.counter.reset()
-        with pytest.raises(Exception, match=r"part-1.rec: no MXNet index part-1.idx beside it"):
+        no_idx = r"part-1.rec: no MXNet index part-1.idx beside it"
+        with pytest.raises(IngestError, match=no_idx) as e1:
             cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        assert [f.path for f in e1.value.failures] == [f"{url}/part-1.rec"]
         s3.client.upload_file(str(local / "part-1.idx"), BUCKET, "rec/part-1.idx")
         far = cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
         near = cat.ingest(str(local / "*.rec"), "near")
@@ -491,8 +493,9 @@ def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Pat
             Bucket=BUCKET, Key=f"listed/{paths[1].name}", Body=paths[2].read_bytes()
         )
         s3.counter.reset()
-        with pytest.raises(Exception, match="duplicate key 'r2_0'"):
+        with pytest.raises(IngestError, match="duplicate key 'r2_0'") as e2:
             cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)
+        assert [f.path for f in e2.value.failures] == [f"{url}/{paths[1].name}"]
         assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
         objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
         assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one
