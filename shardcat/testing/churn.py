@@ -118,11 +118,11 @@ class _Shards:
 
 
 def _explained(exc: Exception, before: list[int], after: list[int]) -> bool:
-    """Whether an error of a read is the writer's doing: the shard it names (every
-    shard, for an error naming none) was being rewritten when the read began, or
-    was rewritten or re-ingested while it ran."""
+    """Whether an error of a read by key is the writer's doing: the shard it names
+    (an error naming none is not explained) was being rewritten when the read
+    began, or was rewritten or re-ingested while it ran."""
     path = str(getattr(exc, "path", None) or "")
-    named = [i for i in range(len(before)) if f"part-{i:02d}." in path] or range(len(before))
+    named = [i for i in range(len(before)) if f"part-{i:02d}." in path]
     return any(before[i] % 2 or after[i] != before[i] for i in named)
 
 
