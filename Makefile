@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
 DEMO_DIR ?= demo-data
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-record clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ test: peer-tfd
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks
+
+# The recorded run the READMEs' performance tables are rendered from
+# (benchmarks/results/latest.json; tests/test_bench_record.py checks them).
+bench-record: $(VENV)/.installed
+	$(PY) -m benchmarks --record
 
 clean:
 	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
