@@ -165,4 +165,3 @@ def test_single_reads_of_a_lying_server_are_right_or_errors(
     apart (``shifted``, ``garbage-200``) are the stored per-record check's to catch."""
     reads = TF_SINGLE if fmt == "tfrecord" else TAR_SINGLE
     _check(_outcomes(served, fmt, mode, reads), mode, untold="either")
-
