@@ -165,3 +165,34 @@ def test_single_reads_of_a_lying_server_are_right_or_errors(
     apart (``shifted``, ``garbage-200``) are the stored per-record check's to catch."""
     reads = TF_SINGLE if fmt == "tfrecord" else TAR_SINGLE
     _check(_outcomes(served, fmt, mode, reads), mode, untold="either")
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("no-content-range", "the store answered 206 Partial Content without a Content-Range"),
+        ("status-203", "the store answered HTTP 203 Non-Authoritative Information, not 200 or 206"),
+        (
+            "partial-200",
+            r"the store answered \d+ bytes without a Content-Range for bytes \d+-\d+, not the "
+            "whole object of 30230 bytes",
+        ),
+        (
+            "total-differs",
+            r"the store answered Content-Range 'bytes \d+-\d+/30231' with \d+ bytes for bytes "
+            r"\d+-\d+ of an object of 30230 bytes",
+        ),
+    ],
+)
+def test_a_refused_answer_says_what_the_store_did(
+    served: dict[str, Any], mode: str, said: str
+) -> None:
+    web, _ = served["tfrecord"]
+    served["server"].lie = mode
+    try:
+        with pytest.raises(
+            ShardIOError, match=r"train-00000\.tfrecord: cannot read bytes \d+-\d+: " + said
+        ):
+            web.get_feature("r0_20", "image")
+    finally:
+        served["server"].lie = ""

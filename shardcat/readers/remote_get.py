@@ -151,8 +151,8 @@ def placed(data: bytes, content_range: str | None, ask: Ask) -> bytes:
         or (total != "*" and ask.size is not None and int(total) != ask.size)
     ):
         raise Misplaced(
-            f"the store answered bytes {content_range.strip()} ({len(data)} bytes) "
-            f"for bytes {start}-{end - 1} of {ask.size} bytes"
+            f"the store answered Content-Range {content_range.strip()!r} with {len(data)} "
+            f"bytes for bytes {start}-{end - 1} of an object of {ask.size} bytes"
         )
     return data[start - first : end - first]
 
