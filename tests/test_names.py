@@ -118,6 +118,26 @@ def test_json_values_that_flatten_to_one_field_keep_the_first_with_a_warning(
     assert rows == [("s0", 5, 1), ("s1", 7, 2), ("s2", 3, 3)]
 
 
+def test_the_warning_of_a_remote_shard_names_its_url(catalogs: Any, tmp_path: Path) -> None:
+    """A remote shard is scanned from a temporary local copy: its warnings name the URL."""
+    pytest.importorskip("aiohttp")
+    from shardcat.testing.servers import RangeServer
+
+    (tmp_path / "www").mkdir()
+    _json_tar(tmp_path / "www" / "j.tar", [{"a-b": 1, "a_b": 2}])
+    server = RangeServer(str(tmp_path / "www"))
+    server.start()
+    try:
+        with pytest.warns(ShardcatWarning) as caught:
+            catalogs(tmp_path / "c.sqlite").ingest(f"{server.url}/j.tar", "j")
+    finally:
+        server.stop()
+    assert [str(w.message) for w in caught if issubclass(w.category, ShardcatWarning)] == [
+        f"{server.url}/j.tar: .json values 'a-b' and 'a_b' both make the field json_a_b: "
+        "each member keeps its first (the other is not a field)"
+    ]
+
+
 def test_a_nul_in_a_feature_name_fails_its_shard_naming_the_record(
     catalogs: Any, tmp_path: Path
 ) -> None:
