@@ -139,6 +139,9 @@ def test_batched_reads_of_a_lying_server_are_right_or_errors(
     headers cannot tell apart are caught by the frame / tar header around them."""
     reads = TF_BATCH if fmt == "tfrecord" else TAR_BATCH
     _check(_outcomes(served, fmt, mode, reads), mode, untold="error")
+    served["server"].counter.reset()
+    reads[0](served[fmt][0])
+    assert len(served["server"].counter.gets()) == 1  # the batch's ranges: one request
 
 
 @pytest.mark.parametrize(
