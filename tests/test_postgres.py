@@ -467,8 +467,6 @@ def test_snapshot_of_a_server_catalog_reads_the_same(tmp_path, pg_url):
 def test_text_with_a_nul_byte(tmp_path, pg_url):
     """PostgreSQL text cannot hold NUL: such a field is NULL in SQL (the record keeps its
     bytes), such a key fails its shard with a clear error, never the whole ingest."""
-    from shardcat import IngestError
-
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
     bad.mkdir()
@@ -487,7 +485,9 @@ def test_text_with_a_nul_byte(tmp_path, pg_url):
         ]
         with cat.dataset("d") as reader:
             assert reader.get_feature("k1", "note") == b"a\x00b"
-        with pytest.raises(IngestError, match=r"b\.tfrecord: key 'x\\x00y' holds a NUL byte"):
+        with pytest.raises(
+            IngestError, match=r"b\.tfrecord: at byte 0: record 'x\\x00y': its key holds a NUL"
+        ):
             cat.ingest(str(bad / "*.tfrecord"), "e")
         assert cat.query("SELECT key FROM e") == [("fine",)]  # the other shard is in
 
