@@ -287,6 +287,19 @@ def open_to_read(path: str | Path | None, readonly: bool) -> Catalog:
     return open_catalog(path, readonly=True, immutable=not readonly)
 
 
+# Wide enough for any value: a table printed to a pipe or file is never cut.
+_UNLIMITED_WIDTH = 1_000_000
+
+
+def print_table(table: Any) -> None:
+    """Print a rich table on stdout: fitted to a terminal's width, or with whole
+    values (no column cut to ``…``) when stdout is a pipe or a file."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else _UNLIMITED_WIDTH
+    Console(width=width).print(table)
+
+
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

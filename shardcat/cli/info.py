@@ -6,7 +6,6 @@ import dataclasses
 import time
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from shardcat.cli.common import (
@@ -16,6 +15,7 @@ from shardcat.cli.common import (
     open_catalog,
     open_to_read,
     print_json,
+    print_table,
 )
 from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
@@ -52,7 +52,7 @@ def datasets(
             cell(", ".join(d.indexed)),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
         )
-    Console().print(table)
+    print_table(table)
 
 
 @handle_errors
@@ -83,7 +83,7 @@ def stats(
     )
     for name, n in result["records_per_file"].items():
         table.add_row(cell(name), f"{n:,}")
-    Console().print(table)
+    print_table(table)
 
 
 @handle_errors
@@ -110,7 +110,7 @@ def list_features(
     table = Table("feature", "type", "SQL column", title=cell(f"first record: {first}"))
     for name, kind in features.items():
         table.add_row(cell(name), cell(kind), cell(name if name in columns else ""))
-    Console().print(table)
+    print_table(table)
 
 
 @handle_errors

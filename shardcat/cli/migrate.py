@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
@@ -17,6 +16,7 @@ from shardcat.cli.common import (
     catalog_path,
     handle_errors,
     print_json,
+    print_table,
     progress_bar,
 )
 from shardcat.cli.options import CatalogOpt, JsonOpt, OnDuplicateOpt, StorageOpt, storage_options
@@ -207,7 +207,7 @@ def print_report(report: MigrationReport) -> None:
         for d in report.datasets:
             counts = map(str, d.totals(report.dry_run).values())
             table.add_row(d.dataset, str(len(d.shards)), *counts, f"{d.records:,}")
-        Console().print(table)
+        print_table(table)
     for d in report.datasets:
         typer.echo(f"dataset {d.dataset} ({d.format}, {d.key_rule}) -> {d.catalog}", err=True)
         for legacy in d.legacy:

@@ -1,0 +1,125 @@
+"""What users of webdataset, fsspec, torch and tfd-utils expect on day one (issue 28):
+shard specs with braces and file:// URLs, whole values in piped output, torch's
+sampler conventions, help without internal types, commands on shard files,
+formats named per file, bad catalog paths refused, and the small things."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shardcat.cli import app
+from shardcat.paths import resolve_paths
+from shardcat.sample import make_sample
+
+runner = CliRunner()
+
+
+def run(*args: object, ok: bool = True):
+    result = runner.invoke(app, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, result.output + str(result.exception)
+    return result
+
+
+def catalog_cli(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The ``catalog`` command in a subprocess, stdout piped (not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardcat", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "80"},
+        check=False,
+    )
+
+
+# -- 1. shard specs -------------------------------------------------------------------
+
+
+def test_brace_ranges_and_choices_expand_for_local_paths(tmp_path: Path):
+    shards = make_sample(tmp_path / "wds", shards=4, records=40, format="tar")
+    spec = str(tmp_path / "wds" / "train-{00000..00003}-of-00004.tar")
+    assert resolve_paths(spec) == shards
+    choice = str(tmp_path / "wds" / "train-0000{1,3}-of-00004.tar")
+    assert resolve_paths(choice) == [shards[1], shards[3]]
+    cat = tmp_path / "c.sqlite"
+    result = run("ingest", spec, "-d", "wds", "-c", cat, "-w", "1")
+    assert "dataset wds: 40 records in 4 shards" in result.output
+
+
+def test_file_urls_are_local_paths(tmp_path: Path):
+    shards = make_sample(tmp_path / "tfr", shards=2, records=10)
+    url = f"file://{tmp_path}/tfr/*.tfrecord"
+    assert resolve_paths(url) == shards
+    assert resolve_paths(f"file://localhost{shards[0]}") == shards[:1]
+    result = run("ingest", url, "-d", "t", "-c", tmp_path / "c.sqlite", "-w", "1")
+    assert "dataset t: 10 records in 2 shards" in result.output
+
+
+def test_a_file_named_with_braces_is_taken_as_it_is(tmp_path: Path):
+    (tmp_path / "odd{1,2}.tfrecord").write_bytes(b"")
+    assert resolve_paths(str(tmp_path / "odd{1,2}.tfrecord")) == [
+        str(tmp_path / "odd{1,2}.tfrecord")
+    ]
+
+
+# -- 2. whole values on a pipe ----------------------------------------------------------
+
+
+@pytest.fixture
+def long_named(tmp_path: Path) -> Path:
+    """A catalog over shards whose paths are far longer than 80 characters."""
+    deep = tmp_path / ("a_directory_with_a_long_name_" * 3) / "train"
+    make_sample(deep, shards=2, records=20)
+    cat = tmp_path / "c.sqlite"
+    run("ingest", deep, "-d", "big", "-c", cat, "-w", "1")
+    return cat
+
+
+def test_query_to_a_pipe_prints_whole_values(long_named: Path):
+    done = catalog_cli("query", "SELECT key, shard FROM big ORDER BY key LIMIT 2", "-c", long_named)
+    assert done.returncode == 0, done.stderr
+    shard = ("a_directory_with_a_long_name_" * 3) + "/train/train-00000-of-00002.tfrecord"
+    assert shard in done.stdout  # the shard's path relative to the catalog, whole
+    assert "rec_000000000" in done.stdout and "…" not in done.stdout
+
+
+def test_datasets_stats_list_to_a_pipe_print_whole_values(long_named: Path):
+    stats = catalog_cli("stats", "big", "-c", long_named)
+    assert "│ train-00001-of-00002.tfrecord │ 10 " in stats.stdout
+    for command in (("datasets",), ("list", "big")):
+        done = catalog_cli(*command, "-c", long_named)
+        assert done.returncode == 0, done.stderr
+        assert "…" not in done.stdout, done.stdout
+    assert "tfrecord" in catalog_cli("datasets", "-c", long_named).stdout
+
+
+def test_demo_output_in_a_file_has_whole_values(tmp_path: Path):
+    log = tmp_path / "demo.log"
+    venv = Path(sys.executable).parent.parent
+    with log.open("w") as out:
+        done = subprocess.run(
+            ["sh", str(Path(__file__).parent.parent / "scripts" / "demo.sh")],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "VENV": str(venv), "DEMO_DIR": str(tmp_path / "demo")},
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert "demo OK" in text and "…" not in text
+    assert time_like(text)
+
+
+def time_like(text: str) -> bool:
+    """The datasets table's 'created' column whole: a YYYY-MM-DD HH:MM value."""
+    import re
+
+    return re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", text) is not None
