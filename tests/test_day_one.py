@@ -123,3 +123,34 @@ def time_like(text: str) -> bool:
     import re
 
     return re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", text) is not None
+
+
+# -- 3. torch's sampler conventions -------------------------------------------------------
+
+
+def test_sampler_shuffles_by_default_and_takes_true_as_full(tmp_path: Path):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from shardcat import TFRecordRandomAccess
+    from shardcat.torch import RecordDataset, RecordSampler
+
+    make_sample(tmp_path / "t", shards=2, records=64)
+    with TFRecordRandomAccess(str(tmp_path / "t" / "*.tfrecord")) as reader:
+        dataset = RecordDataset(reader, transform=lambda ex: reader.to_dict(ex)["key"].decode())
+        default = RecordSampler(dataset, num_replicas=1, rank=0, seed=5)
+        as_torch = RecordSampler(dataset, num_replicas=1, rank=0, seed=5, shuffle=True)
+        full = RecordSampler(dataset, num_replicas=1, rank=0, seed=5, shuffle="full")
+        assert default.shuffle == as_torch.shuffle == "full"
+        assert DistributedSampler(dataset, num_replicas=1, rank=0).shuffle  # torch's default
+        batches = list(DataLoader(dataset, sampler=default, batch_size=16))
+        keys = [k for batch in batches for k in batch]
+        in_order = [f"rec_{i:09d}" for i in range(64)]
+        assert sorted(keys) == in_order and keys != in_order
+        assert keys == [k for b in DataLoader(dataset, sampler=as_torch, batch_size=16) for k in b]
+        assert default.global_order().tolist() == full.global_order().tolist()
+        state = as_torch.state_dict()
+        full.load_state_dict(state)  # True and "full" are one order
+        ordered = RecordSampler(dataset, num_replicas=1, rank=0, shuffle=False)
+        assert [k for b in DataLoader(dataset, sampler=ordered, batch_size=16) for k in b] == (
+            in_order
+        )
