@@ -154,3 +154,104 @@ def test_sampler_shuffles_by_default_and_takes_true_as_full(tmp_path: Path):
         assert [k for b in DataLoader(dataset, sampler=ordered, batch_size=16) for k in b] == (
             in_order
         )
+
+
+# -- 4. help and conventions ------------------------------------------------------------
+
+
+def _commands() -> list[str]:
+    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+
+
+def test_help_shows_no_python_types():
+    for name in _commands():
+        text = run(name, "--help").output
+        usage = text.split("\n\n")[0]
+        assert "{" not in usage, usage
+        for internal in ("<str>", "<int", "<list[", "<float>", "<path>", "range>"):
+            assert internal not in text, f"catalog {name} --help: {text}"
+    ingest = run("ingest", "--help").output
+    assert "ingest [OPTIONS] PATHS..." in ingest
+    assert "--storage-option KEY=VALUE" in ingest and "-w, --workers N" in ingest
+    assert "--depth DEPTH" in run("migrate", "--help").output
+
+
+def test_version_and_parquet_in_the_top_level_help():
+    from shardcat import __version__
+
+    assert run("--version").output == f"catalog (shardcat) {__version__}\n"
+    assert "Parquet" in run("--help").output
+
+
+def test_one_meaning_per_short_option():
+    meanings: dict[str, set[str]] = {}
+    for name in _commands():
+        command = next(
+            c
+            for c in app.registered_commands
+            if (c.name or "") == name or (c.callback.__name__.replace("_", "-") == name)
+        )
+        import typer
+
+        click_command = typer.main.get_command_from_info(
+            command, pretty_exceptions_short=True, rich_markup_mode=None
+        )
+        for param in click_command.params:
+            if getattr(param, "hidden", False):
+                continue
+            longs = [o for o in param.opts if o.startswith("--")]
+            for short in (o for o in param.opts if len(o) == 2):
+                meanings.setdefault(short, set()).update(longs)
+    wrong = {s: m for s, m in meanings.items() if len(m) > 1 and m != {"--output", "--output-dir"}}
+    assert not wrong, wrong
+
+
+def test_old_short_options_still_work_with_a_warning(tmp_path: Path):
+    make_sample(tmp_path / "t", shards=1, records=5)
+    result = run("ingest", tmp_path / "t", "-c", tmp_path / "c.sqlite", "-o", "anon=true")
+    assert "warning: -o is --storage-option here for now" in result.output
+
+
+@pytest.mark.parametrize("workers", ["0", "-3"])
+def test_workers_below_one_are_refused(tmp_path: Path, workers: str):
+    make_sample(tmp_path / "t", shards=1, records=5)
+    cat = tmp_path / "c.sqlite"
+    result = run("ingest", tmp_path / "t", "-c", cat, "--workers", workers, ok=False)
+    assert result.exit_code == 2 and "greater than or equal to 1" in result.output
+    assert not cat.exists()
+
+
+def test_help_imports_no_library():
+    code = (
+        "import sys\nfrom shardcat.cli import app\n"
+        "heavy = [m for m in ('sqlalchemy', 'numpy', 'google.protobuf', 'torch', 'fsspec')"
+        " if m in sys.modules]\nprint(heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout == "[]\n"
+    done = subprocess.run(
+        [sys.executable, "-c", "import shardcat, sys; print('sqlalchemy' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout == "False\n"
+
+
+# -- 7. bad catalog paths ------------------------------------------------------------------
+
+
+def test_a_missing_catalog_directory_is_refused_unless_mkdir(tmp_path: Path):
+    make_sample(tmp_path / "t", shards=1, records=5)
+    where = tmp_path / "no" / "such" / "c.sqlite"
+    result = run("ingest", tmp_path / "t", "-c", where, ok=False)
+    assert result.exit_code == 1
+    assert f"error: cannot create catalog {where}: no directory {where.parent} (create it, or " \
+        "pass --mkdir)" in result.output  # fmt: skip
+    assert not (tmp_path / "no").exists()
+    run("ingest", tmp_path / "t", "-c", where, "--mkdir")
+    assert where.is_file()
+
+
+def test_a_catalog_that_is_a_directory_is_named_so(tmp_path: Path):
+    (tmp_path / "adir.tfrecord").mkdir()
+    result = run("datasets", "-c", tmp_path / "adir.tfrecord", ok=False)
+    assert f"error: no catalog at {tmp_path / 'adir.tfrecord'}: it is a directory" in result.output

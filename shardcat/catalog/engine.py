@@ -16,10 +16,9 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from shardcat.catalog import postgres
+from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import CatalogError
 
-ENV_VAR = "SHARDCAT_CATALOG"
-DEFAULT_NAME = "shardcat.sqlite"
 BUSY_TIMEOUT_MS = 60_000
 # How long ``Catalog.checkpoint()`` waits for readers and writers to empty the -wal file.
 CHECKPOINT_BUSY_MS = 500

@@ -18,18 +18,18 @@ import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from shardcat.catalog import postgres
-from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, catalog_location
+from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import ShardcatError, ShardcatWarning, masked
-from shardcat.facade import tasks
-from shardcat.facade.catalog import Catalog
+
+if TYPE_CHECKING:  # the library is imported when a command runs, not for --help
+    from rich.progress import Progress
+    from rich.text import Text
+
+    from shardcat.facade.catalog import Catalog
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +61,9 @@ def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | 
     naming the file it used (``announce=False``: its own output names it). A
     PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
+    from shardcat.catalog import postgres
+    from shardcat.catalog.engine import catalog_location
+
     where = catalog_location(option)
     _now.catalog = postgres.display(str(where))
     if option is None and announce:
@@ -79,6 +82,8 @@ def open_catalog(
     """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
     (it must exist unless ``create``; commands that only read pass ``readonly=True``
     or ``immutable=True``, so the file is never created, upgraded or changed)."""
+    from shardcat.facade import tasks
+
     return tasks.open_catalog(
         catalog_path(path), readonly=readonly, immutable=immutable, create=create
     )
@@ -94,6 +99,7 @@ _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bwith key=None\b"), "with --by-position"),
     (re.compile(r"^index (-?\d+) out of range: "), r"--index \1 out of range: "),
     (re.compile(r"\(rescan=True\)"), "(catalog ingest --rescan)"),
+    (re.compile(r"\bpass make_dirs=True\)"), "pass --mkdir)"),
     (re.compile(r"\bso immutable=True\b"), "so --immutable"),
     (re.compile(r"\bopen it with readonly=True instead\b"), "open it with --readonly instead"),
     (re.compile(r", Catalog\.checkpoint\(\)\)"), ")"),
@@ -278,6 +284,8 @@ def printable(text: str) -> str:
 def cell(value: Any) -> Text:
     """A table cell: ``NULL`` for None, else the value as :func:`printable` text
     (a rich ``Text``, so brackets in data are never read as markup)."""
+    from rich.text import Text
+
     return Text("NULL" if value is None else printable(str(value)))
 
 
@@ -305,18 +313,6 @@ def print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
-class _Progress(Progress):
-    """A progress bar that vanishes when the command fails or is interrupted, so
-    what stays on the terminal (or in a log) is the one error line."""
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            super().__exit__(exc_type, exc, tb)
-        elif not self.disable:  # Progress.stop would also end a log with an empty line
-            self.live.transient = True
-            self.live.stop()
-
-
 def progress_bar(
     label: str,
     *,
@@ -326,7 +322,26 @@ def progress_bar(
     disable: bool = False,
 ) -> Progress:
     """The commands' progress bar, on stderr: label, bar, done/total, then with
-    ``unit`` a running record count (``task.fields["records"]``) and the time taken."""
+    ``unit`` a running record count (``task.fields["records"]``) and the time taken.
+    It vanishes when the command fails or is interrupted, so what stays on the
+    terminal (or in a log) is the one error line."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    class _Progress(Progress):
+        def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            if exc_type is None:
+                super().__exit__(exc_type, exc, tb)
+            elif not self.disable:  # Progress.stop would also end a log with an empty line
+                self.live.transient = True
+                self.live.stop()
+
     columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn()]
     if unit is not None:
         columns.append(TextColumn(unit + " {task.fields[records]:,} records"))

@@ -6,7 +6,6 @@ import dataclasses
 import time
 
 import typer
-from rich.table import Table
 
 from shardcat.cli.common import (
     catalog_path,
@@ -37,6 +36,8 @@ def datasets(
     if not infos:
         typer.echo("no datasets yet (catalog ingest FILES --dataset NAME)")
         return
+    from rich.table import Table
+
     table = Table("dataset", "format", "key", "shards", "records", "fields", "indexed", "created")
     for d in infos:
         shards = f"{d.ready_shards}/{d.shards}" + (
@@ -74,6 +75,8 @@ def stats(
     if json:
         print_json(result)
         return
+    from rich.table import Table
+
     table = Table(
         "shard",
         "records",
@@ -107,6 +110,8 @@ def list_features(
     if first is None:
         typer.echo(f"dataset {dataset} has no records")
         return
+    from rich.table import Table
+
     table = Table("feature", "type", "SQL column", title=cell(f"first record: {first}"))
     for name, kind in features.items():
         table.add_row(cell(name), cell(kind), cell(name if name in columns else ""))

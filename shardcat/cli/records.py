@@ -11,13 +11,6 @@ import typer
 from shardcat.cli.common import handle_errors, open_to_read, printable
 from shardcat.cli.options import CatalogOpt, DatasetArg, KeyArg, ReadModeOpt
 from shardcat.errors import CatalogError, NoSuchFeatureError
-from shardcat.facade.records import (
-    extract as extract_record,
-)
-from shardcat.facade.records import (
-    feature_value,
-    file_extension,
-)
 
 __all__ = ["extract", "get", "register"]
 
@@ -43,6 +36,8 @@ def get(
 
     Example: catalog get train rec_000000042 image > img.jpg
     """
+    from shardcat.facade.records import feature_value, file_extension
+
     with (
         open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
@@ -90,6 +85,8 @@ def extract(
     (a name can never point outside --output-dir). Text printed has control
     characters shown as escapes.
     """
+    from shardcat.facade.records import extract as extract_record
+
     with (
         open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
