@@ -7,7 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "as_patterns",
     "brace_expand",
     "default_dataset_name",
+    "names_as_given",
     "resolve_paths",
 ]
 
@@ -119,13 +120,28 @@ def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = Non
     fsspec with ``storage_options``.
     """
     found: set[str] = set()
-    for given in as_patterns(paths):
-        for pattern in _expanded(_without_file_scheme(given)):
-            if _is_url(pattern):
-                found.update(_remote(pattern, storage_options))
-            else:
-                found.update(os.path.abspath(m) for m in _local(pattern))
+    for pattern in _patterns(paths):
+        if _is_url(pattern):
+            found.update(_remote(pattern, storage_options))
+        else:
+            found.update(os.path.abspath(m) for m in _local(pattern))
     return sorted(found)
+
+
+def _patterns(paths: PathsLike) -> Iterator[str]:
+    for given in as_patterns(paths):
+        yield from _expanded(_without_file_scheme(given))
+
+
+def names_as_given(paths: PathsLike) -> dict[str, str]:
+    """Each local shard file :func:`resolve_paths` finds (absolute) -> its path as
+    ``paths`` spell it (relative when given relative, as tfd-utils' index keeps it)."""
+    return {
+        os.path.abspath(m): m
+        for pattern in _patterns(paths)
+        if not _is_url(pattern)
+        for m in _local(pattern)
+    }
 
 
 def _without_file_scheme(path: str) -> str:

@@ -188,9 +188,10 @@ def test_extract_saves_images_with_extension(ingested: Path, tmp_path: Path):
     out = tmp_path / "out"
     result = run("extract", "train", "rec_000000007", "-c", ingested, "-o", out)
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["rec_000000007_image_0.jpg"]
+    assert files == ["rec_000000007_caption_0.txt", "rec_000000007_image_0.jpg"]
     assert (out / files[0]).read_bytes().startswith(b"\xff\xd8\xff")
-    assert "caption[0] (text): sample 7" in result.output
+    assert f"caption[0] (text): sample 7 -> {out / files[0]}" in result.output
+    assert (out / files[0]).read_bytes() == b"sample 7"
     assert "label: [" in result.output
 
 

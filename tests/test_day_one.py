@@ -255,3 +255,83 @@ def test_a_catalog_that_is_a_directory_is_named_so(tmp_path: Path):
     (tmp_path / "adir.tfrecord").mkdir()
     result = run("datasets", "-c", tmp_path / "adir.tfrecord", ok=False)
     assert f"error: no catalog at {tmp_path / 'adir.tfrecord'}: it is a directory" in result.output
+
+
+# -- 8. the small things ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def wds(tmp_path: Path) -> Path:
+    make_sample(tmp_path / "wds", shards=2, records=20, format="tar")
+    cat = tmp_path / "c.sqlite"
+    run("ingest", tmp_path / "wds", "-d", "wds", "-c", cat, "-w", "1")
+    return cat
+
+
+def test_list_names_the_json_columns_of_a_json_member(wds: Path):
+    done = catalog_cli("list", "wds", "-c", wds)
+    row = next(line for line in done.stdout.splitlines() if line.startswith("│ json "))
+    assert "json_caption, json_score" in row or "json_score, json_caption" in row
+
+
+def test_extract_saves_cls_as_a_file_like_other_members(wds: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    result = run("extract", "wds", "rec_000000003", "-c", wds, "-o", out)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [
+        "rec_000000003_cls_0.txt",
+        "rec_000000003_jpg_0.jpg",
+        "rec_000000003_json_0.json",
+    ]
+    label = (out / files[0]).read_text()
+    assert f"cls[0] (text): {label} -> {out / files[0]}" in result.output
+
+
+def test_verify_and_sample_show_counts_rate_and_time(tmp_path: Path):
+    sample = catalog_cli("sample", tmp_path / "s", "--records", "3000", "--shards", "2")
+    assert sample.returncode == 0, sample.stderr
+    assert "3,000/3,000 records" in sample.stderr and "/s " in sample.stderr
+    cat = tmp_path / "c.sqlite"
+    assert catalog_cli("ingest", tmp_path / "s", "-d", "s", "-c", cat).returncode == 0
+    verify = catalog_cli("verify", "s", "-c", cat)
+    assert verify.returncode == 0, verify.stderr
+    line = next(x for x in verify.stderr.splitlines() if x.startswith("verify"))
+    assert "3,000/3,000 records" in line and "/s" in line and "0:00:" in line
+
+
+def test_ingest_json_summary(tmp_path: Path):
+    make_sample(tmp_path / "t", shards=2, records=10)
+    cat = tmp_path / "c.sqlite"
+    done = catalog_cli("ingest", tmp_path / "t", "-d", "t", "-c", cat, "--json")
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(done.stdout) == {
+        "dataset": "t",
+        "records": 10,
+        "shards": 2,
+        "indexed_now": 10,
+        "duplicates_dropped": 0,
+        "catalog": str(cat),
+    }
+
+
+def test_index_files_are_named_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import pickle
+
+    from shardcat import TFRecordRandomAccess
+
+    make_sample(tmp_path / "data", shards=2, records=10)
+    monkeypatch.chdir(tmp_path)
+    with TFRecordRandomAccess("data/*.tfrecord") as reader:
+        assert reader.index["rec_000000007"]["file"] == "data/train-00001-of-00002.tfrecord"
+        assert reader.tfrecord_files[0] == str(tmp_path / "data/train-00000-of-00002.tfrecord")
+        clone = pickle.loads(pickle.dumps(reader))
+        try:
+            assert clone.index["rec_000000001"]["file"] == "data/train-00000-of-00002.tfrecord"
+        finally:
+            clone.close()
+    with TFRecordRandomAccess(str(tmp_path / "data")) as reader:
+        assert reader.index["rec_000000001"]["file"] == str(
+            tmp_path / "data/train-00000-of-00002.tfrecord"
+        )

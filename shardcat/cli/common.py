@@ -317,12 +317,14 @@ def progress_bar(
     label: str,
     *,
     unit: str | None = None,
-    elapsed: bool = True,
+    count: str | None = None,
     transient: bool = False,
     disable: bool = False,
 ) -> Progress:
     """The commands' progress bar, on stderr: label, bar, done/total, then with
-    ``unit`` a running record count (``task.fields["records"]``) and the time taken.
+    ``unit`` a running record count (``task.fields["records"]``), and the time taken.
+    With ``count`` (``"records"``) done/total are those, with thousands
+    separators and their rate per second.
     It vanishes when the command fails or is interrupted, so what stays on the
     terminal (or in a log) is the one error line."""
     from rich.console import Console
@@ -330,9 +332,12 @@ def progress_bar(
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
+        Task,
         TextColumn,
         TimeElapsedColumn,
     )
+    from rich.text import Text
 
     class _Progress(Progress):
         def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -342,9 +347,18 @@ def progress_bar(
                 self.live.transient = True
                 self.live.stop()
 
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn()]
+    class _Counted(ProgressColumn):
+        """``1,234/5,678 records 2,345/s``."""
+
+        def render(self, task: Task) -> Text:
+            total = "?" if task.total is None else f"{int(task.total):,}"
+            speed = task.finished_speed or task.speed
+            rate = f" {speed:,.0f}/s" if speed else ""
+            return Text(f"{int(task.completed):,}/{total} {count}{rate}")
+
+    columns: list[ProgressColumn] = [TextColumn(f"[bold]{label}"), BarColumn()]
+    columns.append(MofNCompleteColumn() if count is None else _Counted())
     if unit is not None:
         columns.append(TextColumn(unit + " {task.fields[records]:,} records"))
-    if elapsed:
-        columns.append(TimeElapsedColumn())
+    columns.append(TimeElapsedColumn())
     return _Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)

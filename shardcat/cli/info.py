@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 
 import typer
 
@@ -114,8 +115,16 @@ def list_features(
 
     table = Table("feature", "type", "SQL column", title=cell(f"first record: {first}"))
     for name, kind in features.items():
-        table.add_row(cell(name), cell(kind), cell(name if name in columns else ""))
+        table.add_row(cell(name), cell(kind), cell(", ".join(_sql_columns(name, columns))))
     print_table(table)
+
+
+def _sql_columns(feature: str, columns: Collection[str]) -> list[str]:
+    """The SQL columns a feature fills: its own name, or for a JSON member the
+    ``<feature>_<key>`` columns of its scalars (``json_score``, ``json_caption``)."""
+    if feature in columns:
+        return [feature]
+    return [c for c in columns if c.startswith(feature + "_")]
 
 
 @handle_errors

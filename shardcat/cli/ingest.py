@@ -194,9 +194,17 @@ def sample(
         raise CatalogError("--shards must be at least 1 and --records not negative")
     if format not in SAMPLE_FORMATS:
         raise CatalogError(f"--format must be one of {', '.join(SAMPLE_FORMATS)}, not {format!r}")
-    for path in make_sample(
-        directory, shards=shards, records=records, image_bytes=image_bytes, format=format
-    ):
+    with progress_bar("sample", count="records") as bar:
+        task = bar.add_task("sample", total=records)
+        paths = make_sample(
+            directory,
+            shards=shards,
+            records=records,
+            image_bytes=image_bytes,
+            format=format,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    for path in paths:
         typer.echo(path)
 
 

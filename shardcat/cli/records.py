@@ -78,13 +78,15 @@ def extract(
     ] = Path("."),
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Save a record's bytes features as files (images get their extension); print the rest.
+    """Save a record's bytes values as files (images get their extension); print the rest.
 
     Files are named <key>_<feature>_<i>.<ext>, with characters other than
     letters, digits, '-', '_' and '.' in the key and feature replaced by '_'
-    (a name can never point outside --output-dir). Text printed has control
-    characters shown as escapes.
+    (a name can never point outside --output-dir). Short text values (a tar
+    sample's cls, a caption) are printed too, with control characters shown
+    as escapes.
     """
+    from shardcat.facade.records import SHOWN_TEXT
     from shardcat.facade.records import extract as extract_record
 
     with (
@@ -94,10 +96,11 @@ def extract(
         items = extract_record(reader, key, output_dir)
     for item in items:
         shown = printable(item.feature)
-        if item.index is None:
+        if item.path is None:
             typer.echo(f"{shown}: {printable(str(item.value))}")
-        elif item.path is None:
-            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)}")
+        elif item.path.suffix == ".txt" and len(item.value) <= SHOWN_TEXT:
+            where = printable(str(item.path))
+            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)} -> {where}")
         else:
             size = len(item.value)
             typer.echo(f"{shown}[{item.index}]: {size:,} bytes -> {printable(str(item.path))}")

@@ -24,7 +24,7 @@ def verify(
 
     with (
         open_to_read(catalog, readonly) as cat,
-        progress_bar("verify", elapsed=False, disable=json) as bar,
+        progress_bar("verify", count="records", disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)
         result = tasks.verify(

@@ -26,7 +26,7 @@ from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
-from shardcat.paths import PathsLike, resolve_paths
+from shardcat.paths import PathsLike, names_as_given, resolve_paths
 from shardcat.readers.formats import get_format
 from shardcat.readers.reader import Reader
 
@@ -94,6 +94,7 @@ class _PathReader(Reader):
             catalog.close()
             raise
         self.files = files
+        self.names_as_given = names_as_given(paths)
         if dropped:
             warnings.warn(
                 f"{dropped} duplicate record{'s' if dropped > 1 else ''} in dataset "
