@@ -5,6 +5,7 @@ formats named per file, bad catalog paths refused, and the small things."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -304,7 +305,6 @@ def test_ingest_json_summary(tmp_path: Path):
     cat = tmp_path / "c.sqlite"
     done = catalog_cli("ingest", tmp_path / "t", "-d", "t", "-c", cat, "--json")
     assert done.returncode == 0, done.stderr
-    import json
 
     assert json.loads(done.stdout) == {
         "dataset": "t",
@@ -335,3 +335,66 @@ def test_index_files_are_named_as_given(tmp_path: Path, monkeypatch: pytest.Monk
         assert reader.index["rec_000000001"]["file"] == str(
             tmp_path / "data/train-00000-of-00002.tfrecord"
         )
+
+
+# -- 6. mixed and wrong inputs ---------------------------------------------------------------
+
+
+def _mixed(tmp_path: Path) -> Path:
+    """legacy/: two tar archives and two TFRecord files."""
+    legacy = tmp_path / "legacy"
+    make_sample(legacy, shards=2, records=10, format="tar")
+    for path in make_sample(tmp_path / "tf", shards=2, records=10):
+        os.rename(path, legacy / ("z" + os.path.basename(path)))
+    return legacy
+
+
+def test_files_of_another_format_are_named_for_what_they_are(tmp_path: Path):
+    legacy = _mixed(tmp_path)
+    cat = tmp_path / "c.sqlite"
+    result = run("ingest", f"{legacy}/*", "-d", "mixed", "-c", cat, "-w", "1", ok=False)
+    for name in ("ztrain-00000-of-00002.tfrecord", "ztrain-00001-of-00002.tfrecord"):
+        assert (
+            f"failed: {legacy / name} is a TFRecord file, not a tar file; ingest it into a "
+            "dataset of its own" in result.output
+        )
+    assert "error: 2 shard(s) failed; the other shards are in the catalog" in result.output
+
+
+def test_a_failed_first_open_leaves_no_catalog_beside_the_shards(tmp_path: Path):
+    from shardcat import IngestError, TFRecordRandomAccess
+
+    shards = make_sample(tmp_path / "wds", shards=1, records=5, format="tar")
+    with pytest.raises(IngestError, match="is a tar file, not a TFRecord file"):
+        TFRecordRandomAccess(shards[0])
+    assert sorted(os.listdir(tmp_path / "wds")) == ["train-00000-of-00001.tar"]
+
+
+def test_a_failed_first_ingest_leaves_no_empty_dataset_or_catalog(tmp_path: Path):
+    shard = Path(make_sample(tmp_path / "t", shards=1, records=50)[0])
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated
+    cat = tmp_path / "c.sqlite"
+    result = run("ingest", shard, "-d", "t", "-c", cat, ok=False)
+    assert result.exit_code == 1 and "error: " in result.output
+    assert sorted(os.listdir(tmp_path)) == ["t"]  # no catalog, no -wal/-shm
+    good = make_sample(tmp_path / "g", shards=1, records=5)
+    run("ingest", good[0], "-d", "g", "-c", cat)
+    run("ingest", shard, "-d", "t", "-c", cat, ok=False)
+    datasets = json.loads(run("datasets", "-c", cat, "--json").stdout)
+    assert [d["name"] for d in datasets] == ["g"]  # no empty dataset t
+
+
+def test_a_reader_process_leaves_no_wal_or_shm(tmp_path: Path):
+    make_sample(tmp_path / "t", shards=2, records=10)
+    code = (
+        "import sys\nfrom shardcat import TFRecordRandomAccess\n"
+        "with TFRecordRandomAccess(sys.argv[1]) as r:\n"
+        "    assert r['rec_000000003'] is not None\n"
+    )
+    for _ in range(2):  # the first indexes, the second only reads
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "t")], check=True)
+        assert sorted(os.listdir(tmp_path / "t")) == [
+            "shardcat.sqlite",
+            "train-00000-of-00002.tfrecord",
+            "train-00001-of-00002.tfrecord",
+        ]

@@ -23,7 +23,7 @@ from typing import Any
 
 from shardcat.catalog.engine import locate
 from shardcat.errors import CatalogError, ShardcatWarning
-from shardcat.facade.catalog import Catalog
+from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
 from shardcat.paths import PathsLike, names_as_given, resolve_paths
@@ -69,7 +69,9 @@ class _PathReader(Reader):
         )
         if index_file is not None:  # a tfd-utils pickle: imported once into a catalog beside it
             index_file = catalog_for_legacy_index(index_file, paths, opts, readonly=readonly)
-        catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
+        where = locate(index_file, shard_dir)
+        new = not where.exists()
+        catalog = Catalog(where, readonly=readonly)
         dropped = 0
         try:
             if readonly:
@@ -92,6 +94,8 @@ class _PathReader(Reader):
             )
         except BaseException:
             catalog.close()
+            if new:  # a failed first open leaves no catalog beside the shards
+                discard_if_empty(where)
             raise
         self.files = files
         self.names_as_given = names_as_given(paths)

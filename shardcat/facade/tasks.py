@@ -27,7 +27,7 @@ from shardcat.catalog.engine import (
 from shardcat.catalog.versions import upgrade
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.facade.catalog import Catalog
+from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.legacy.report import MigrationReport
@@ -153,12 +153,18 @@ def ingest(
         if progress is not None:
             progress(outcome, total)
 
-    with (
-        open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
-        cat.ingest_with(paths, dataset, opts, progress=count) as reader,
-    ):
-        stats = reader.get_stats()
-        dropped = reader.indexed_duplicates
+    new = not postgres.is_server_url(catalog) and not Path(catalog).exists()
+    try:
+        with (
+            open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
+            cat.ingest_with(paths, dataset, opts, progress=count) as reader,
+        ):
+            stats = reader.get_stats()
+            dropped = reader.indexed_duplicates
+    except BaseException:
+        if new:  # a failed first ingest leaves no catalog behind
+            discard_if_empty(Path(catalog))
+        raise
     return IngestSummary(
         stats["dataset"], stats["total_records"], stats["total_files"], indexed, dropped
     )
