@@ -398,3 +398,37 @@ def test_a_reader_process_leaves_no_wal_or_shm(tmp_path: Path):
             "train-00000-of-00002.tfrecord",
             "train-00001-of-00002.tfrecord",
         ]
+
+
+# -- 5. commands on shard files ----------------------------------------------------------------
+
+
+def test_list_get_extract_stats_on_shard_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from shardcat import TFRecordRandomAccess
+
+    make_sample(tmp_path / "tfr", shards=2, records=10)
+    monkeypatch.chdir(tmp_path)  # no ./shardcat.sqlite here
+    listed = run("list", "tfr/train-00000-of-00002.tfrecord")
+    assert "first record: rec_000000000" in listed.output
+    assert f"catalog: {tmp_path / 'tfr' / 'shardcat.sqlite'}" in listed.output
+    got = run("get", "tfr/*.tfrecord", "rec_000000007", "caption")
+    assert got.stdout == "sample 7"
+    stats = json.loads(run("stats", "tfr/*.tfrecord", "--json").stdout)
+    assert stats["total_records"] == 10 and stats["total_files"] == 2
+    run("extract", "tfr", "rec_000000003", "-o", "out")
+    assert (tmp_path / "out" / "rec_000000003_image_0.jpg").is_file()
+    assert not (tmp_path / "shardcat.sqlite").exists()
+    # the catalog the Python readers of these shards use: no re-indexing there
+    with TFRecordRandomAccess("tfr/*.tfrecord") as reader:
+        assert reader.catalog.path == tmp_path / "tfr" / "shardcat.sqlite"
+        assert reader.get_feature("rec_000000007", "caption") == b"sample 7"
+
+
+def test_a_name_that_is_neither_dataset_nor_file_keeps_its_error(tmp_path: Path):
+    cat = tmp_path / "c.sqlite"
+    make_sample(tmp_path / "t", shards=1, records=3)
+    run("ingest", tmp_path / "t", "-d", "t", "-c", cat)
+    result = run("list", "nope", "-c", cat, ok=False)
+    assert f"error: no dataset 'nope' in {cat} (it has: t)" in result.output
+    result = run("list", tmp_path / "t", "-c", cat, ok=False)  # --catalog: datasets only
+    assert f"error: no dataset '{tmp_path / 't'}' in {cat}" in result.output

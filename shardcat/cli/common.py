@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the library is imported when a command runs, not for --help
     from rich.text import Text
 
     from shardcat.facade.catalog import Catalog
+    from shardcat.readers.reader import Reader
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -306,6 +307,44 @@ def print_table(table: Any) -> None:
 
     width = None if sys.stdout.isatty() else _UNLIMITED_WIDTH
     Console(width=width).print(table)
+
+
+@contextlib.contextmanager
+def open_dataset(
+    option: str | Path | None, dataset: str, readonly: bool
+) -> Iterator[tuple[Catalog, Reader]]:
+    """The catalog (as :func:`open_to_read`) and the reader of ``dataset`` for the
+    commands that read one (list, get, extract, stats). Without --catalog, a
+    ``dataset`` that is no dataset of the catalog but names shard files (a path or
+    glob, as ``tfd list FILE`` takes) reads those files: indexed, only when new or
+    changed, into the catalog the readers opened on them use (beside the shards).
+    """
+    from shardcat.facade.dropin import index_shards
+
+    failure: ShardcatError | None = None
+    try:
+        cat: Catalog | None = open_to_read(option, readonly)
+    except ShardcatError as exc:
+        if option is not None:
+            raise
+        cat, failure = None, exc
+    if cat is not None and (option is not None or cat.has_dataset(dataset)):
+        with cat, cat.dataset(dataset) as reader:
+            yield cat, reader
+        return
+    with contextlib.ExitStack() as stack:
+        if cat is not None:
+            stack.enter_context(cat)
+        shards = index_shards(dataset)
+        if shards is None:  # no such files either: the catalog's own error
+            if cat is not None:
+                cat.dataset(dataset)  # raises: no dataset ... (it has: ...)
+            raise failure or ShardcatError(f"no dataset {dataset!r}")
+    shard_cat, reader = shards
+    _now.catalog = str(shard_cat.path)
+    _now.note = f"catalog: {shard_cat.path} (the one readers of these shards use)"
+    with shard_cat, reader:
+        yield shard_cat, reader
 
 
 def print_json(value: Any) -> None:

@@ -13,11 +13,12 @@ from shardcat.cli.common import (
     cell,
     handle_errors,
     open_catalog,
+    open_dataset,
     open_to_read,
     print_json,
     print_table,
 )
-from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
+from shardcat.cli.options import CatalogOpt, DatasetOrShardsArg, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
 
@@ -59,16 +60,13 @@ def datasets(
 
 @handle_errors
 def stats(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     catalog: CatalogOpt = None,
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
     """Record counts per shard of one dataset."""
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (cat, reader):
         result = reader.get_stats()
         origin = cat.snapshot_info()
     if origin is not None:
@@ -82,7 +80,8 @@ def stats(
         "shard",
         "records",
         title=cell(
-            f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards"
+            f"{reader.dataset}: {result['total_records']:,} records in "
+            f"{result['total_files']} shards"
         ),
     )
     for name, n in result["records_per_file"].items():
@@ -92,24 +91,21 @@ def stats(
 
 @handle_errors
 def list_features(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     catalog: CatalogOpt = None,
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
     """Features and types of the first record, and the dataset's SQL columns."""
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (cat, reader):
         features = reader.describe()
         first = reader.key_at(0) if len(reader) else None
-        columns = cat.info(dataset).fields
+        columns = cat.info(reader.dataset).fields
     if json:
         print_json({"first_key": first, "features": features, "sql_fields": columns})
         return
     if first is None:
-        typer.echo(f"dataset {dataset} has no records")
+        typer.echo(f"dataset {reader.dataset} has no records")
         return
     from rich.table import Table
 

@@ -16,6 +16,7 @@ from shardcat.errors import CatalogError
 __all__ = [
     "CatalogOpt",
     "DatasetArg",
+    "DatasetOrShardsArg",
     "JsonOpt",
     "KeyArg",
     "OnDuplicateOpt",
@@ -40,6 +41,16 @@ CatalogOpt = Annotated[
     ),
 ]
 DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
+# list, get, extract, stats: a dataset, or shard files read directly (as `tfd list FILE`)
+DatasetOrShardsArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="DATASET",
+        help="Dataset name (see `catalog datasets`); without --catalog also shard files "
+        "(a path or glob), indexed into the catalog the readers of those files use "
+        "(shardcat.sqlite beside them).",
+    ),
+]
 KeyArg = Annotated[str, typer.Argument(help="The record's key.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 # How the commands that only read open the catalog (never creating, upgrading or

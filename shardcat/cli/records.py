@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import handle_errors, open_to_read, printable
-from shardcat.cli.options import CatalogOpt, DatasetArg, KeyArg, ReadModeOpt
+from shardcat.cli.common import handle_errors, open_dataset, printable
+from shardcat.cli.options import CatalogOpt, DatasetOrShardsArg, KeyArg, ReadModeOpt
 from shardcat.errors import CatalogError, NoSuchFeatureError
 
 __all__ = ["extract", "get", "register"]
@@ -22,7 +22,7 @@ def _show(data: bytes) -> str:
 
 @handle_errors
 def get(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     feature: Annotated[str, typer.Argument(help="The feature to print or write.")],
     catalog: CatalogOpt = None,
@@ -38,10 +38,7 @@ def get(
     """
     from shardcat.facade.records import feature_value, file_extension
 
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         try:
             value = feature_value(reader, key, feature, index)
         except NoSuchFeatureError as exc:
@@ -70,7 +67,7 @@ def get(
 
 @handle_errors
 def extract(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     catalog: CatalogOpt = None,
     output_dir: Annotated[
@@ -89,10 +86,7 @@ def extract(
     from shardcat.facade.records import SHOWN_TEXT
     from shardcat.facade.records import extract as extract_record
 
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         items = extract_record(reader, key, output_dir)
     for item in items:
         shown = printable(item.feature)
