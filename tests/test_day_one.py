@@ -355,8 +355,8 @@ def test_files_of_another_format_are_named_for_what_they_are(tmp_path: Path):
     result = run("ingest", f"{legacy}/*", "-d", "mixed", "-c", cat, "-w", "1", ok=False)
     for name in ("ztrain-00000-of-00002.tfrecord", "ztrain-00001-of-00002.tfrecord"):
         assert (
-            f"failed: {legacy / name} is a TFRecord file, not a tar file; ingest it into a "
-            "dataset of its own" in result.output
+            f"failed: {legacy / name} is a TFRecord file, not a tar file (a dataset holds "
+            "files of one format)" in result.output
         )
     assert "error: 2 shard(s) failed; the other shards are in the catalog" in result.output
 

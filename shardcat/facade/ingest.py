@@ -208,7 +208,7 @@ def index_claimed(
     except BaseException as exc:
         other = other_format(path, fmt) if isinstance(exc, CorruptRecordError) else None
         if other is not None:  # a dataset holds one format: say what this file is
-            exc = CorruptRecordError(f"{other}; ingest it into a dataset of its own")
+            exc = CorruptRecordError(f"{other} (a dataset holds files of one format)")
         return _failed(engine, job, shard_id, stored, owner, exc, path)
 
 
