@@ -432,3 +432,13 @@ def test_a_name_that_is_neither_dataset_nor_file_keeps_its_error(tmp_path: Path)
     assert f"error: no dataset 'nope' in {cat} (it has: t)" in result.output
     result = run("list", tmp_path / "t", "-c", cat, ok=False)  # --catalog: datasets only
     assert f"error: no dataset '{tmp_path / 't'}' in {cat}" in result.output
+
+
+def test_the_cli_copies_of_library_defaults_agree():
+    """What the help shows without importing the library is the library's value."""
+    from shardcat.cli import ingest, migrate
+    from shardcat.legacy.verify import DEFAULT_SAMPLE
+    from shardcat.sample import SAMPLE_FORMATS
+
+    assert migrate.DEFAULT_SAMPLE == DEFAULT_SAMPLE
+    assert ", ".join(SAMPLE_FORMATS) == ingest._SAMPLE_FORMATS
