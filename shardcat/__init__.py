@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from shardcat.errors import (
@@ -87,8 +88,10 @@ def __getattr__(name: str) -> Any:
         globals()[name] = _version()
         return globals()[name]
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module is None:  # a subpackage used as an attribute (shardcat.catalog.engine)
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

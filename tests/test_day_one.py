@@ -442,3 +442,16 @@ def test_the_cli_copies_of_library_defaults_agree():
 
     assert migrate.DEFAULT_SAMPLE == DEFAULT_SAMPLE
     assert ", ".join(SAMPLE_FORMATS) == ingest._SAMPLE_FORMATS
+
+
+def test_lazy_packages_still_reach_their_modules_as_attributes():
+    code = (
+        "import shardcat\n"
+        "print(shardcat.catalog.engine.DEFAULT_NAME, shardcat.Catalog.__name__,"
+        " 'TensorDB' in dir(shardcat))\n"
+        "try:\n    shardcat.nope\nexcept AttributeError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert (
+        done.stdout == "shardcat.sqlite Catalog True\nmodule 'shardcat' has no attribute 'nope'\n"
+    )
