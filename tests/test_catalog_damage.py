@@ -11,11 +11,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from damage import flip_keeping_mtime
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, ShardcatError, TFRecordWriter, make_example
 from shardcat.cli import app
-from tests.damage import flip_keeping_mtime
 
 runner = CliRunner()
 N = 300

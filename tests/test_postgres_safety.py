@@ -9,22 +9,17 @@ import time
 from pathlib import Path
 
 import pytest
+from test_query import _REFUSED
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
 from shardcat.cli import app
 from shardcat.testing.postgres import find_binaries, postgres_server, restart
-from tests.test_query import _REFUSED
+from shardcat.testing.required import missing, need
 
-try:
-    import psycopg
-except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
-    psycopg = None
-
-if psycopg is None or find_binaries() is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server is missing")
-    pytest.skip("psycopg or the PostgreSQL server binaries are missing", allow_module_level=True)
+psycopg = need("psycopg", why="shardcat[postgres]")
+if find_binaries() is None:
+    missing("the PostgreSQL server binaries (initdb, postgres)")
 
 runner = CliRunner()
 N = 40

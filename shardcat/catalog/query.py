@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog import schema
+from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -28,13 +29,8 @@ __all__ = [
 ]
 
 
-# Seconds a query may run unless the caller says otherwise (None: no limit).
-DEFAULT_QUERY_TIMEOUT = 60.0
 # SQLite's limit on the length of a string or blob (sqlite3.SQLITE_LIMIT_LENGTH)
 _LENGTH = 0
-# Bytes a query's result may hold in this process unless the caller says otherwise
-# (the rows collected; a streamed result: any one value).
-DEFAULT_QUERY_MEMORY = 256 * 2**20
 # The progress handler (time limit, Ctrl-C) runs every this many VM instructions:
 # well under a millisecond apart, and too rare to cost anything measurable.
 _PROGRESS_STEPS = 10_000

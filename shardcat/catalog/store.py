@@ -34,8 +34,10 @@ from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
     catalog_location,
+    close_wal,
     connect_readonly,
     damage_error,
+    fork_generation,
     make_engine,
     make_readonly_engine,
     open_error,
@@ -147,6 +149,7 @@ class Store:
         self.immutable = immutable
         self.closed = False
         self._reads = ThreadConnections(self._open_reads)
+        self._born = fork_generation()  # a forked child's copy never closes the WAL
         self._engine: Engine | None = None
         # an immutable catalog's file, checked to be the one opened
         self._watch = FileWatch(self._file(), str(self.path)) if immutable else None
@@ -599,6 +602,8 @@ class Store:
             self._watch.close()
         if self._engine is not None:
             self._engine.dispose()
+        if not (self.readonly or self.server) and self._born == fork_generation():
+            close_wal(self._file())  # the -wal and -shm files go with the last connection
         self.closed = True
 
     def __enter__(self: S) -> S:

@@ -9,11 +9,9 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Column, Table
 
-from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
-from shardcat.cli.common import cell, handle_errors, open_to_read
+from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
+from shardcat.cli.common import cell, handle_errors, open_to_read, print_table
 from shardcat.cli.options import CatalogOpt, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
@@ -87,10 +85,12 @@ def query(
                 (_print_json if json else _print_csv)(columns, rows)
             return
         result = cat.query(sql, param or [], **limits)
+    from rich.table import Column, Table
+
     table = Table(*(Column(cell(name)) for name in result.columns))
     for row in result:
         table.add_row(*(cell(v) for v in row))
-    Console().print(table)
+    print_table(table)
     typer.echo(f"{len(result)} row(s)", err=True)
 
 
