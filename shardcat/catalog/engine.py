@@ -301,6 +301,16 @@ def damage_error(where: str, exc: BaseException, *, server: bool = False) -> Cat
     return CatalogError(message)
 
 
+def quick_check(conn: Any) -> list[str]:
+    """What SQLite's ``quick_check`` finds damaged in ``conn``'s database (up to 20
+    lines; empty: nothing)."""
+    try:
+        lines = [str(r[0]) for r in conn.execute("PRAGMA quick_check(20)")]
+    except sqlite3.DatabaseError as exc:  # too damaged to check
+        lines = [str(exc)]
+    return [] if lines == ["ok"] else lines
+
+
 def open_error(path: Path, exc: BaseException) -> CatalogError:
     """The error for a catalog SQLite cannot open or read (``exc``: a sqlite3 error,
     or SQLAlchemy's wrapper of one), naming the file."""

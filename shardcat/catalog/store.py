@@ -41,6 +41,7 @@ from shardcat.catalog.engine import (
     make_engine,
     make_readonly_engine,
     open_error,
+    quick_check,
     reads_catalog,
     unsaved_wal,
 )
@@ -462,10 +463,8 @@ class Store:
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
         memory: int | None = DEFAULT_QUERY_MEMORY,
     ) -> contextlib.AbstractContextManager[Rows]:
-        """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`): yields
-        the column names and the rows, fetched as they are iterated (within the
-        block). ``attach`` maps schema names to other SQLite files, attached
-        read-only; no value may be longer than ``memory`` bytes."""
+        """One read-only SQL statement (see :mod:`shardcat.catalog.query`): yields the
+        column names and the rows, fetched as they are iterated within the block."""
         check_limits(timeout, memory)
         if not self.server:
             conn = self.reader_connection()
@@ -477,15 +476,8 @@ class Store:
         return postgres.streamed(self.location, sql, params, timeout, memory)
 
     def damage(self) -> list[str]:
-        """What SQLite's ``quick_check`` finds damaged in the catalog file (up to 20
-        lines; empty: nothing; always empty on a server)."""
-        if self.server:
-            return []
-        try:
-            lines = [str(r[0]) for r in self._latest().execute("PRAGMA quick_check(20)")]
-        except sqlite3.DatabaseError as exc:  # too damaged to check
-            lines = [str(exc)]
-        return [] if lines == ["ok"] else lines
+        """What SQLite's ``quick_check`` finds damaged in the catalog file (none on a server)."""
+        return [] if self.server else quick_check(self._latest())
 
     @reads_catalog
     def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
