@@ -9,10 +9,11 @@ and never uses nor closes its parent's. A thread that has ended leaves its
 connection behind until the next thread opens one (it is closed then) or the
 store closes.
 
-Measured on the single read by key (one thread, page cache warm; a TFRecord
-``get_record`` is 10-20 µs on the shared test machine): finding this thread's
-connection is one dict lookup by thread id, about 0.04 µs; the reader's lock
-around each call (:func:`~shardcat.readers.view.one_call`) about 0.25 µs.
+Measured on the single read by key (one thread, page cache warm, a TFRecord
+``get_record`` of about 6 µs on the shared 2-core test machine): finding this
+thread's connection is one dict lookup by thread id, about 0.04 µs; the
+reader's lock around each call (:func:`~shardcat.readers.view.one_call`) about
+0.3 µs (4 threads sharing one reader: about 1.3x the records/s of one thread).
 A lock alone (one connection for every thread) could not cover the store's
 other users: any caller of :meth:`Store.reader_connection` runs several
 statements on it, and a query installs an authorizer on it.

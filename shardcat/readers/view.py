@@ -87,11 +87,14 @@ class _Shard:
     identity: Identity
 
 
-def one_call(method: F) -> F:
-    """Run a public call of a reader alone: threads sharing the reader take turns
-    (its shard list, sources and the snapshot a call reads are the call's until it
-    ends), and a database failure reading the catalog comes out as a
-    :class:`CatalogError` naming it (see :func:`~shardcat.catalog.engine.damage_error`)."""
+def _alone(method: F, *, again: bool) -> F:
+    """``method`` as one public call of a reader: threads sharing the reader take
+    turns (its shard list, sources and the snapshot a call reads are the call's
+    until it ends), and a database failure reading the catalog comes out as a
+    :class:`CatalogError` naming it (see :func:`~shardcat.catalog.engine.damage_error`).
+    ``again``: repeated once when a shard file turned out stale and the catalog has
+    meanwhile committed a newer version of the dataset (the call read a snapshot from
+    just before a re-index). One wrapper, one frame: it runs on every single read."""
 
     @functools.wraps(method)
     def wrapper(self: DatasetView, *args: Any, **kwargs: Any) -> Any:
@@ -99,7 +102,12 @@ def one_call(method: F) -> F:
             self._new_lock()  # a forked child never waits on a parent thread's lock
         with self._lock:
             try:
-                return method(self, *args, **kwargs)
+                try:
+                    return method(self, *args, **kwargs)
+                except StaleShardError:
+                    if not (again and self._moved_on()):
+                        raise
+                    return method(self, *args, **kwargs)
             except ShardcatError:
                 raise
             except Exception as exc:
@@ -110,20 +118,14 @@ def one_call(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def one_call(method: F) -> F:
+    """A public call of a reader, alone (see :func:`_alone`)."""
+    return _alone(method, again=False)
+
+
 def follows_reindex(method: F) -> F:
-    """:func:`one_call`, repeated once when a shard file turned out stale and the
-    catalog has meanwhile committed a newer version of the dataset (the call read a
-    snapshot from just before a re-index)."""
-
-    def again(self: DatasetView, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except StaleShardError:
-            if not self._moved_on():
-                raise
-            return method(self, *args, **kwargs)
-
-    return one_call(functools.wraps(method)(again))  # type: ignore[return-value]
+    """:func:`one_call`, repeated once after a re-index (see :func:`_alone`)."""
+    return _alone(method, again=True)
 
 
 class DatasetView:
