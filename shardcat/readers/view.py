@@ -59,6 +59,8 @@ class CatalogLike(Protocol):
 
     def damaged(self, exc: BaseException) -> CatalogError: ...
 
+    def damage(self) -> list[str]: ...
+
     def dataset_row(self, name: str) -> Any: ...
 
     def query(self, sql: str, params: Any = None) -> Any: ...
@@ -111,11 +113,18 @@ def _alone(method: F, *, again: bool) -> F:
             except ShardcatError:
                 raise
             except Exception as exc:
-                if not _engine.database_failure(exc):
+                if not (_engine.database_failure(exc) or _damaged_rows(self, exc)):
                     raise
                 raise self.catalog.damaged(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _damaged_rows(view: DatasetView, exc: Exception) -> bool:
+    """Whether a type error came from rows of a damaged catalog (a location holding
+    bytes where a number belongs): SQLite's quick_check says so. Only on that error
+    path, never on a read that succeeds."""
+    return isinstance(exc, (TypeError, OverflowError)) and bool(view.catalog.damage())
 
 
 def one_call(method: F) -> F:
