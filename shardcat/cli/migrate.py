@@ -176,7 +176,7 @@ def migrate(
         else:
             typer.echo(
                 f"{converted.path}: tensorblob {converted.kind} of {converted.rows:,} rows "
-                "converted in place"
+                "converted in place (the tensorblob package can no longer open it)"
             )
     if outcome.report is None:
         return

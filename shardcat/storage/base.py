@@ -16,17 +16,17 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from shardcat.errors import StorageTypeError, StorageValueError
+from shardcat.errors import ShardcatWarning, StorageTypeError, StorageValueError
 from shardcat.storage.column import (
     BlockColumn,
     default_max_cached_blocks,
     parse_dtype,
     parse_shape,
 )
-from shardcat.storage.convert import import_tensorblob
+from shardcat.storage.convert import import_tensorblob, read_tensorblob
 from shardcat.storage.meta import KINDS, META_FILE, FieldSpec, Layout, Metadata, probe
 
-__all__ = ["Chunk", "Storage", "check_mode"]
+__all__ = ["Chunk", "Storage", "check_field", "check_mode"]
 
 S = TypeVar("S", bound="Storage")
 # One piece of rows to write: first position, {field: rows}, optional keys.
@@ -114,8 +114,7 @@ class Storage:
             if meta is None:  # a creation or conversion that was killed before it committed
                 state = probe(path, ignore_metadata=True)
         if state == "tensorblob":
-            import_tensorblob(path, cls.kind, _check_field)
-            meta = Metadata(path, writable=writable)
+            meta = cls._tensorblob(path, mode)
         if meta is None:
             if state == "foreign" and "w" in mode:
                 raise FileExistsError(
@@ -136,6 +135,33 @@ class Storage:
             meta.close()
             raise
         return storage
+
+    @classmethod
+    def _tensorblob(cls, path: Path, mode: str) -> Metadata:
+        """The metadata of a directory written by the tensorblob package: read where it
+        is for mode ``r`` (kept in memory; nothing on disk changes), else converted in
+        place (:func:`~shardcat.storage.convert.import_tensorblob`), with a warning
+        saying so: the tensorblob package can no longer open it afterwards."""
+        if mode == "r":
+            return Metadata.in_memory(path, read_tensorblob(path, cls.kind, check_field).fill)
+        warnings.warn(
+            f"converting the tensorblob {KINDS[cls.kind]} at {str(path)!r} to shardcat "
+            f"storage in place (mode {mode!r} writes): its .conf/.stat JSON files are "
+            f"replaced by {META_FILE}, so the tensorblob package can no longer open it; "
+            "open it with mode 'r' to read it without converting",
+            ShardcatWarning,
+            stacklevel=4,
+        )
+        import_tensorblob(path, cls.kind, check_field)
+        return Metadata(path, writable=True)
+
+    @classmethod
+    def _convert(cls, directory: Path) -> int:
+        """Convert the tensorblob directory ``directory`` in place, without a warning
+        (``catalog migrate``, which says so itself); returns its row count."""
+        import_tensorblob(directory, cls.kind, check_field)
+        with cls._open(directory, "r", None, cls._no_layout) as storage:
+            return len(storage)
 
     @classmethod
     def _unlink(cls, filename: str | os.PathLike[str]) -> bool:
@@ -539,7 +565,7 @@ class Storage:
         self._commit(work)
 
 
-def _check_field(spec: FieldSpec) -> FieldSpec:
+def check_field(spec: FieldSpec) -> FieldSpec:
     """A field read from tensorblob's JSON, with its dtype and shape checked and normalized."""
     return dataclasses.replace(spec, dtype=parse_dtype(spec.dtype), shape=parse_shape(spec.shape))
 

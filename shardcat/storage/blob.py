@@ -34,8 +34,10 @@ class TensorBlob(Storage):
     commit, and a killed writer leaves exactly the rows of its last commit
     (overwritten rows too: they are written to copies of their blocks). One
     writer at a time: a second open for writing raises ``StorageBusyError`` (a ``BlockingIOError``).
-    A directory written by the tensorblob package (``.conf``/``.stat``) is
-    converted in place on first open; its block files are kept as they are.
+    A directory written by the tensorblob package (``.conf``/``.stat``) is read
+    where it is by mode ``r`` (nothing in it changes), and converted in place by
+    a write mode, with a warning (its block files are kept as they are; the
+    tensorblob package can no longer open it).
     """
 
     kind = "blob"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 
 from shardcat.catalog.bulk import value_groups
 from shardcat.catalog.query import QueryResult, run_readonly
-from shardcat.errors import DuplicateKeyError, KeyNotFoundError, StorageValueError
+from shardcat.errors import CatalogError, DuplicateKeyError, KeyNotFoundError, StorageValueError
 from shardcat.storage.base import Chunk, Storage
 from shardcat.storage.column import parse_dtype, parse_shape
 from shardcat.storage.meta import (
@@ -29,6 +30,7 @@ from shardcat.storage.meta import (
 
 __all__ = ["TensorColumn", "TensorDB"]
 
+_NO_COLUMN = re.compile(r"no such column: (\S+)")
 _RESERVED = {"position", "key", "rowid", "oid", "_rowid_"}
 BULK_ROWS = 100_000  # appends this large rebuild the SQL indexes instead of updating them
 _SQL_OPTIONS = {"filter", "index"}
@@ -342,9 +344,7 @@ class TensorDB(Storage):
         # no ORDER BY: SQLite would rather scan the table in position order than
         # use an index on the condition and sort; sorting here is linear when the
         # rows come out in order anyway
-        result = run_readonly(
-            self._meta.readonly_conn, f"SELECT position FROM rows WHERE ({condition})", params
-        )
+        result = self._run(f"SELECT position FROM rows WHERE ({condition})", params)
         positions = [row[0] for row in result]
         positions.sort()
         return positions
@@ -354,7 +354,28 @@ class TensorDB(Storage):
     ) -> QueryResult:
         """Run one read-only SELECT over this database's ``rows`` table (flushing first)."""
         self._sync()
-        return run_readonly(self._meta.readonly_conn, sql, params)
+        return self._run(sql, params)
+
+    def _run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None) -> QueryResult:
+        """:func:`run_readonly` on the ``rows`` table; a field that is not in SQL says so."""
+        try:
+            return run_readonly(self._meta.readonly_conn, sql, params)
+        except CatalogError as exc:
+            found = _NO_COLUMN.search(str(exc))
+            name = None if found is None else found.group(1).rpartition(".")[2].strip('"`[]')
+            if name not in self._columns or name in self.filterable:
+                raise
+            origin = (
+                " (a database written by the tensorblob package has none)"
+                if self._meta.imported_from == "tensorblob"
+                else ""
+            )
+            raise CatalogError(
+                f"field {name!r} is not in SQL: only fields declared filterable when the "
+                "database was created are, with (dtype, shape, {'filter': True}) or "
+                f"{{'index': True}} in its schema{origin}; to filter on it, copy the rows "
+                "into a new TensorDB whose schema declares it: new.extend(db, maintain_order=True)"
+            ) from None
 
     def _sync(self) -> None:
         """Before SQL reads: commit this object's unflushed writes, so the SQL rows show them."""
