@@ -7,11 +7,13 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.schema import is_dataset_name
+from shardcat.errors import ShardIOError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -25,6 +27,7 @@ __all__ = [
     "as_patterns",
     "brace_expand",
     "default_dataset_name",
+    "require_regular",
     "resolve_paths",
 ]
 
@@ -83,13 +86,35 @@ def _remote(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
     return found
 
 
+_SPECIAL = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISDIR, "directory"),
+)
+
+
+def require_regular(path: str, st: os.stat_result) -> None:
+    """Refuse a shard ``path`` (its ``stat`` is ``st``, links followed) that is not a
+    regular file: a FIFO, socket or device is never opened (opening a FIFO to read
+    blocks until a writer comes). Raises :class:`~shardcat.errors.ShardIOError`."""
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = next((name for test, name in _SPECIAL if test(st.st_mode)), "special file")
+    raise ShardIOError(
+        f"{path}: not a regular file (a {kind}): only regular files are shards", path
+    )
+
+
 def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Absolute, sorted, unique shard files for a path, a glob, a directory or a list of them.
 
     A directory or a glob stands for its files except catalogs (``*.sqlite*``),
     legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
-    and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
-    explicitly is taken as it is. URLs (``s3://bucket/train/*.tfrecord``,
+    and tfd-utils' ``.lock``/``.tmp`` files beside them, and anything but regular
+    files; a file named explicitly is taken as it is, but must be a regular file
+    (:func:`require_regular`). URLs (``s3://bucket/train/*.tfrecord``,
     ``https://host/shard-{000..099}.tar``) stay URLs: braces are expanded, globs
     listed through fsspec with ``storage_options``.
     """
@@ -106,6 +131,7 @@ def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = Non
                 if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
             ]
         elif os.path.exists(pattern):
+            require_regular(pattern, os.stat(pattern))
             matches = [pattern]
         else:
             matches = [
