@@ -1,7 +1,8 @@
 """The byte source interface (:class:`Source`) and reading bytes through it
-safely, for the format modules: ``pread`` that treats a short read as a
-truncated shard and refuses lengths no read can serve, stream reads that never
-allocate a length read off damaged data, and the lines of text index files.
+safely, for the format modules: ``pread`` of any length (looping over the
+system call), ``pread`` that treats a short read as a truncated shard and
+refuses lengths no read can serve, stream reads that never allocate a length
+read off damaged data, and the lines of text index files.
 
 :class:`Source` is declared here, at the bottom of the readers' imports, so
 that every source (the local file and the checked wrapper in
@@ -12,6 +13,7 @@ importing one another (the one place to import it from).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +24,7 @@ __all__ = [
     "READ_CHUNK",
     "Source",
     "index_lines",
+    "pread_all",
     "pread_checked",
     "pread_exact",
     "read_full",
@@ -64,6 +67,26 @@ class Source(ABC):
     def close(self) -> None:
         """Release what the source holds (default: nothing)."""
         return None
+
+
+def pread_all(fd: int, length: int, offset: int) -> bytes:
+    """``os.pread`` of ``length`` bytes at ``offset``, looping until it has them all
+    or the file ends: one ``pread`` may return fewer (Linux returns at most
+    2,147,479,552 bytes per call). A read that needs more than one call holds the
+    pieces and their join at once, so readers stream members that large instead
+    (:meth:`Format.read_chunks <shardcat.readers.formats.Format.read_chunks>`)."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    done = len(data)
+    while done < length:
+        more = os.pread(fd, length - done, offset + done)
+        if not more:
+            break
+        parts.append(more)
+        done += len(more)
+    return b"".join(parts)
 
 
 def pread_exact(source: Source, offset: int, length: int) -> bytes:
