@@ -232,32 +232,18 @@ class Reader(DatasetView):
 
     @follows_reindex
     def member_chunks(self, key: Any, feature_name: str) -> Iterator[bytes] | None:
-        """One member of a record made of parts (a tar sample keyed by name), in
-        pieces of at most 1 MiB read as they are consumed, checked as
-        :meth:`get_feature` checks it; None when the key or member is missing, or
-        records have no parts here. For members too large to hold in memory:
-        ``catalog get`` writes them so."""
-        if not self._parts or self._by_position:
-            return None
-        found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
+        """One member of a record made of parts (a tar sample keyed by name) in pieces
+        of at most 1 MiB, read as they are consumed and checked as by
+        :meth:`get_feature`; None when the key or member is missing or records have
+        no parts. For members too large to hold: ``catalog get`` writes them so."""
+        found = None
+        if self._parts and not self._by_position:
+            found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
         shard_id, offset, length, extents = found
         location = Location(offset, length, _extents(extents))
-        return self._chunks(shard_id, location)
-
-    def _chunks(self, shard_id: int, location: Location) -> Iterator[bytes]:
-        """:meth:`_read` in pieces (:meth:`Format.read_chunks`), its errors the same."""
-        source = self._source(shard_id)
-        try:
-            yield from self._fmt.read_chunks(source, location, self.verify_crc)
-        except OSError as exc:
-            if isinstance(exc, ShardcatError):
-                raise
-            path = self._shards[shard_id].path
-            raise ShardIOError(
-                f"{path}: cannot read at byte {location.offset}: {exc}", path
-            ) from None
+        return self._fmt.read_chunks(self._source(shard_id), location, self.verify_crc)
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
