@@ -9,13 +9,15 @@ that module) and the SQL fields members give.
   ``MAX_TEXT_FIELD`` (256) bytes of UTF-8; the value is the text stripped of
   surrounding whitespace. For ``INT_EXTENSIONS`` (``cls``, ``cls2``,
   ``class``, ``count``, ``index``, ``inx``, ``id`` — the extensions
-  WebDataset decodes as integers) a decimal integer is stored as an integer.
+  WebDataset decodes as integers) a decimal integer is stored as an integer
+  (beyond 64 bits: as its text, and the scan warns once per shard).
   The column is named after the feature (``cls``, ``seg.cls`` -> ``seg_cls``).
 - ``.json`` members of at most ``MAX_JSON_MEMBER`` (4 MiB) holding an
   object: each top-level scalar becomes ``<feature>_<key>`` (``json_width``),
   and each scalar inside a top-level object ``<feature>_<key>_<subkey>``
   (``json_image_width`` for SA-1B's ``{"image": {"width": ...}}``); deeper
-  values and lists are not fields. Booleans are stored as 0/1, strings only
+  values and lists are not fields. Booleans are stored as 0/1, integers beyond
+  64 bits as their text (as above), strings only
   up to 256 bytes, null and non-finite numbers not at all; at most
   ``MAX_JSON_FIELDS`` (64) fields per member. Characters other than
   letters, digits and ``_`` in names become ``_``.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -41,6 +43,7 @@ __all__ = [
     "MAX_JSON_MEMBER",
     "MAX_TEXT_FIELD",
     "TEXT_EXTENSIONS",
+    "beyond_int64_note",
     "check_grouping",
     "grouping_of",
     "member_fields",
@@ -114,7 +117,7 @@ def _json_scalar(value: Any) -> Scalar | None:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else None
+        return _integer(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):
@@ -122,8 +125,27 @@ def _json_scalar(value: Any) -> Scalar | None:
     return None
 
 
-def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
-    """The SQL fields one member contributes (see the module docstring)."""
+def _integer(value: int) -> int | str:
+    """An integer as it is stored: itself within 64 bits, else its decimal text
+    (SQLite and PostgreSQL integers hold no more)."""
+    return value if -(2**63) <= value < 2**63 else str(value)
+
+
+def beyond_int64_note(path: str, beyond: Sequence[tuple[str, str]]) -> str:
+    """The one warning for a shard's integers kept as text (``beyond``: field, text)."""
+    names = ", ".join(sorted({name for name, _ in beyond}))
+    name, text = beyond[0]
+    return (
+        f"{path}: {len(beyond)} values beyond 64-bit integers kept as text "
+        f"(fields {names}; e.g. {name} = {text})"
+    )
+
+
+def member_fields(
+    feature: str, data: bytes, beyond: list[tuple[str, str]] | None = None
+) -> dict[str, Scalar]:
+    """The SQL fields one member contributes (see the module docstring). An integer
+    beyond 64 bits is kept as its text, and ``(field, text)`` added to ``beyond``."""
     ext = feature.rsplit(".", 1)[-1].lower()
     out: dict[str, Scalar] = {}
     if ext == "json":
@@ -140,6 +162,8 @@ def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
                 if scalar is None:
                     continue
                 name = _field_name(feature, key) if sub is None else _field_name(feature, key, sub)
+                if isinstance(scalar, str) and type(inner) is int and beyond is not None:
+                    beyond.append((name, scalar))
                 out.setdefault(name, scalar)
                 if len(out) >= MAX_JSON_FIELDS:
                     return out
@@ -149,5 +173,10 @@ def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
     except UnicodeDecodeError:
         return out
     name = _field_name(feature)
-    out[name] = int(text) if ext in INT_EXTENSIONS and _INT_TEXT.match(text) else text
+    if ext not in INT_EXTENSIONS or not _INT_TEXT.match(text):
+        out[name] = text
+        return out
+    out[name] = value = _integer(int(text))
+    if isinstance(value, str) and beyond is not None:
+        beyond.append((name, value))
     return out

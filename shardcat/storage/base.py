@@ -38,9 +38,9 @@ def check_mode(mode: str) -> None:
     """tensorblob's mode rules: one of r/w/a, at most one '+', nothing else."""
     chars = set(mode)
     if chars - set("raw+") or len(mode) > len(chars):
-        raise ValueError(f"Invalid mode: {mode}")
+        raise StorageValueError(f"Invalid mode: {mode}")
     if sum(c in "raw" for c in mode) != 1 or mode.count("+") > 1:
-        raise ValueError(
+        raise StorageValueError(
             f"Must have exactly one of read/write/append mode and at most one plus: {mode}"
         )
 
@@ -70,7 +70,7 @@ class Storage:
         self._meta = meta
         self._max_cached_arg = max_cached_blocks
         if max_cached_blocks is not None and max_cached_blocks < 0:
-            raise ValueError(f"max_cached_blocks must be positive, got {max_cached_blocks}")
+            raise StorageValueError(f"max_cached_blocks must be positive, got {max_cached_blocks}")
         # None or 0 means the default (as in tensorblob); a TensorDB's default is
         # shared out among its fields, an explicit number applies to each field.
         per_field = max_cached_blocks or max(default_max_cached_blocks() // len(meta.fields), 16)
@@ -126,7 +126,7 @@ class Storage:
             meta = Metadata.create(path, layout())  # missing, or an empty directory
         elif meta.kind != cls.kind:
             meta.close()
-            raise ValueError(f"{str(path)!r} holds a {KINDS[meta.kind]}, not a {name}")
+            raise StorageValueError(f"{str(path)!r} holds a {KINDS[meta.kind]}, not a {name}")
         try:
             storage = cls(path, mode, meta, max_cached_blocks)
             if "w" in mode and meta.length:
@@ -176,9 +176,9 @@ class Storage:
                 if meta is not None:
                     meta.close()
                     if meta.kind != cls.kind:
-                        raise ValueError(f"it holds a {KINDS[meta.kind]}")
+                        raise StorageValueError(f"it holds a {KINDS[meta.kind]}")
             elif state not in ("tensorblob", "empty"):
-                raise ValueError(f"not a {KINDS[cls.kind]} directory")
+                raise StorageValueError(f"not a {KINDS[cls.kind]} directory")
             shutil.rmtree(path)
         except (OSError, ValueError) as exc:
             warnings.warn(f"Failed to unlink {cls.noun} at {str(path)!r}: {exc}", stacklevel=3)
@@ -215,7 +215,7 @@ class Storage:
         elif whence == io.SEEK_END:
             target = len(self) + pos
         else:
-            raise ValueError(f"Invalid whence: {whence!r}")
+            raise StorageValueError(f"Invalid whence: {whence!r}")
         self._pos = max(min(target, len(self)), 0)
         return self._pos
 
@@ -239,7 +239,7 @@ class Storage:
         """
         self._check_writable()
         if pos is not None and pos < 0:
-            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
+            raise StorageValueError(f"Truncate position must be non-negative, got {pos}!")
         self.seek(pos if pos is not None else self.tell())
         self._truncate_at(self._pos)
         return self._pos
@@ -273,7 +273,7 @@ class Storage:
 
     def __getstate__(self) -> dict[str, Any]:
         if self._writable:
-            raise TypeError(
+            raise StorageTypeError(
                 f"cannot pickle a {KINDS[self.kind]} open for writing (mode {self.mode!r}); "
                 "pickle one opened with mode 'r'"
             )

@@ -79,12 +79,12 @@ class TensorBlob(Storage):
 
         def layout() -> Layout:
             if dtype is None or shape is None:
-                raise ValueError(
+                raise StorageValueError(
                     "Arguments ``dtype`` and ``shape`` are required for new blob; "
                     f"got: {dtype!r} and {shape!r}"
                 )
             if not isinstance(block_size, int) or block_size < 1:
-                raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+                raise StorageValueError(f"block_size must be a positive int, got {block_size!r}")
             spec = FieldSpec(BLOB_FIELD, parse_dtype(dtype), parse_shape(shape), ".")
             return Layout("blob", block_size, (spec,))
 

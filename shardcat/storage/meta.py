@@ -68,7 +68,7 @@ from pathlib import Path
 
 from shardcat.catalog.engine import configure_writer, connect_readonly, fork_generation
 from shardcat.catalog.processes import alive, owner_id
-from shardcat.errors import SchemaVersionError, StaleWriterError
+from shardcat.errors import SchemaVersionError, StaleWriterError, StorageValueError
 from shardcat.storage import lock
 
 __all__ = [
@@ -259,7 +259,9 @@ class Metadata:
             raise
         except sqlite3.DatabaseError as exc:
             self.close()
-            raise ValueError(f"{self.path} is not shardcat storage metadata: {exc}") from None
+            raise StorageValueError(
+                f"{self.path} is not shardcat storage metadata: {exc}"
+            ) from None
         if "schema_version" not in meta:
             self.close()
             raise _Uncommitted
