@@ -136,7 +136,8 @@ def beyond_int64_note(path: str, beyond: Sequence[tuple[str, str]]) -> str:
     names = ", ".join(sorted({name for name, _ in beyond}))
     name, text = beyond[0]
     return (
-        f"{path}: {len(beyond)} values beyond 64-bit integers kept as text "
+        f"{path}: {len(beyond)} value{'s' if len(beyond) > 1 else ''} beyond 64-bit "
+        "integers kept as text "
         f"(fields {names}; e.g. {name} = {text})"
     )
 
