@@ -61,8 +61,19 @@ def test_integers_beyond_int64_are_kept_as_text_with_one_warning(tmp_path: Path)
     message = str(mine[0].message)
     assert message == (
         f"{tmp_path / 's.tar'}: 4 values beyond 64-bit integers kept as text "
-        f"(fields cls, id, json_n; e.g. cls = {BIG})"
+        f"(fields cls, id, json_n; e.g. cls = {BIG}); a field that already holds integers "
+        "in the catalog stores them as rounded REALs"
     )
+
+
+def test_after_integers_sqlite_stores_them_as_real(tmp_path: Path) -> None:
+    """What the warning says of a field whose column holds integers already."""
+    _tar(tmp_path / "a.tar", {"a.cls": b"7"})
+    _tar(tmp_path / "b.tar", {"b.cls": str(BIG).encode()})
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        with pytest.warns(ShardcatWarning, match="rounded REALs"):
+            cat.ingest(tmp_path, dataset="d", workers=1).close()
+        assert cat.query("SELECT key, cls FROM d ORDER BY key") == [("a", 7), ("b", float(BIG))]
 
 
 def test_catalog_ingest_indexes_the_shard_and_says_so(tmp_path: Path) -> None:

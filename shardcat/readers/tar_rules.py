@@ -137,8 +137,8 @@ def beyond_int64_note(path: str, beyond: Sequence[tuple[str, str]]) -> str:
     name, text = beyond[0]
     return (
         f"{path}: {len(beyond)} value{'s' if len(beyond) > 1 else ''} beyond 64-bit "
-        "integers kept as text "
-        f"(fields {names}; e.g. {name} = {text})"
+        f"integers kept as text (fields {names}; e.g. {name} = {text}); a field that "
+        "already holds integers in the catalog stores them as rounded REALs"
     )
 
 
