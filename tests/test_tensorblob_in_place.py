@@ -156,3 +156,20 @@ class _nothing:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def test_a_forked_child_reads_in_place_too(tmp_path: Path) -> None:
+    """After fork, the child builds its own in-memory metadata (never the parent's
+    SQLite connection) and reads the same rows."""
+    rows = write_db(tmp_path / "d")
+    before = snapshot(tmp_path / "d")
+    with TensorDB.open(tmp_path / "d") as db:
+        assert db.where("position >= 0") == []  # the parent's connection exists
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            ok = torch.equal(db[:]["label"], rows["label"]) and db.where("key = 'x'") == []
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert torch.equal(db[[3]]["embed"], rows["embed"][[3]])
+    assert snapshot(tmp_path / "d") == before
