@@ -116,6 +116,11 @@ def test_a_write_mode_converts_and_says_so(tmp_path: Path) -> None:
 
 def test_catalog_migrate_says_tensorblob_can_no_longer_open_it(tmp_path: Path) -> None:
     write_db(tmp_path / "d")
+    before = snapshot(tmp_path / "d")
+    dry = CliRunner().invoke(app, ["migrate", str(tmp_path / "d"), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "would be converted in place (the tensorblob package could no longer" in dry.output
+    assert snapshot(tmp_path / "d") == before
     result = CliRunner().invoke(app, ["migrate", str(tmp_path / "d")])
     assert result.exit_code == 0, result.output
     assert "converted in place" in result.output

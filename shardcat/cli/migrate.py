@@ -172,7 +172,10 @@ def migrate(
         catalog_path(catalog)  # the command ends naming the catalog it imported into
     for converted in outcome.converted:
         if converted.kind is None:
-            typer.echo(f"{converted.path}: tensorblob directory, would be converted in place")
+            typer.echo(
+                f"{converted.path}: tensorblob directory, would be converted in place "
+                "(the tensorblob package could no longer open it)"
+            )
         else:
             typer.echo(
                 f"{converted.path}: tensorblob {converted.kind} of {converted.rows:,} rows "
