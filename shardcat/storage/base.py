@@ -26,7 +26,7 @@ from shardcat.storage.column import (
 from shardcat.storage.convert import import_tensorblob, read_tensorblob
 from shardcat.storage.meta import KINDS, META_FILE, FieldSpec, Layout, Metadata, probe
 
-__all__ = ["Chunk", "Storage", "check_field", "check_mode"]
+__all__ = ["Chunk", "Storage", "check_mode"]
 
 S = TypeVar("S", bound="Storage")
 # One piece of rows to write: first position, {field: rows}, optional keys.
@@ -143,7 +143,7 @@ class Storage:
         place (:func:`~shardcat.storage.convert.import_tensorblob`), with a warning
         saying so: the tensorblob package can no longer open it afterwards."""
         if mode == "r":
-            return Metadata.in_memory(path, read_tensorblob(path, cls.kind, check_field).fill)
+            return Metadata.in_memory(path, read_tensorblob(path, cls.kind, _check_field).fill)
         warnings.warn(
             f"converting the tensorblob {KINDS[cls.kind]} at {str(path)!r} to shardcat "
             f"storage in place (mode {mode!r} writes): its .conf/.stat JSON files are "
@@ -152,14 +152,14 @@ class Storage:
             ShardcatWarning,
             stacklevel=4,
         )
-        import_tensorblob(path, cls.kind, check_field)
+        import_tensorblob(path, cls.kind, _check_field)
         return Metadata(path, writable=True)
 
     @classmethod
     def _convert(cls, directory: Path) -> int:
         """Convert the tensorblob directory ``directory`` in place, without a warning
         (``catalog migrate``, which says so itself); returns its row count."""
-        import_tensorblob(directory, cls.kind, check_field)
+        import_tensorblob(directory, cls.kind, _check_field)
         with cls._open(directory, "r", None, cls._no_layout) as storage:
             return len(storage)
 
@@ -565,7 +565,7 @@ class Storage:
         self._commit(work)
 
 
-def check_field(spec: FieldSpec) -> FieldSpec:
+def _check_field(spec: FieldSpec) -> FieldSpec:
     """A field read from tensorblob's JSON, with its dtype and shape checked and normalized."""
     return dataclasses.replace(spec, dtype=parse_dtype(spec.dtype), shape=parse_shape(spec.shape))
 
