@@ -313,11 +313,11 @@ def test_sql_fields(tmp_path: Path):
 
 def test_member_field_rules():
     assert tar_rules.member_fields("cls", b" 12\n") == {"cls": 12}
-    beyond: list[tuple[str, str]] = []
-    assert tar_rules.member_fields("cls", b"-18446744073709551616", beyond) == {
+    notes = tar_rules.FieldNotes()
+    assert tar_rules.member_fields("cls", b"-18446744073709551616", notes) == {
         "cls": "-18446744073709551616"
     }
-    assert beyond == [("cls", "-18446744073709551616")]
+    assert notes.beyond == [("cls", "-18446744073709551616")]
     assert tar_rules.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
     assert tar_rules.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
     assert tar_rules.member_fields("txt", b"\xff\xfe") == {}

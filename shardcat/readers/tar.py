@@ -61,12 +61,11 @@ from __future__ import annotations
 
 import mmap
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardcat.errors import CatalogError, CorruptRecordError, ShardcatWarning
+from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import (
@@ -101,7 +100,7 @@ from shardcat.readers.tar_legacy import legacy_samples
 from shardcat.readers.tar_rules import (
     DEFAULT_GROUPING,
     GROUPINGS,
-    beyond_int64_note,
+    FieldNotes,
     check_grouping,
     grouping_of,
     member_fields,
@@ -231,9 +230,9 @@ def _scan_cursor(
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
-    beyond: list[tuple[str, str]] = []  # integers kept as text: one warning at the end
+    notes = FieldNotes()  # warned about at the end
     runs = (
-        (sample, {feature: member_fields(feature, raw, beyond) for feature, raw in data.items()})
+        (sample, {feature: member_fields(feature, raw, notes) for feature, raw in data.items()})
         for sample, data in _samples(cur, path, grouping, want, members)
     )
     found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
@@ -246,8 +245,7 @@ def _scan_cursor(
             fields,
             row_list,
         )
-    if beyond:
-        warnings.warn(beyond_int64_note(path, beyond), ShardcatWarning, stacklevel=2)
+    notes.warn(path)
 
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:

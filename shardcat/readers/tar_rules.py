@@ -17,10 +17,14 @@ that module) and the SQL fields members give.
   and each scalar inside a top-level object ``<feature>_<key>_<subkey>``
   (``json_image_width`` for SA-1B's ``{"image": {"width": ...}}``); deeper
   values and lists are not fields. Booleans are stored as 0/1, integers beyond
-  64 bits as their text (as above), strings only
-  up to 256 bytes, null and non-finite numbers not at all; at most
-  ``MAX_JSON_FIELDS`` (64) fields per member. Characters other than
-  letters, digits and ``_`` in names become ``_``.
+  64 bits as their text (as above), strings only up to 256 bytes, null and
+  non-finite numbers not at all; at most ``MAX_JSON_FIELDS`` (64) fields per
+  member. Characters other than
+  letters, digits and ``_`` in names become ``_``. Two values of one member
+  that make one name (``{"image": {"width": 5}}`` and ``"image_width": 99``
+  are both ``json_image_width``; ``"a-b"`` and ``"a_b"`` both ``json_a_b``):
+  the first in the member is the field, and the shard's scan warns
+  (:class:`~shardcat.errors.ShardcatWarning`, once per name and shard).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.readers.formats import Scalar
 
 __all__ = [
@@ -43,7 +48,7 @@ __all__ = [
     "MAX_JSON_MEMBER",
     "MAX_TEXT_FIELD",
     "TEXT_EXTENSIONS",
-    "beyond_int64_note",
+    "FieldNotes",
     "check_grouping",
     "grouping_of",
     "member_fields",
@@ -131,22 +136,43 @@ def _integer(value: int) -> int | str:
     return value if -(2**63) <= value < 2**63 else str(value)
 
 
-def beyond_int64_note(path: str, beyond: Sequence[tuple[str, str]]) -> str:
-    """The one warning for a shard's integers kept as text (``beyond``: field, text)."""
-    names = ", ".join(sorted({name for name, _ in beyond}))
-    name, text = beyond[0]
-    return (
-        f"{path}: {len(beyond)} value{'s' if len(beyond) > 1 else ''} beyond 64-bit "
-        f"integers kept as text (fields {names}; e.g. {name} = {text}); a field that "
-        "already holds integers in the catalog stores them as rounded REALs"
-    )
+class FieldNotes:
+    """What a shard's scan notes about its fields as it meets them, for one warning
+    each at its end (see the module docstring): ``clashes``, the field names two
+    values of one ``.json`` member made (name -> the JSON names of the value kept
+    and of the first one not), and ``beyond``, the integers beyond 64 bits kept as
+    text (field, text)."""
+
+    def __init__(self) -> None:
+        self.clashes: dict[str, tuple[str, str]] = {}
+        self.beyond: list[tuple[str, str]] = []
+
+    def warn(self, path: str) -> None:
+        """One :class:`ShardcatWarning` per clashing name and one for the integers
+        beyond 64 bits, naming the shard at ``path``."""
+        for name, (kept, other) in self.clashes.items():
+            warnings.warn(
+                f"{path}: .json values {kept!r} and {other!r} both make the field {name}: "
+                "each member keeps its first (the other is not a field)",
+                ShardcatWarning,
+                stacklevel=2,
+            )
+        if self.beyond:
+            names = ", ".join(sorted({name for name, _ in self.beyond}))
+            n, (name, text) = len(self.beyond), self.beyond[0]
+            warnings.warn(
+                f"{path}: {n} value{'s' if n > 1 else ''} beyond 64-bit integers kept as "
+                f"text (fields {names}; e.g. {name} = {text}); a field that already holds "
+                "integers in the catalog stores them as rounded REALs",
+                ShardcatWarning,
+                stacklevel=2,
+            )
 
 
-def member_fields(
-    feature: str, data: bytes, beyond: list[tuple[str, str]] | None = None
-) -> dict[str, Scalar]:
-    """The SQL fields one member contributes (see the module docstring). An integer
-    beyond 64 bits is kept as its text, and ``(field, text)`` added to ``beyond``."""
+def member_fields(feature: str, data: bytes, notes: FieldNotes | None = None) -> dict[str, Scalar]:
+    """The SQL fields one member contributes (see the module docstring); two values
+    of a ``.json`` member that make one name, and integers beyond 64 bits (kept as
+    text), are noted in ``notes``."""
     ext = feature.rsplit(".", 1)[-1].lower()
     out: dict[str, Scalar] = {}
     if ext == "json":
@@ -156,6 +182,7 @@ def member_fields(
             return out
         if not isinstance(doc, dict):
             return out
+        given: dict[str, str] = {}  # field name -> the JSON name of its value
         for key, value in doc.items():
             items = value.items() if isinstance(value, dict) else [(None, value)]
             for sub, inner in items:
@@ -163,9 +190,14 @@ def member_fields(
                 if scalar is None:
                     continue
                 name = _field_name(feature, key) if sub is None else _field_name(feature, key, sub)
-                if isinstance(scalar, str) and type(inner) is int and beyond is not None:
-                    beyond.append((name, scalar))
-                out.setdefault(name, scalar)
+                source = str(key) if sub is None else f"{key}.{sub}"
+                if name in out:
+                    if notes is not None:
+                        notes.clashes.setdefault(name, (given[name], source))
+                    continue
+                if isinstance(scalar, str) and type(inner) is int and notes is not None:
+                    notes.beyond.append((name, scalar))
+                out[name], given[name] = scalar, source
                 if len(out) >= MAX_JSON_FIELDS:
                     return out
         return out
@@ -178,6 +210,6 @@ def member_fields(
         out[name] = text
         return out
     out[name] = value = _integer(int(text))
-    if isinstance(value, str) and beyond is not None:
-        beyond.append((name, value))
+    if isinstance(value, str) and notes is not None:
+        notes.beyond.append((name, value))
     return out
