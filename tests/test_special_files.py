@@ -96,3 +96,30 @@ def test_a_glob_or_directory_still_skips_them(tmp_path: Path) -> None:
     good = [str(tmp_path / "good.tfrecord")]
     assert resolve_paths(str(tmp_path / "*.tfrecord")) == good
     assert resolve_paths(tmp_path) == good
+
+
+def test_a_shard_replaced_by_a_fifo_is_not_opened_by_readers(tmp_path: Path) -> None:
+    """A reader opens shards without blocking (``O_NONBLOCK``): a FIFO put in an
+    indexed shard's place is a stale shard at once."""
+    _shards(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import os
+        from shardcat import Catalog, StaleShardError
+
+        good = {str(tmp_path / "good.tfrecord")!r}
+        with Catalog({str(tmp_path / "c.sqlite")!r}) as cat:
+            cat.ingest(good, dataset="d").close()
+            os.unlink(good)
+            os.mkfifo(good)
+            with cat.dataset("d") as reader:
+                try:
+                    reader["k0"]
+                except StaleShardError as exc:
+                    print(type(exc).__name__, exc)
+        """
+    )
+    result = _run([sys.executable, "-c", script], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("StaleShardError ")
+    assert "changed after it was indexed" in result.stdout

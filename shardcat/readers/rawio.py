@@ -2,7 +2,8 @@
 safely, for the format modules: ``pread`` of any length (looping over the
 system call), ``pread`` that treats a short read as a truncated shard and
 refuses lengths no read can serve, stream reads that never allocate a length
-read off damaged data, and the lines of text index files.
+read off damaged data, the lines of text index files, and the flags shards
+are opened with (:data:`OPEN_FLAGS`: never blocking).
 
 :class:`Source` is declared here, at the bottom of the readers' imports, so
 that every source (the local file and the checked wrapper in
@@ -21,6 +22,7 @@ from typing import Any
 from shardcat.errors import CorruptRecordError, ShardcatError
 
 __all__ = [
+    "OPEN_FLAGS",
     "READ_CHUNK",
     "Source",
     "index_lines",
@@ -30,6 +32,11 @@ __all__ = [
     "read_full",
     "unreadable",
 ]
+
+# How shards are opened: read-only, not inherited by exec'd programs, and never
+# blocking (a FIFO put in a shard's place would block a plain open until a writer
+# came; reads of a regular file ignore O_NONBLOCK).
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 # The most bytes one ``read`` asks a stream for: a length read off the data is
 # never handed to a stream (or allocated) as one number; reads grow with the bytes

@@ -47,7 +47,7 @@ import crc32c as _crc32c
 
 from shardcat.errors import CorruptRecordError, MissingShardError, ShardIOError, StaleShardError
 from shardcat.readers.compressed import open_compressed_source
-from shardcat.readers.rawio import Source, pread_all
+from shardcat.readers.rawio import OPEN_FLAGS, Source, pread_all
 
 __all__ = [
     "CheckedSource",
@@ -78,7 +78,7 @@ def fingerprint_fd(fd: int, size: int) -> str:
 
 
 def fingerprint_file(path: str, size: int) -> str:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         return fingerprint_fd(fd, size)
     finally:
@@ -220,7 +220,7 @@ def open_file(path: str, identity: Identity) -> FileSource:
     :class:`MissingShardError` (deleted), :class:`StaleShardError` (changed) or
     :class:`ShardIOError` (cannot be opened)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise MissingShardError(
             f"{path} no longer exists (deleted or moved after it was indexed); "
@@ -298,7 +298,7 @@ def shard_to_check(
         finally:
             remote.close()
         return
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         yield FileSource(fd, path)
     finally:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardcat.readers.formats import Entry, Mismatch
-from shardcat.readers.rawio import pread_all
+from shardcat.readers.rawio import OPEN_FLAGS, pread_all
 from shardcat.readers.tar_headers import BLOCK, Member, iter_members, padded
 from shardcat.readers.tar_rules import split_key
 
@@ -90,7 +90,7 @@ def legacy_samples(
     rows.sort(key=lambda r: r[3])
     headers: list[int] = []
     checked: set[int] = set()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         end = 0
         for i, (key, ext, name, offset, length) in enumerate(rows):
