@@ -9,17 +9,9 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import handle_errors, open_to_read, printable
-from shardcat.cli.options import CatalogOpt, DatasetArg, KeyArg, ReadModeOpt
+from shardcat.cli.common import handle_errors, open_dataset, printable
+from shardcat.cli.options import CatalogOpt, DatasetOrShardsArg, KeyArg, ReadModeOpt
 from shardcat.errors import CatalogError, NoSuchFeatureError
-from shardcat.facade.records import (
-    extract as extract_record,
-)
-from shardcat.facade.records import (
-    feature_chunks,
-    feature_value,
-    file_extension,
-)
 
 __all__ = ["extract", "get", "register"]
 
@@ -50,7 +42,7 @@ def _stream(chunks: Iterator[bytes], output: Path | None) -> None:
 
 @handle_errors
 def get(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     feature: Annotated[str, typer.Argument(help="The feature to print or write.")],
     catalog: CatalogOpt = None,
@@ -67,10 +59,9 @@ def get(
 
     Example: catalog get train rec_000000042 image > img.jpg
     """
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    from shardcat.facade.records import feature_chunks, feature_value, file_extension
+
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         if output is not None or not sys.stdout.isatty():  # a tar member: streamed
             chunks = feature_chunks(reader, key, feature, index)
             if chunks is not None:
@@ -104,7 +95,7 @@ def get(
 
 @handle_errors
 def extract(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     catalog: CatalogOpt = None,
     output_dir: Annotated[
@@ -112,24 +103,26 @@ def extract(
     ] = Path("."),
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Save a record's bytes features as files (images get their extension); print the rest.
+    """Save a record's bytes values as files (images get their extension); print the rest.
 
     Files are named <key>_<feature>_<i>.<ext>, with characters other than
     letters, digits, '-', '_' and '.' in the key and feature replaced by '_'
-    (a name can never point outside --output-dir). Text printed has control
-    characters shown as escapes.
+    (a name can never point outside --output-dir). Short text values (a tar
+    sample's cls, a caption) are printed too, with control characters shown
+    as escapes.
     """
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    from shardcat.facade.records import SHOWN_TEXT
+    from shardcat.facade.records import extract as extract_record
+
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         items = extract_record(reader, key, output_dir)
     for item in items:
         shown = printable(item.feature)
-        if item.index is None:
+        if item.path is None:
             typer.echo(f"{shown}: {printable(str(item.value))}")
-        elif item.path is None:
-            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)}")
+        elif item.path.suffix == ".txt" and len(item.value) <= SHOWN_TEXT:
+            where = printable(str(item.path))
+            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)} -> {where}")
         else:
             size = len(item.value)
             typer.echo(f"{shown}[{item.index}]: {size:,} bytes -> {printable(str(item.path))}")
