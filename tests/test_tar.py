@@ -3,6 +3,8 @@ rules, SQL fields, errors with offsets, TarReader, tfd-utils parity, DALI wds2id
 
 from __future__ import annotations
 
+import crc32c
+
 import contextlib
 import io
 import json
@@ -286,9 +288,10 @@ def test_entry_spans_and_member_offsets(tmp_path: Path):
         assert e.offset == offsets[f"{e.key}.{e.members[0][0]}"][0] - 512
         last_off, last_size = offsets[f"{e.key}.{e.members[-1][0]}"]
         assert e.offset + e.length == last_off + last_size
-        for feature, off, size in e.members:
-            assert (off, size) == offsets[f"{e.key}.{feature}"]
+        for feature, off, size, extents, check in e.members:
+            assert (off, size, extents) == (*offsets[f"{e.key}.{feature}"], None)
             assert len(contents[f"{e.key}.{feature}"]) == size
+            assert check == crc32c.crc32c(contents[f"{e.key}.{feature}"])  # the member's check
 
 
 def test_sql_fields(tmp_path: Path):

@@ -63,6 +63,7 @@ from shardcat.errors import (
     StaleShardError,
     masked,
 )
+from shardcat.readers.checks import crc32c, mismatch
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
@@ -103,10 +104,27 @@ class Reader(DatasetView):
     others (see the module docstring for re-indexing and forked workers).
     """
 
-    def _read(self, shard_id: int, location: Location, verify: bool | None = None) -> bytes:
+    def _fetch(
+        self, source: Source, location: Location, crc: int | None, key: Any, frame: bool = False
+    ) -> bytes:
+        """One payload through ``source``; with ``verify`` (the reader's default), its
+        bytes checked against the catalog's ``crc`` of the record, or by its framing
+        when the catalog has none (or ``frame``: both), else a
+        :class:`CorruptRecordError` naming shard, offset and ``key``."""
+        verify = self.verify_reads
+        data = self._fmt.read(source, location, verify and (frame or crc is None))
+        if verify and crc is not None:
+            got = crc32c(data)
+            if got != crc:
+                raise mismatch(source.path, location.offset, key, crc, got)
+        return data
+
+    def _read(
+        self, shard_id: int, location: Location, crc: int | None, key: Any, frame: bool = False
+    ) -> bytes:
         source = self._source(shard_id)
         try:
-            return self._fmt.read(source, location, self.verify_crc if verify is None else verify)
+            return self._fetch(source, location, crc, key, frame)
         except OSError as exc:  # EIO and the like (our own errors are not OSErrors here)
             if isinstance(exc, ShardcatError):
                 raise
@@ -142,10 +160,16 @@ class Reader(DatasetView):
         at = self._at
         if self._one_range:
             return Location(row[at], row[at + 1])
-        extents = row[at + 2]
+        extents = row[at + 3]
         return Location(
-            row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 3]
+            row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 4]
         )
+
+    def _name_of(self, row: lookup.Row) -> Any:
+        """What errors call the record of a row that ends with its key (``at`` rows)."""
+        if self._by_position:  # its key is a placeholder, #<shard id>:<ordinal>
+            return str(self._shards[row[1]].first + int(str(row[-1]).rpartition(":")[2]))
+        return row[-1]
 
     def _rows_at(self, conn: ReadConnection, positions: Sequence[int]) -> list[lookup.Row]:
         """Record rows (with the key last) for positions, in the order given; one query."""
@@ -171,7 +195,10 @@ class Reader(DatasetView):
         row = self._locate(conn, key)
         if row is None:
             return None
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, True)
+        key = str(key)
+        if self._parts:
+            return self._load_parts(conn, [row], [key])[0]
+        return self._decoded(row, True, key)
 
     @follows_reindex
     def get_record(self, key: Any) -> Any:
@@ -181,29 +208,38 @@ class Reader(DatasetView):
             found = conn.execute(self._sql.one, (str(key),)).fetchone()
             if found is None:
                 return None
-            shard_id = found[0]
+            shard_id, crc = found[0], found[3]
             try:
-                data = self._fmt.read(
-                    self._pool.sources.get(shard_id) or self._source(shard_id),
-                    Location(found[1], found[2]),
-                    self.verify_crc,
-                )
+                source = self._pool.sources.get(shard_id) or self._source(shard_id)
+                if crc is None or not self.verify_reads:  # unchecked, or framing only
+                    data = self._fetch(source, Location(found[1], found[2]), crc, key)
+                else:  # _fetch inlined: every checked read by key
+                    data = self._fmt.read(source, Location(found[1], found[2]), False)
+                    if crc32c(data) != crc:
+                        raise mismatch(source.path, found[1], key, crc, crc32c(data))
                 return self._fmt.decode(data, self.options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, found[1]) from None
         row = self._locate(conn, key)
         if row is None:
             return None
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, False)
+        key = str(key)
+        return (
+            self._load_parts(conn, [row], [key])[0]
+            if self._parts
+            else self._decoded(row, False, key)
+        )
 
-    def _decoded(self, row: lookup.Row, raw: bool) -> Any:
-        """One record of a row (not a PARTS format): read, checked, decoded unless ``raw``."""
+    def _decoded(self, row: lookup.Row, raw: bool, key: Any) -> Any:
+        """One record of a row (not a PARTS format): read, checked, decoded unless
+        ``raw``; ``key`` names it in errors."""
         shard_id = row[1]
         try:
-            data = self._fmt.read(
+            data = self._fetch(
                 self._pool.sources.get(shard_id) or self._source(shard_id),
                 self._location(row),
-                self.verify_crc,
+                row[self._at + 2],
+                key,
             )
             return data if raw else self._fmt.decode(data, self.options)
         except Exception as exc:  # bad bytes for the format, or a failed read
@@ -227,8 +263,8 @@ class Reader(DatasetView):
         found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
-        shard_id, offset, length, extents = found
-        return self._read(shard_id, Location(offset, length, _extents(extents)))
+        shard_id, offset, length, extents, crc = found
+        return self._read(shard_id, Location(offset, length, _extents(extents)), crc, str(key))
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
@@ -259,7 +295,7 @@ class Reader(DatasetView):
             raise KeyNotFoundError(
                 self._missing_message([k for i, k in enumerate(keys) if i not in found])
             )
-        return self._load(conn, rows, raw)
+        return self._load(conn, rows, raw, keys)
 
     @follows_reindex
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
@@ -270,7 +306,12 @@ class Reader(DatasetView):
         row = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()  # _row_at inlined
         if row is None:
             raise self._broken()
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, raw)
+        name = self._name_of(row)
+        return (
+            self._load_parts(conn, [row], [name])[0]
+            if self._parts
+            else self._decoded(row, raw, name)
+        )
 
     def key_at(self, position: int) -> str:
         conn = self._conn()
@@ -290,21 +331,27 @@ class Reader(DatasetView):
         conn = self._conn()
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
-        return self._load(conn, self._rows_at(conn, positions), raw)
+        rows = self._rows_at(conn, positions)
+        names: list[Any] = [None] * len(rows)
+        for row in rows:
+            names[row[0]] = self._name_of(row)
+        return self._load(conn, rows, raw, names)
 
-    def _load(self, conn: ReadConnection, rows: Sequence[lookup.Row], raw: bool) -> list[Any]:
-        """Read and decode the records of ``rows`` (in batch order), in file order.
+    def _load(
+        self, conn: ReadConnection, rows: Sequence[lookup.Row], raw: bool, names: Sequence[Any]
+    ) -> list[Any]:
+        """Read, check and decode the records of ``rows`` (in batch order), in file
+        order; ``names[row[0]]`` names a row's record in errors.
 
         Reads go through each shard's ``unchecked`` source; one file check per
         shard at the end covers every read before it."""
         if self._parts:
-            return self._load_parts(conn, rows)
+            return self._load_parts(conn, rows, names)
         out: list[Any] = [None] * len(rows)
-        read, decode, options, verify, location = (
-            self._fmt.read,
+        fetch, decode, options, location = (
+            self._fetch,
             self._fmt.decode,
             self.options,
-            self.verify_crc,
             self._location,
         )
         # one location for the batch when records are one range (formats never keep
@@ -326,7 +373,7 @@ class Reader(DatasetView):
                 else:
                     where = plain
                     where.offset, where.length = row[at], row[at + 1]
-                data = read(opened[1], where, verify)
+                data = fetch(opened[1], where, row[at + 2], names[row[0]])
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
@@ -335,9 +382,10 @@ class Reader(DatasetView):
         return out
 
     def _load_parts(
-        self, conn: ReadConnection, rows: Sequence[lookup.Row]
+        self, conn: ReadConnection, rows: Sequence[lookup.Row], names: Sequence[Any]
     ) -> list[dict[str, bytes]]:
-        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place)."""
+        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place, and
+        ``names[row[0]]`` names its record in errors)."""
         members = lookup.members_at(conn, self._sql, [(r[1], r[2]) for r in rows])
         ahead = (
             self._prefetch([(rows[m[0]][1], m[2], m[3]) for m in members])
@@ -345,9 +393,11 @@ class Reader(DatasetView):
             else []
         )
         out: list[dict[str, bytes]] = [{} for _ in rows]
-        for index, name, offset, length, extents in members:
+        for index, name, offset, length, extents, crc in members:
             row = rows[index]
-            out[row[0]][name] = self._read(row[1], Location(offset, length, _extents(extents)))
+            out[row[0]][name] = self._read(
+                row[1], Location(offset, length, _extents(extents)), crc, names[row[0]]
+            )
         for source in ahead:  # ends their batch
             source.check()
         return out
@@ -465,7 +515,7 @@ class Reader(DatasetView):
                 continue
             rows = list(lookup.records_of_shard(conn, self._sql, shard.id, self._parts))
             ahead: list[Source] = []
-            for n, (offset, length, extents, item) in enumerate(rows):
+            for n, (offset, length, extents, item, crc, key) in enumerate(rows):
                 if n % _VERIFY_BATCH == 0:  # a remote shard: read ahead in merged requests
                     for source in ahead:
                         source.check()
@@ -473,7 +523,7 @@ class Reader(DatasetView):
                     ahead = self._prefetch([(shard.id, r[0], r[1]) for r in batch])
                 location = Location(offset, length, _extents(extents), item)
                 try:
-                    self._read(shard.id, location, verify=True)
+                    self._read(shard.id, location, crc, key, frame=True)
                 except CorruptRecordError as exc:
                     problems.append(exc)
                 except StaleShardError as exc:  # the file is not the indexed version
@@ -553,7 +603,7 @@ class Reader(DatasetView):
             "readonly": self.catalog.readonly,
             "immutable": self.catalog.immutable,
             "dataset": self.dataset,
-            "verify_crc": self.verify_crc,
+            "verify": self.verify_reads,
             "pool": self._pool.size,
             "files": getattr(self, "files", None),
         }
@@ -566,7 +616,7 @@ class Reader(DatasetView):
             self,
             catalog,
             state["dataset"],
-            verify_crc=state["verify_crc"],
+            verify=state["verify"],
             file_pool_size=state["pool"],
             owns_catalog=True,
         )

@@ -74,10 +74,13 @@ _SCAN_BUFFER = 1 << 20
 _U32 = struct.Struct("<I")
 
 
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
 def masked_crc(data: bytes | bytearray | memoryview) -> int:
     """TensorFlow's masked CRC32C of ``data``."""
-    crc = _crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return _mask(_crc32c.crc32c(data))
 
 
 def _key_of(features: Any, key_feature: str, path: str, offset: int) -> str:
@@ -168,10 +171,11 @@ def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) 
         if len(body) < length + FOOTER:
             raise _truncated(path, pos, length, HEADER + len(body))
         data = body[:length]
-        if masked_crc(data) != _U32.unpack_from(body, length)[0]:
+        crc = _crc32c.crc32c(data)
+        if _mask(crc) != _U32.unpack_from(body, length)[0]:
             raise CorruptRecordError(path, pos, "data CRC mismatch")
         if key_feature is None and not want_fields:
-            yield Entry(None, pos, length)
+            yield Entry(None, pos, length, check=crc)
         else:
             try:
                 context = parse(data).context
@@ -181,7 +185,7 @@ def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) 
                 ) from None
             key = None if key_feature is None else _key_of(context, key_feature, path, pos)
             fields = _scalars(context, key_feature, kinds) if want_fields else {}
-            yield Entry(key, pos, length, fields)
+            yield Entry(key, pos, length, fields, check=crc)
         pos += HEADER + length + FOOTER
 
 
