@@ -3,8 +3,6 @@ rules, SQL fields, errors with offsets, TarReader, tfd-utils parity, DALI wds2id
 
 from __future__ import annotations
 
-import crc32c
-
 import contextlib
 import io
 import json
@@ -14,6 +12,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import crc32c
 import pytest
 from damage import flip_keeping_mtime
 

@@ -3,9 +3,9 @@ SQL view named after each dataset.
 
 A dataset's records live in ``shardcat_records_<dataset id>`` (schema version
 6): ``shard_id, ordinal`` (the record; the primary key), ``key``, ``offset``,
-``length``, ``extents``, ``item``, ``crc`` (its check, version 7), and one column ``v<idx>`` per scalar field,
-so feature names never have to be valid column names. The view renames them
-to the feature names::
+``length``, ``extents``, ``item``, ``crc`` (its check, version 7), and one
+column ``v<idx>`` per scalar field, so feature names never have to be valid
+column names. The view renames them to the feature names::
 
     CREATE VIEW train AS
     SELECT r.key AS key,

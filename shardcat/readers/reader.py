@@ -46,7 +46,6 @@ checked on every read.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -61,12 +60,12 @@ from shardcat.errors import (
     ShardcatError,
     ShardIOError,
     StaleShardError,
-    masked,
 )
 from shardcat.readers.checks import crc32c, mismatch
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
+from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
 
 __all__ = ["CatalogLike", "Reader"]
@@ -76,23 +75,6 @@ __all__ = ["CatalogLike", "Reader"]
 # location: a tar member's header block, a TFRecord frame's header and CRC
 _PREFETCH_BEFORE = 512
 _PREFETCH_AFTER = 64
-# records of a remote shard that verify fetches ahead at a time
-_VERIFY_BATCH = 4096
-
-
-def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
-    """A stored location's extents (JSON ``[[offset, length], ...]``)."""
-    return None if text is None else tuple((int(a), int(b)) for a, b in json.loads(text))
-
-
-def _whole_shard(path: str, exc: ShardcatError) -> CorruptRecordError:
-    """:meth:`Reader.verify`'s problem for a shard it cannot check at all (byte 0),
-    its error's text without the shard's name again (``x.tar: at byte 0: changed
-    ...``, not ``x.tar: at byte 0: x.tar changed ...``)."""
-    text, shown = str(exc), masked(path)
-    if text.startswith(shown):
-        text = text[len(shown) :].lstrip(": ")
-    return CorruptRecordError(path, 0, text)
 
 
 class Reader(DatasetView):
@@ -109,9 +91,9 @@ class Reader(DatasetView):
     ) -> bytes:
         """One payload through ``source``; with ``verify`` (the reader's default), its
         bytes checked against the catalog's ``crc`` of the record, or by its framing
-        when the catalog has none (or ``frame``: both), else a
+        when the catalog has none (``frame``: both, whatever ``verify``), else a
         :class:`CorruptRecordError` naming shard, offset and ``key``."""
-        verify = self.verify_reads
+        verify = frame or self.verify_reads
         data = self._fmt.read(source, location, verify and (frame or crc is None))
         if verify and crc is not None:
             got = crc32c(data)
@@ -162,7 +144,7 @@ class Reader(DatasetView):
             return Location(row[at], row[at + 1])
         extents = row[at + 3]
         return Location(
-            row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 4]
+            row[at], row[at + 1], None if extents is None else extents_of(extents), row[at + 4]
         )
 
     def _name_of(self, row: lookup.Row) -> Any:
@@ -264,7 +246,7 @@ class Reader(DatasetView):
         if found is None:
             return None
         shard_id, offset, length, extents, crc = found
-        return self._read(shard_id, Location(offset, length, _extents(extents)), crc, str(key))
+        return self._read(shard_id, Location(offset, length, extents_of(extents)), crc, str(key))
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
@@ -396,7 +378,7 @@ class Reader(DatasetView):
         for index, name, offset, length, extents, crc in members:
             row = rows[index]
             out[row[0]][name] = self._read(
-                row[1], Location(offset, length, _extents(extents)), crc, names[row[0]]
+                row[1], Location(offset, length, extents_of(extents)), crc, names[row[0]]
             )
         for source in ahead:  # ends their batch
             source.check()
@@ -500,48 +482,10 @@ class Reader(DatasetView):
         self,
         progress: Callable[[int, int], None] | None = None,  # the Progress shape
     ) -> list[CorruptRecordError]:
-        """Re-read every record checking framing and checksums; one error per bad record
-        (a shard whose file is not the indexed version is one error at byte 0)."""
-        problems: list[CorruptRecordError] = []
-        self.catalog.reader_connection()  # see the latest commit
-        conn = self._conn()
-        done = 0
-        for shard in list(self._order):
-            try:
-                self._source(shard.id)
-            except ShardcatError as exc:  # stale, missing or unreadable file
-                problems.append(_whole_shard(shard.path, exc))
-                done += shard.count
-                continue
-            rows = list(lookup.records_of_shard(conn, self._sql, shard.id, self._parts))
-            ahead: list[Source] = []
-            for n, (offset, length, extents, item, crc, key) in enumerate(rows):
-                if n % _VERIFY_BATCH == 0:  # a remote shard: read ahead in merged requests
-                    for source in ahead:
-                        source.check()
-                    batch = rows[n : n + _VERIFY_BATCH]
-                    ahead = self._prefetch([(shard.id, r[0], r[1]) for r in batch])
-                location = Location(offset, length, _extents(extents), item)
-                try:
-                    self._read(shard.id, location, crc, key, frame=True)
-                except CorruptRecordError as exc:
-                    problems.append(exc)
-                except StaleShardError as exc:  # the file is not the indexed version
-                    problems.append(_whole_shard(shard.path, exc))
-                    break
-                if not self._parts:  # rows are members for tar: count records per shard
-                    done += 1
-                    if progress is not None and done % 1000 == 0:
-                        progress(done, self._len)
-            for source in ahead:  # ends the last batch
-                source.check()
-            if self._parts:
-                done += shard.count
-                if progress is not None:
-                    progress(done, self._len)
-        if progress is not None:
-            progress(done, self._len)
-        return problems
+        """Re-read every record checking framing, checksums and the catalog's check of
+        each record (whatever ``verify``); one error per bad record (a shard whose
+        file is not the indexed version is one error at byte 0)."""
+        return verify_records(self, progress)
 
     def rebuild_index(self) -> None:
         """Re-index every shard of this dataset from its source patterns."""

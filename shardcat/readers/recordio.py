@@ -549,10 +549,11 @@ class RecordIOFormat(Format):
     ) -> tuple[list[Entry], int]:
         """A legacy ``.idx``'s ``(key, offset)`` rows: offsets must be unique and start
         at byte 0, the last record must end at the end of the file; the picked records
-        are re-read (magic and framing spanning exactly the record)."""
+        are re-read (magic and framing spanning exactly the record) and get their
+        check (the others keep none: reads check them by their framing)."""
         entries = _legacy_entries(size, rows)
         ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
         with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
-                self.read(source, entries[i].location, True)
+                entries[i].check = crc32c(self.read(source, entries[i].location, True))
         return entries, len(picks)
