@@ -28,7 +28,7 @@ class Damaged:
     (``{feature: bytes}`` for tar)."""
 
     kind: str
-    path: Path
+    path: Path | str  # a URL for remote shards
     key: str
     offset: int
     flip: int

@@ -16,6 +16,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import checked
 import pytest
 
 from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
@@ -511,3 +512,18 @@ def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
         assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
         paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
         assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio"])
+def test_reads_through_a_server_catalog_are_checked(tmp_path, pg_url, kind):
+    """The checks live in the server's tables too: a record damaged past the
+    fingerprint is refused by every read path; a moved offset as well."""
+    d = checked.write(kind, tmp_path / "data")
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(d.path), "d", workers=1).close()
+        with cat.dataset("d") as reader:
+            assert reader.get_raw(d.key) == d.good
+        d.damage()
+        with cat.dataset("d") as reader:
+            checked.every_read_refuses(reader, d)
+            assert [(p.path, p.offset) for p in reader.verify()] == [(str(d.path), d.offset)]

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - the dev and remote extras install them
         raise
     pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
 
+import checked
 from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards
 
 from shardcat.testing.servers import RangeServer, S3Server
@@ -602,5 +603,29 @@ def test_secrets_in_a_shard_url_never_reach_an_error_message(
         for out in outputs:
             assert out.exit_code != 0 and isinstance(out.exception, SystemExit), out.output
             assert "s3cr3t" not in out.output and "x.tfrecord" in out.output, out.output
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio"])
+def test_a_remote_shard_damaged_in_place_is_refused_by_every_read_path(
+    catalogs: Any, tmp_path: Path, kind: str
+) -> None:
+    """Bit rot on the server (same size, same Last-Modified, past the fingerprint's
+    head and tail): the headers cannot tell, the stored check of each record can."""
+    root = tmp_path / "www"
+    d = checked.write(kind, root)
+    server = RangeServer(str(root), etags=False, conditions=False)
+    server.start()
+    try:
+        cat = catalogs(tmp_path / "c.sqlite")
+        url = f"{server.url}/{d.path.name}"  # type: ignore[union-attr]
+        reader = cat.ingest(url, "r")
+        assert reader.get_raw(d.key) == d.good
+        reader.close()
+        d.damage()
+        d.path = url
+        with cat.dataset("r") as fresh:
+            checked.every_read_refuses(fresh, d)
     finally:
         server.stop()
