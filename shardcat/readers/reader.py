@@ -330,11 +330,12 @@ class Reader(DatasetView):
         if self._parts:
             return self._load_parts(conn, rows, names)
         out: list[Any] = [None] * len(rows)
-        fetch, decode, options, location = (
-            self._fetch,
+        read, decode, options, location, verify = (
+            self._fmt.read,
             self._fmt.decode,
             self.options,
             self._location,
+            self.verify_reads,
         )
         # one location for the batch when records are one range (formats never keep
         # the location they read: see Format.read); its fields are set per record
@@ -355,7 +356,10 @@ class Reader(DatasetView):
                 else:
                     where = plain
                     where.offset, where.length = row[at], row[at + 1]
-                data = fetch(opened[1], where, row[at + 2], names[row[0]])
+                crc = row[at + 2]  # _fetch inlined: every record of every batch
+                data = read(opened[1], where, verify and crc is None)
+                if verify and crc is not None and crc32c(data) != crc:
+                    raise mismatch(opened[1].path, row[at], names[row[0]], crc, crc32c(data))
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
