@@ -17,9 +17,10 @@ def verify(
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Re-read every record of a dataset checking framing and CRCs.
+    """Re-read every record of a dataset checking framing, CRCs and each record's
+    stored check.
 
-    Reports each bad record with its file and byte offset; exit code 1 if any.
+    Reports each bad record with its file, byte offset and key; exit code 1 if any.
     """
     with (
         open_to_read(catalog, readonly) as cat,

@@ -351,7 +351,8 @@ class Catalog(Store):
         return snapshots.provenance(self.reader_connection())
 
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
-        """Re-read every record of ``name`` checking framing and checksums.
+        """Re-read every record of ``name`` checking framing, checksums and the check
+        the catalog stores of each.
 
         Returns a list of :class:`CorruptRecordError` (one per bad record or
         stale shard); an empty list means every byte checked out.

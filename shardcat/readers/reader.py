@@ -18,6 +18,13 @@ shard, and bytes are read only from a file that is that version (see
 seen as the old or the new version, never a mix, never missing. A file that
 matches no indexed version raises :class:`StaleShardError`.
 
+**Checks.** Every read compares the bytes it hands back with the catalog's
+CRC32C of the record (or tar member), in the native extension
+(:mod:`shardcat.readers.checks`): a mismatch is a :class:`CorruptRecordError`
+naming shard, byte offset and key. Rows without a stored check (indexed before
+schema version 7, Parquet) are checked by the record's framing instead.
+``verify=False`` trusts the bytes (``verify_crc`` is its older name).
+
 **Positions** (``get_record_at``, slices, and the keys of datasets keyed by
 position) are those of the shard layout the reader opened with. A re-index
 that moves them (a shard changed, added or removed) makes positional access
@@ -313,17 +320,22 @@ class Reader(DatasetView):
         conn = self._conn()
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
-        rows = self._rows_at(conn, positions)
-        names: list[Any] = [None] * len(rows)
-        for row in rows:
-            names[row[0]] = self._name_of(row)
-        return self._load(conn, rows, raw, names)
+        return self._load(conn, self._rows_at(conn, positions), raw, None)
+
+    def _name(self, row: lookup.Row, names: Sequence[Any] | None) -> Any:
+        """What errors call a batch row's record: ``names[row[0]]``, else (rows with
+        the key last) :meth:`_name_of` the row."""
+        return self._name_of(row) if names is None else names[row[0]]
 
     def _load(
-        self, conn: ReadConnection, rows: Sequence[lookup.Row], raw: bool, names: Sequence[Any]
+        self,
+        conn: ReadConnection,
+        rows: Sequence[lookup.Row],
+        raw: bool,
+        names: Sequence[Any] | None,
     ) -> list[Any]:
         """Read, check and decode the records of ``rows`` (in batch order), in file
-        order; ``names[row[0]]`` names a row's record in errors.
+        order; :meth:`_name` names a row's record in errors.
 
         Reads go through each shard's ``unchecked`` source; one file check per
         shard at the end covers every read before it."""
@@ -359,7 +371,9 @@ class Reader(DatasetView):
                 crc = row[at + 2]  # _fetch inlined: every record of every batch
                 data = read(opened[1], where, verify and crc is None)
                 if verify and crc is not None and crc32c(data) != crc:
-                    raise mismatch(opened[1].path, row[at], names[row[0]], crc, crc32c(data))
+                    raise mismatch(
+                        opened[1].path, row[at], self._name(row, names), crc, crc32c(data)
+                    )
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
@@ -368,10 +382,10 @@ class Reader(DatasetView):
         return out
 
     def _load_parts(
-        self, conn: ReadConnection, rows: Sequence[lookup.Row], names: Sequence[Any]
+        self, conn: ReadConnection, rows: Sequence[lookup.Row], names: Sequence[Any] | None
     ) -> list[dict[str, bytes]]:
-        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place, and
-        ``names[row[0]]`` names its record in errors)."""
+        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place;
+        :meth:`_name` names its record in errors)."""
         members = lookup.members_at(conn, self._sql, [(r[1], r[2]) for r in rows])
         ahead = (
             self._prefetch([(rows[m[0]][1], m[2], m[3]) for m in members])
@@ -382,7 +396,7 @@ class Reader(DatasetView):
         for index, name, offset, length, extents, crc in members:
             row = rows[index]
             out[row[0]][name] = self._read(
-                row[1], Location(offset, length, extents_of(extents)), crc, names[row[0]]
+                row[1], Location(offset, length, extents_of(extents)), crc, self._name(row, names)
             )
         for source in ahead:  # ends their batch
             source.check()
