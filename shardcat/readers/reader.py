@@ -352,16 +352,19 @@ class Reader(DatasetView):
         # one location for the batch when records are one range (formats never keep
         # the location they read: see Format.read); its fields are set per record
         plain = Location(0, 0) if self._one_range else None
-        touched: dict[int, tuple[Source, Source]] = {}  # shard -> (source, its unchecked)
+        # shard -> (source, its unchecked, whether to check frames: a remote batch's
+        # records without a stored check, whatever ``verify``, as the bytes of a
+        # prefetched answer hold them)
+        touched: dict[int, tuple[Source, Source, bool]] = {}
         at = self._at
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
-        self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
         for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)
             if opened is None:
                 source = self._source(shard_id)
-                opened = touched[shard_id] = (source, source.unchecked)
+                opened = touched[shard_id] = (source, source.unchecked, source in ahead)
             try:
                 if plain is None:
                     where = location(row)
@@ -369,15 +372,15 @@ class Reader(DatasetView):
                     where = plain
                     where.offset, where.length = row[at], row[at + 1]
                 crc = row[at + 2]  # _fetch inlined: every record of every batch
-                data = read(opened[1], where, verify and crc is None)
-                if verify and crc is not None and crc32c(data) != crc:
-                    raise mismatch(
-                        opened[1].path, row[at], self._name(row, names), crc, crc32c(data)
-                    )
+                data = read(opened[1], where, (verify or opened[2]) and crc is None)
+                if verify and crc is not None:
+                    got = crc32c(data)
+                    if got != crc:
+                        raise mismatch(opened[1].path, row[at], self._name(row, names), crc, got)
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
-        for source, _ in touched.values():  # one file check per shard covers its reads
+        for source, _, _ in touched.values():  # one file check per shard covers its reads
             source.check()
         return out
 
@@ -395,9 +398,9 @@ class Reader(DatasetView):
         out: list[dict[str, bytes]] = [{} for _ in rows]
         for index, name, offset, length, extents, crc in members:
             row = rows[index]
-            out[row[0]][name] = self._read(
-                row[1], Location(offset, length, extents_of(extents)), crc, self._name(row, names)
-            )
+            where = Location(offset, length, extents_of(extents))
+            framed = crc is None and self._source(row[1]) in ahead
+            out[row[0]][name] = self._read(row[1], where, crc, self._name(row, names), framed)
         for source in ahead:  # ends their batch
             source.check()
         return out
@@ -407,7 +410,9 @@ class Reader(DatasetView):
         :mod:`shardcat.readers.remote`) the ``(shard, offset, length)`` ranges a batch
         is about to read, widened by a frame's header/footer; local sources have no
         ``prefetch`` and are left alone. Returns the sources that took them (their
-        ``check()`` ends the batch)."""
+        ``check()`` ends the batch); their reads check each record's frame (TFRecord
+        length and CRCs, the tar header before a member), which the prefetched bytes
+        hold: bytes a server moved under a true Content-Range are an error."""
         by_shard: dict[int, list[tuple[int, int]]] = {}
         for shard_id, offset, length in ranges:
             by_shard.setdefault(shard_id, []).append(
