@@ -47,8 +47,10 @@ GNU/pax extended headers) of its members, ``length`` runs to the end of the
 data of its last member in the archive (for a sparse member, its stored
 data): under ``tfd`` the span may hold other samples' members too, the
 members themselves are exact; ``members``
-holds ``(feature, data offset, size)`` per member, and for a sparse member
-``(feature, first stored byte, real size, extents)`` (:data:`MemberRow`).
+holds ``(feature, data offset, size, None, check)`` per member, and for a sparse
+member ``(feature, first stored byte, real size, extents, check)``
+(:data:`MemberRow`; the check is the CRC32C of the member's content, so the
+scan reads every member's data).
 For compressed archives the offsets, those of extents too, are
 decompressed-stream offsets (see :mod:`shardcat.readers.compressed`). Small
 field members that are sparse are expanded before their fields are read.
@@ -67,6 +69,7 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
+from shardcat.readers.checks import crc32c
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import (
     Columns,
@@ -126,9 +129,10 @@ _CURSORS = (MapCursor, StreamCursor, IndexingStream)
 # -- scanning ------------------------------------------------------------------
 
 
-#: One item of ``Entry.members``: ``(feature, data offset, size)``, and for a
-#: sparse member ``(feature, first stored byte, real size, extents)``.
-MemberRow = tuple[str, int, int] | tuple[str, int, int, Extents]
+#: One item of ``Entry.members``: ``(feature, data offset, size, extents, check)``:
+#: extents None but for a sparse member (then its first stored byte and real size),
+#: check the CRC32C of its content.
+MemberRow = tuple[str, int, int, Extents | None, int]
 
 
 @dataclass(slots=True)
@@ -208,16 +212,15 @@ def _samples(
             sample, data = None, {}
         if sample is None:
             sample = _Sample(key, m.header_offset)
-        if m.extents is None:
-            sample.members.append((feature, m.data_offset, m.size))
-        else:
-            sample.members.append((feature, m.data_offset, m.size, m.extents))
+        # every member's content is read: its CRC32C is the check reads compare with
+        raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
+        content = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
+        sample.members.append((feature, m.data_offset, m.size, m.extents, crc32c(content)))
         sample.seen.add(feature)
         sample.end = m.data_offset + m.stored_size
         sample.spans.append((m.header_offset, sample.end))
         if want is not None and want(feature, m.size):
-            raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
-            data[feature] = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
+            data[feature] = content
     if sample is not None:
         yield sample, data
 
