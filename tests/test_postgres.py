@@ -16,6 +16,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import checked
 import pytest
 from features import payloads
 
@@ -23,6 +24,7 @@ from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_ex
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.pb2 import Example
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
@@ -306,10 +308,10 @@ def test_cli_with_a_server_url(tmp_path, pg_url):
     assert done.exit_code == 0 and "nothing to fold" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["migrate", "--upgrade", "-c", secret])
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output and "postgresql://shardcat:***@" in done.output
     done = runner.invoke(app, ["migrate", "--upgrade"], env={"SHARDCAT_CATALOG": secret})
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
     assert done.exit_code == 0, done.output
@@ -511,6 +513,21 @@ def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
         assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
         paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
         assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio"])
+def test_reads_through_a_server_catalog_are_checked(tmp_path, pg_url, kind):
+    """The checks live in the server's tables too: a record damaged past the
+    fingerprint is refused by every read path; a moved offset as well."""
+    d = checked.write(kind, tmp_path / "data")
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(d.path), "d", workers=1).close()
+        with cat.dataset("d") as reader:
+            assert reader.get_raw(d.key) == d.good
+        d.damage()
+        with cat.dataset("d") as reader:
+            checked.every_read_refuses(reader, d)
+            assert [(p.path, p.offset) for p in reader.verify()] == [(str(d.path), d.offset)]
 
 
 def test_names_refused_as_on_sqlite_and_nul_errors_name_the_record(tmp_path, pg_url):

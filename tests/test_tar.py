@@ -12,6 +12,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import crc32c
 import pytest
 from damage import flip_keeping_mtime
 
@@ -287,9 +288,10 @@ def test_entry_spans_and_member_offsets(tmp_path: Path):
         assert e.offset == offsets[f"{e.key}.{e.members[0][0]}"][0] - 512
         last_off, last_size = offsets[f"{e.key}.{e.members[-1][0]}"]
         assert e.offset + e.length == last_off + last_size
-        for feature, off, size in e.members:
-            assert (off, size) == offsets[f"{e.key}.{feature}"]
+        for feature, off, size, extents, check in e.members:
+            assert (off, size, extents) == (*offsets[f"{e.key}.{feature}"], None)
             assert len(contents[f"{e.key}.{feature}"]) == size
+            assert check == crc32c.crc32c(contents[f"{e.key}.{feature}"])  # the member's check
 
 
 def test_sql_fields(tmp_path: Path):
@@ -314,6 +316,11 @@ def test_sql_fields(tmp_path: Path):
 
 def test_member_field_rules():
     assert tar_rules.member_fields("cls", b" 12\n") == {"cls": 12}
+    notes = tar_rules.FieldNotes()
+    assert tar_rules.member_fields("cls", b"-18446744073709551616", notes) == {
+        "cls": "-18446744073709551616"
+    }
+    assert notes.beyond == [("cls", "-18446744073709551616")]
     assert tar_rules.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
     assert tar_rules.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
     assert tar_rules.member_fields("txt", b"\xff\xfe") == {}
@@ -331,6 +338,7 @@ def test_member_field_rules():
         "meta_json_ok": 1,
         "meta_json_f": 0.5,
         "meta_json_o_a_b": 1,
+        "meta_json_big": str(2**70),  # beyond 64 bits: kept as text
     }
     assert tar_rules.member_fields("json", b"[1, 2]") == {}
     assert tar_rules.member_fields("json", b"{broken") == {}

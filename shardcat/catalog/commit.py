@@ -59,6 +59,7 @@ class Batch(Protocol):
     members: list[tuple[Any, ...]]
     extents: list[Any] | None
     items: list[int | None] | None
+    checks: list[int | None] | None
 
     def __len__(self) -> int: ...
 
@@ -244,6 +245,8 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
         ]
     if items:
         columns["item"] = items
+    if batch.checks is not None:  # each record's check (schema version 7)
+        columns["crc"] = batch.checks
     if job.options.get("fields", True):  # without fields the records have no field columns
         types = dict(job.field_types)
         for name in sorted(batch.fields):  # new columns in name order, whatever the scan's
@@ -335,11 +338,13 @@ def commit_shard(
             "offset": [m[2] for m in members],
             "length": [m[3] for m in members],
         }
-        if any(len(m) > 4 for m in members):  # pieces of sparse members (see schema)
+        if any(len(m) > 4 and m[4] for m in members):  # pieces of sparse members
             columns["extents"] = [
                 json.dumps([list(p) for p in m[4]]) if len(m) > 4 and m[4] else None
                 for m in members
             ]
+        if any(len(m) > 5 for m in members):  # each member's check (schema version 7)
+            columns["crc"] = [m[5] if len(m) > 5 else None for m in members]
         insert_columns(conn, schema.members.name, columns)
     s = schema.shards
     conn.execute(

@@ -261,15 +261,15 @@ def _copy_shard(
     statements = (
         (
             f"INSERT INTO {schema.records_table_name(dataset_id)} "
-            f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
-            f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
+            f'(shard_id, ordinal, key, "offset", length, extents, item, crc{target}) '
+            f'SELECT ?, ordinal, {key}, "offset", length, extents, item, crc{source} '
             f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
             (new_id, new_id, row.id) if by_position else (new_id, row.id),
         ),
         (
-            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
-            'SELECT ?, ordinal, name, "offset", length, extents FROM shardcat_members WHERE '
-            "shard_id = ?",
+            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents, '
+            'crc) SELECT ?, ordinal, name, "offset", length, extents, crc FROM shardcat_members '
+            "WHERE shard_id = ?",
             (new_id, row.id),
         ),
         (

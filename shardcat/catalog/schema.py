@@ -27,14 +27,18 @@ dataset, named after the dataset, may take any other name.
   5; NULL for one plain range): a location the format describes as several
   byte ranges (JSON ``[[offset, length], ...]``) and/or as one record inside
   those bytes (chunk + index formats: the row of a Parquet row group). The
-  catalog stores them as the scan gave them and never interprets them. A
+  catalog stores them as the scan gave them and never interprets them.
+  ``crc`` (schema version 7): the record's check, the CRC32C of the payload
+  its format reads (see :mod:`shardcat.readers.checks`), compared by every
+  read; NULL for records indexed before version 7 (reads then check their
+  framing) and formats whose scan gives none. A
   dataset's first ingest builds the key index once its rows are in (a sort,
   not a random insert per row); until then the dataset has no key index.
 - ``members``: per-feature byte ranges of records stored as several parts
   (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
   one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
   up the member's content in order, ``offset`` -1 for a run of zeros (sparse
-  tar members).
+  tar members). ``crc`` (schema version 7): the member's check, as a record's.
 - ``fields``: the scalar field columns of each dataset (feature name, view
   column, SQL type, ``idx`` of its column ``v<idx>`` in ``records_<id>``),
   exposed with the key and position through a view named after the dataset.
@@ -127,6 +131,7 @@ members = Table(
     Column("offset", BigInteger, nullable=False),
     Column("length", BigInteger, nullable=False),
     Column("extents", Text),  # schema version 3
+    Column("crc", BigInteger),  # schema version 7
     PrimaryKeyConstraint("shard_id", "ordinal", "name"),
     sqlite_with_rowid=False,
 )

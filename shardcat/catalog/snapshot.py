@@ -55,8 +55,8 @@ BATCH = 20_000
 # read-only to the snapshot's connection) instead of through Python: ~10x faster.
 FAST_SQLITE = True
 _META = ("snapshot_of", "snapshot_at", "snapshot_datasets")
-_RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item")
-_MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents")
+_RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item", "crc")
+_MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents", "crc")
 
 
 @dataclass(frozen=True)

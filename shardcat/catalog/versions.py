@@ -27,7 +27,7 @@ from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -143,6 +143,21 @@ def _records_per_dataset(conn: Connection) -> None:
         tables.create_view(conn, dataset_id, name)
 
 
+def _add_checks(conn: Connection) -> None:
+    """6 -> 7: each record's and member's check, ``crc`` (the CRC32C of its payload,
+    see :mod:`~shardcat.catalog.schema`), in every dataset's records table and in
+    ``shardcat_members``. NULL for every row indexed before: reads check those by
+    their framing until the shard is re-ingested. (A records table made by step
+    5 -> 6 of this library has the column already.)"""
+    names = [schema.members.name] + [
+        schema.records_table_name(r[0]) for r in conn.execute(select(schema.datasets.c.id))
+    ]
+    inspector = inspect(conn)
+    for name in names:
+        if "crc" not in {c["name"] for c in inspector.get_columns(name)}:
+            conn.execute(text(f'ALTER TABLE "{name}" ADD COLUMN crc BIGINT'))
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
@@ -150,6 +165,7 @@ STEPS: dict[int, Callable[[Connection], None]] = {
     3: _prefix_names,
     4: _add_locations,
     5: _records_per_dataset,
+    6: _add_checks,
 }
 
 

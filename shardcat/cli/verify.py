@@ -16,10 +16,10 @@ def verify(
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Re-read every record of a dataset checking framing and CRCs (after SQLite's
-    quick_check of the catalog file itself).
+    """Re-read every record of a dataset checking framing, CRCs and each record's
+    stored check (after SQLite's quick_check of the catalog file itself).
 
-    Reports each bad record with its file and byte offset; exit code 1 if any.
+    Reports each bad record with its file, byte offset and key; exit code 1 if any.
     """
     from shardcat.facade import tasks
 

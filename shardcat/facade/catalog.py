@@ -308,9 +308,11 @@ class Catalog(Store):
         ``max_depth``, ``pattern``, ...)."""
         return legacy_import.migrate(paths, catalog=self, open_catalog=type(self), **options)
 
-    def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
-        """A reader over the dataset ``name`` (no re-indexing happens)."""
-        return Reader(self, name, verify_crc=verify_crc)
+    def dataset(self, name: str, *, verify: bool = True, verify_crc: bool | None = None) -> Reader:
+        """A reader over the dataset ``name`` (no re-indexing happens). Every read is
+        checked against the catalog; ``verify=False`` trusts the bytes (``verify_crc``
+        is its older name)."""
+        return Reader(self, name, verify=verify, verify_crc=verify_crc)
 
     def query(
         self,
@@ -385,7 +387,8 @@ class Catalog(Store):
         return snapshots.provenance(self.reader_connection())
 
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
-        """Re-read every record of ``name`` checking framing and checksums.
+        """Re-read every record of ``name`` checking framing, checksums and the check
+        the catalog stores of each.
 
         Returns a list of :class:`CorruptRecordError` (one per bad record or
         stale shard); an empty list means every byte checked out.

@@ -13,8 +13,12 @@ RecordIO offsets; see the format modules):
   uploaded, not changed, so remote shards rely on the checks below (their
   frames tiling the object's exact size, the sample re-read, fetched as few
   merged ranged requests);
-- a sample of ``sample`` entries per shard (default 64: the first, the last
-  and evenly spaced ones; 0 = all) is re-read by the format;
+- every entry of a local shard is re-read by the format: its key confirmed
+  against the record itself (TFRecord: the key feature, through the native scan
+  where built; tar: the member's header and name) and its check computed, so a
+  swapped entry is never imported; of a remote shard, a sample of ``sample``
+  entries (default 64: the first, the last and evenly spaced ones; 0 = all),
+  the others stored without a check (reads check their framing);
 - a damaged record or header found on the way is a mismatch too;
 - the key feature of tfd-utils TFRecord indexes is read off the first record
   (:func:`infer_key`).
@@ -26,7 +30,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shardcat.errors import CorruptRecordError, ShardIOError
+from shardcat.errors import CorruptRecordError, LegacyIndexError, ShardIOError
 from shardcat.legacy.index import LegacyIndex, LegacyShard
 from shardcat.readers.compressed import compression_of, detect_compression
 from shardcat.readers.formats import Entry, Format, Location, Mismatch, get_format
@@ -78,7 +82,7 @@ def infer_key(
     """The feature holding tfd-utils' keys: read off the first record found,
     ``key`` preferred when several features hold the key."""
     fmt = get_format("tfrecord")
-    for path, (_, shard) in sorted(shards.items()):
+    for path, (index, shard) in sorted(shards.items()):
         if not shard.rows or _compression(path, options) is not None:
             continue
         first = min(shard.rows, key=lambda e: e.offset)
@@ -86,9 +90,18 @@ def infer_key(
         try:
             with shard_to_check(path, None, options.get(STORAGE_OPTIONS)) as source:
                 raw = fmt.read(source, Location(offset, length), False)
-            candidates = _key_candidates(fmt, raw, options, key)
         except (CorruptRecordError, OSError, ShardIOError):
             continue
+        try:
+            candidates = _key_candidates(fmt, raw, options, key)
+        except Exception as exc:  # protobuf's DecodeError: the index cuts the record wrong
+            raise LegacyIndexError(
+                index.path,
+                0,
+                f"entry {key!r} ({length} bytes at byte {offset} of {path}) does not decode "
+                f"as a TFRecord Example ({exc}): the index's offset or length is wrong; "
+                "index the shards from their data instead (catalog ingest)",
+            ) from None
         if candidates:
             return candidates[0]
     return "key"
@@ -112,7 +125,11 @@ def verify_shard(
     fmt = get_format(format)
     try:
         return fmt.check_entries(
-            path, st.st_size, shard.rows, _sample(len(shard.rows), sample), options
+            path,
+            st.st_size,
+            shard.rows,
+            _sample(len(shard.rows), sample if is_url(path) else 0),
+            options,
         )
     except CorruptRecordError as exc:
         raise Mismatch(f"{exc.problem} (at byte {exc.offset})") from None

@@ -94,10 +94,13 @@ class Entry:
     """One record found by ``scan``.
 
     ``key`` is None for datasets keyed by position. ``offset``, ``length``,
-    ``extents`` and ``item`` are the record's :class:`Location`. ``members``
+    ``extents`` and ``item`` are the record's :class:`Location`. ``check``: the
+    CRC32C of the payload ``read`` returns (:mod:`shardcat.readers.checks`;
+    None: the scan has none, reads then check the record's framing). ``members``
     lists ``(feature, offset, length)`` for formats whose records are made of
     separately stored parts (tar samples, ``PARTS``); it stays empty for the
-    others. A member stored in pieces adds a fourth item, its extents.
+    others. A member stored in pieces adds a fourth item, its extents (None for
+    one range), and a member's check is a fifth.
     """
 
     key: str | None
@@ -107,6 +110,8 @@ class Entry:
     members: list[tuple[Any, ...]] = field(default_factory=list)
     extents: Extents | None = None
     item: int | None = None
+    # not compared: entries are the same records whatever checks a scan computed
+    check: int | None = field(default=None, compare=False)
 
     @property
     def location(self) -> Location:
@@ -126,8 +131,9 @@ class Columns:
     for datasets keyed by position. ``fields``: one list per field name, in
     the order the names were first seen, None where a record has no value.
     ``members``: one row per member of a PARTS record, ``(ordinal, name,
-    offset, length)`` plus the member's extents when it is stored in pieces.
-    ``extents``/``items``: None when no record has any (the common case).
+    offset, length)`` plus the member's extents (None: one range) and its check.
+    ``extents``/``items``: None when no record has any (the common case);
+    ``checks``: each record's check (:attr:`Entry.check`), None when none has one.
     A native scanner fills these lists directly; :meth:`of` builds them from
     a format's :class:`Entry` objects.
     """
@@ -139,6 +145,7 @@ class Columns:
     members: list[tuple[Any, ...]] = field(default_factory=list)
     extents: list[Extents | None] | None = None
     items: list[int | None] | None = None
+    checks: list[int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -167,6 +174,7 @@ class Columns:
                 if items is None:
                     items = [None] * n
                 items[i] = e.item
+        checks = [e.check for e in entries]
         return cls(
             [e.key for e in entries],
             [e.offset for e in entries],
@@ -175,6 +183,7 @@ class Columns:
             members,
             extents,
             items,
+            checks if not checks or any(c is not None for c in checks) else None,
         )
 
     def select(self, keep: Sequence[int]) -> Columns:
@@ -188,6 +197,7 @@ class Columns:
             [(renumber[m[0]], *m[1:]) for m in self.members if m[0] in renumber],
             None if self.extents is None else [self.extents[i] for i in keep],
             None if self.items is None else [self.items[i] for i in keep],
+            None if self.checks is None else [self.checks[i] for i in keep],
         )
 
 
@@ -238,6 +248,14 @@ class Format(ABC):
         names the file in errors); ``verify``: check its checksum where it has one.
         A format must not keep ``location`` after the call: readers may reuse one
         object for every record of a batch."""
+
+    def read_chunks(
+        self, source: Source, location: Location, verify: bool = False
+    ) -> Iterator[bytes]:
+        """:meth:`read` in pieces as they are read, for payloads too large to hold
+        twice (``catalog get`` writes a tar member so); by default the whole
+        :meth:`read` at once."""
+        return iter((self.read(source, location, verify),))
 
     @abstractmethod
     def decode(self, raw: Any, options: Mapping[str, Any]) -> Any:

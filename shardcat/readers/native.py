@@ -109,6 +109,8 @@ def _add(columns: Columns, entry: Entry) -> None:
     columns.keys.append(entry.key)
     columns.offsets.append(entry.offset)
     columns.lengths.append(entry.length)
+    if columns.checks is not None:
+        columns.checks.append(entry.check)
     for name, value in entry.fields.items():
         column = columns.fields.setdefault(name, [])
         column.extend([None] * (i - len(column)))
@@ -121,14 +123,14 @@ class _Scan:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.key: str | None = options.get("key", "key")
         self.want_fields = bool(options.get("fields", True))
-        self.columns = Columns([], [], [], {})
+        self.columns = Columns([], [], [], {}, checks=[])
 
     def run(self, buf: Any, pos: int, base: int) -> tuple[int, bool]:
         assert _native is not None
         c = self.columns
         result: tuple[int, bool] = _native.tfrecord(
-            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.fields,
-            float32_shortest,
+            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.checks,
+            c.fields, float32_shortest,
         )  # fmt: skip
         return result
 
@@ -158,7 +160,7 @@ def scan_tfrecord(path: str, options: Mapping[str, Any], ref: Reference) -> Colu
     """The records of the plain TFRecord file at ``path``, mapped into memory."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
-            return Columns([], [], [])
+            return Columns([], [], [], checks=[])
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return scan_buffer(buf, path, options, ref)
 
@@ -208,8 +210,10 @@ def recordio_frames(buf: Any, pos: int, want_header: bool, columns: Columns) -> 
     array): the caller hands that record to the reference walk."""
     assert _native is not None
     c = columns
+    if c.checks is None:
+        c.checks = [None] * len(c.offsets)
     result: tuple[int, bool] = _native.recordio(
-        buf, pos, want_header, c.offsets, c.lengths, c.fields, float32_shortest
+        buf, pos, want_header, c.offsets, c.lengths, c.checks, c.fields, float32_shortest
     )
     return result
 

@@ -82,6 +82,7 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError, ShardcatWarning
 from shardcat.readers import native
+from shardcat.readers.checks import crc32c
 from shardcat.readers.compressed import detect_compression
 from shardcat.readers.formats import Columns, Entry, Format, Location, Mismatch, Scalar, ShardScan
 from shardcat.readers.irheader import (
@@ -215,7 +216,8 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
     in_column = options.get("idx") == IDX_AS_COLUMN
     want_fields = bool(options.get("fields", True))
     want_header = want_fields and bool(options.get("header", True))
-    c = Columns([], [], [], {})
+    checks: list[int | None] = []
+    c = Columns([], [], [], {}, checks=checks)
     key_list: list[str | None] = []
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -239,12 +241,13 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
                         raise _no_line(path, pos)
                     key_list.append(found[0])
                 i = len(c.offsets)
+                payload = join_parts(mm, parts)
                 if want_header:
-                    payload = join_parts(mm, parts)
                     for name, value in header_fields(payload, 0, len(payload)).items():
                         _put(c.fields.setdefault(name, []), i, value)
                 c.offsets.append(pos)
                 c.lengths.append(end - pos)
+                checks.append(crc32c(payload))
                 pos = end
         finally:
             if size:
@@ -262,6 +265,14 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
     for column in c.fields.values():
         column.extend([None] * (n - len(column)))
     return c
+
+
+def _crc_of(buf: Any, parts: Any) -> int:
+    """The check of the record made of ``parts`` of ``buf`` (its payload's CRC32C)."""
+    if len(parts) == 1:
+        start, n = parts[0]
+        return crc32c(memoryview(buf)[start : start + n])
+    return crc32c(join_parts(buf, parts))
 
 
 def features_of(record: bytes, *, with_data: bool = True) -> dict[str, list[Any]]:
@@ -345,7 +356,7 @@ class RecordIOFormat(Format):
                         if key is not None and want_fields:
                             fields[IDX_KEY] = key
                         key = None
-                    yield Entry(key, pos, end - pos, fields)
+                    yield Entry(key, pos, end - pos, fields, check=_crc_of(mm, parts))
                     pos = end
             finally:
                 if size:
@@ -538,10 +549,11 @@ class RecordIOFormat(Format):
     ) -> tuple[list[Entry], int]:
         """A legacy ``.idx``'s ``(key, offset)`` rows: offsets must be unique and start
         at byte 0, the last record must end at the end of the file; the picked records
-        are re-read (magic and framing spanning exactly the record)."""
+        are re-read (magic and framing spanning exactly the record) and get their
+        check (the others keep none: reads check them by their framing)."""
         entries = _legacy_entries(size, rows)
         ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
         with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
-                self.read(source, entries[i].location, True)
+                entries[i].check = crc32c(self.read(source, entries[i].location, True))
         return entries, len(picks)

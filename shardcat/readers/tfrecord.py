@@ -52,6 +52,7 @@ from shardcat.readers.formats import (
     float32_shortest,
 )
 from shardcat.readers.rawio import Source, pread_exact, read_full, unreadable
+from shardcat.readers.remote import is_url
 from shardcat.readers.source import shard_to_check
 
 __all__ = [
@@ -74,10 +75,13 @@ _SCAN_BUFFER = 1 << 20
 _U32 = struct.Struct("<I")
 
 
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
 def masked_crc(data: bytes | bytearray | memoryview) -> int:
     """TensorFlow's masked CRC32C of ``data``."""
-    crc = _crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return _mask(_crc32c.crc32c(data))
 
 
 def _key_of(features: Any, key_feature: str, path: str, offset: int) -> str:
@@ -168,10 +172,11 @@ def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) 
         if len(body) < length + FOOTER:
             raise _truncated(path, pos, length, HEADER + len(body))
         data = body[:length]
-        if masked_crc(data) != _U32.unpack_from(body, length)[0]:
+        crc = _crc32c.crc32c(data)
+        if _mask(crc) != _U32.unpack_from(body, length)[0]:
             raise CorruptRecordError(path, pos, "data CRC mismatch")
         if key_feature is None and not want_fields:
-            yield Entry(None, pos, length)
+            yield Entry(None, pos, length, check=crc)
         else:
             try:
                 context = parse(data).context
@@ -181,7 +186,7 @@ def _scan(stream: Any, path: str, options: Mapping[str, Any], size: int | None) 
                 ) from None
             key = None if key_feature is None else _key_of(context, key_feature, path, pos)
             fields = _scalars(context, key_feature, kinds) if want_fields else {}
-            yield Entry(key, pos, length, fields)
+            yield Entry(key, pos, length, fields, check=crc)
         pos += HEADER + length + FOOTER
 
 
@@ -218,6 +223,29 @@ def _tiled(size: int, entries: list[Entry]) -> list[Entry]:
     end = ends[-1] if ends else 0
     if end != size:
         raise Mismatch(f"the index ends at byte {end}, the file at byte {size}")
+    return entries
+
+
+def _confirmed(path: str, entries: list[Entry], key_feature: str | None) -> list[Entry]:
+    """Legacy ``entries`` (tiling the local file at ``path``) confirmed record by
+    record against a native scan of it: the same frames, each record holding the
+    key the index gives it; each entry gets its record's check. As fast as a fresh
+    ingest without fields, and 2-3x faster than re-reading every entry one by one
+    (100k records: 1.1 s against 2.1-3.3 s)."""
+    scanned = native.scan_tfrecord(path, {"key": key_feature, "fields": False}, _scan)
+    if scanned.offsets != [e.offset for e in entries]:
+        raise Mismatch("the index's records are not the file's frames")
+    checks = scanned.checks or [None] * len(entries)
+    for e, length, key, check in zip(entries, scanned.lengths, scanned.keys, checks, strict=True):
+        if length != e.length:
+            raise Mismatch(
+                f"the record at byte {e.offset} has {length} bytes, the index {e.length}"
+            )
+        if key_feature is not None and e.key is not None and key != e.key:
+            raise Mismatch(
+                f"the record at byte {e.offset} has {key_feature}={key!r}, the index says {e.key!r}"
+            )
+        e.check = check
     return entries
 
 
@@ -390,14 +418,19 @@ class TFRecordFormat(Format):
         the file exactly (each frame starts where the previous one ends, the last one
         ends at the end of the file), so a record missing from the index cannot go
         unnoticed; the picked ones are re-read with their length, both CRCs and the
-        key feature's value (``options["key"]``)."""
+        key feature's value (``options["key"]``), and get their check (the others
+        keep none: reads check them by their frame)."""
         entries = _tiled(size, rows)
         key_feature = options.get("key")
+        local = not is_url(path) and detect_compression(path) is None
+        if local and native.enabled() and len(picks) == len(entries):
+            return _confirmed(path, entries, key_feature), len(entries)
         ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
         with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
                 e = entries[i]
                 raw = self.read(source, e.location, True)
+                e.check = _crc32c.crc32c(raw)
                 if key_feature is not None and e.key is not None:
                     values = self.feature_list(self.decode(raw, options), key_feature)
                     found = _spell(values[0]) if values else None
