@@ -122,10 +122,19 @@ V5_FIELDS = (
 V5_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
 
+def downgrade_to_v6(db: Path) -> None:
+    """What a version-6 catalog is: no ``shardcat_bad_records`` table (issue 27)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE shardcat_bad_records")
+        conn.execute("UPDATE shardcat_meta SET value = '6' WHERE name = 'schema_version'")
+    conn.close()
+
+
 def downgrade_to_v5(db: Path) -> None:
     """What a version-5 catalog of the same data is: one ``shardcat_records`` table
     keyed by (dataset, key) with a unique (shard, ordinal) index, field values in
     ``shardcat_fields_<id>``, the views over them, version 5."""
+    downgrade_to_v6(db)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute("BEGIN")
@@ -323,7 +332,8 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 6  # 6: one records table per dataset (issue 12)
+    # 6: one records table per dataset (issue 12); 7: bad records set aside (issue 27)
+    assert migrations.SCHEMA_VERSION == 7
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"
@@ -386,7 +396,7 @@ def test_upgrade_from_version_4_adds_the_record_locations(tmp_path: Path):
             "SELECT count(*) FROM shardcat_records_1 WHERE extents IS NOT NULL OR item IS NOT NULL"
         ).fetchone() == (0,)
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
-        assert version.fetchone() == ("6",)
+        assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
 
 
 def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: Path):
@@ -426,4 +436,4 @@ def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: P
         )
         assert "USING COVERING INDEX shardcat_records_1_v" in plan
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
-        assert version.fetchone() == ("6",)
+        assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)

@@ -22,6 +22,7 @@ from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
+from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
 
@@ -511,3 +512,27 @@ def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
         assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
         paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
         assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)
+
+
+def test_bad_records_set_aside_on_a_server(tmp_path, pg_url):
+    from tests.damage import flip_keeping_mtime
+    from tests.test_bad_records import write_tfrecord
+
+    path = tmp_path / "a.tfrecord"
+    truth = write_tfrecord(path, 6)
+    pristine = path.read_bytes()
+    flip_keeping_mtime(path, truth["r4"][0] + HEADER + truth["r4"][1].index(bytes([4]) * 50))
+    with Catalog(pg_url) as cat:
+        with cat.ingest(path, "d", on_bad_record="skip", workers=2) as reader:
+            assert sorted(reader.get_keys()) == ["r0", "r1", "r2", "r3", "r5"]
+            assert reader.get_raw("r5") == truth["r5"][1]
+        (found,) = cat.bad_records("d")
+        assert (found.shard, found.offset, found.reason, found.key) == (
+            str(path),
+            truth["r4"][0],
+            "data CRC mismatch",
+            "r4",
+        )
+        path.write_bytes(pristine)
+        cat.ingest(path, "d", workers=1).close()
+        assert cat.bad_records("d") == []

@@ -10,6 +10,10 @@ recomputes positions, so a reader never sees half a shard.
 **Duplicate keys** (``on_duplicate``): ``error`` fails the shard; ``first`` /
 ``last`` keep one record per key in position order (shard path, then record
 order); the records dropped that way are counted (:data:`~shardcat.catalog.sync.DROPPED`).
+
+**Bad records** (``on_bad_record="skip"``): the records the scan set aside
+(``Batch.bad``) replace the shard's earlier ones in ``bad_records`` in the same
+transaction; a good re-index leaves none.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, reco
 from shardcat.errors import CatalogError, DuplicateKeyError
 
 __all__ = [
+    "BAD_RECORD_POLICIES",
     "DUPLICATE_POLICIES",
     "Batch",
     "IngestJob",
@@ -43,6 +48,8 @@ __all__ = [
 ]
 
 DUPLICATE_POLICIES = ("error", "first", "last")
+#: what a scan does at a damaged record: fail its shard, or set it aside and go on
+BAD_RECORD_POLICIES = ("raise", "skip")
 #: SQLite page cache (KiB) of a writer connection committing into an existing key
 #: index (allocated as pages are touched; the default is 2 MiB)
 COMMIT_CACHE_KIB = 64 * 1024
@@ -59,6 +66,8 @@ class Batch(Protocol):
     members: list[tuple[Any, ...]]
     extents: list[Any] | None
     items: list[int | None] | None
+    #: records the scan set aside (``offset``, ``length``, ``reason``, ``key`` each)
+    bad: list[Any]
 
     def __len__(self) -> int: ...
 
@@ -88,6 +97,8 @@ class IngestJob:
     #: the format says every record is one byte range: readers look up offset and
     #: length only, so a record with extents or an item would be read wrong
     one_range: bool = False
+    #: ``raise`` (a bad record fails its shard) or ``skip`` (set aside: see ``Batch.bad``)
+    on_bad_record: str = "raise"
 
 
 def catalog_error(catalog: str, exc: SQLAlchemyError) -> CatalogError:
@@ -318,6 +329,21 @@ def commit_shard(
                 for m in members
             ]
         insert_columns(conn, schema.members.name, columns)
+    if batch.bad:  # set aside by the scan (schema version 7); cleared above with the rest
+        server = conn.dialect.name == "postgresql"
+        conn.execute(
+            schema.bad_records.insert(),
+            [
+                {
+                    "shard_id": shard_id,
+                    "offset": b.offset,
+                    "length": b.length,
+                    "reason": b.reason.replace("\x00", "\\x00"),
+                    "key": None if server and b.key and "\x00" in b.key else b.key,
+                }
+                for b in batch.bad
+            ],
+        )
     s = schema.shards
     conn.execute(
         update(s)

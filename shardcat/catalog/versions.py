@@ -27,7 +27,7 @@ from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7  # issue 27: 8 once the per-record checks step (issue 26) is 6 -> 7
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -143,6 +143,12 @@ def _records_per_dataset(conn: Connection) -> None:
         tables.create_view(conn, dataset_id, name)
 
 
+def _add_bad_records(conn: Connection) -> None:
+    """6 -> 7: the ``shardcat_bad_records`` table (records an ingest with
+    ``on_bad_record="skip"`` set aside). Earlier versions set none aside: empty."""
+    schema.bad_records.create(conn)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
@@ -150,6 +156,9 @@ STEPS: dict[int, Callable[[Connection], None]] = {
     3: _prefix_names,
     4: _add_locations,
     5: _records_per_dataset,
+    # issue 27. Merging after issue 26's step 6 -> 7 (per-record checks): this becomes
+    # step 7 (7 -> 8) and SCHEMA_VERSION 8; nothing else in it depends on the number.
+    6: _add_bad_records,
 }
 
 

@@ -62,7 +62,7 @@ def stats(
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Record counts per shard of one dataset."""
+    """Record counts per shard of one dataset (and the bad records set aside at ingest)."""
     with (
         open_to_read(catalog, readonly) as cat,
         cat.dataset(dataset) as reader,
@@ -74,15 +74,19 @@ def stats(
     if json:
         print_json(result)
         return
+    bad = result["bad_records_per_file"]
+    aside = f", {result['bad_records']:,} bad records set aside" if bad else ""
     table = Table(
         "shard",
         "records",
+        *(["set aside"] if bad else []),
         title=cell(
-            f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards"
+            f"{dataset}: {result['total_records']:,} records in {result['total_files']} "
+            f"shards{aside}"
         ),
     )
     for name, n in result["records_per_file"].items():
-        table.add_row(cell(name), f"{n:,}")
+        table.add_row(cell(name), f"{n:,}", *([f"{bad.get(name, 0):,}"] if bad else []))
     Console().print(table)
 
 

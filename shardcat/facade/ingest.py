@@ -50,9 +50,15 @@ from shardcat.catalog.commit import (
 )
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import IngestError, MissingShardError, ShardcatError
+from shardcat.errors import (
+    CorruptRecordError,
+    IngestError,
+    LegacyIndexError,
+    MissingShardError,
+    ShardcatError,
+)
 from shardcat.readers import remote, remote_file
-from shardcat.readers.formats import Format, ShardScan, get_format
+from shardcat.readers.formats import BAD_RECORDS, BadRecord, Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -66,6 +72,8 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
+#: what a shard's error adds when a bad record failed it (the library's spelling)
+SKIP_HINT = " (on_bad_record='skip' indexes the other records)"
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -171,6 +179,17 @@ def _writer_turn() -> Iterator[None]:
         yield
 
 
+def scan_shard(fmt: Format, path: str, job: IngestJob) -> ShardScan:
+    """The scan of the shard at ``path``; with ``on_bad_record="skip"`` its bad
+    records are set aside (``columns.bad``) where the format can go on after them."""
+    if job.on_bad_record != "skip":
+        return fmt.scan_shard(path, job.options)
+    bad: list[BadRecord] = []
+    scanned = fmt.scan_shard(path, {**job.options, BAD_RECORDS: bad})
+    scanned.columns.bad = bad
+    return scanned
+
+
 def index_claimed(
     engine: Engine,
     job: IngestJob,
@@ -196,7 +215,7 @@ def index_claimed(
         fp = fingerprint_file(path, st.st_size)
         scanned = None if provide is None else provide(path, st)
         if scanned is None:
-            scanned = fmt.scan_shard(path, job.options)  # plain or compressed (+ seek points)
+            scanned = scan_shard(fmt, path, job)  # plain or compressed (+ seek points)
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns, after.st_ino) != (
             st.st_size,
@@ -256,7 +275,8 @@ def _failed(
 ) -> ShardOutcome:
     """How the indexing of a claimed shard that raised ``exc`` ends: the shard failed
     (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
-    URL, with ``renames`` (local copy -> what it is a copy of) applied in order), or
+    URL, with ``renames`` (local copy -> what it is a copy of) applied in order; a bad
+    record's says that ``on_bad_record="skip"`` indexes the others), or
     given back (anything else: the catalog's own failure is a :class:`CatalogError`,
     the rest is re-raised)."""
     if isinstance(exc, (ShardcatError, OSError)):
@@ -265,6 +285,12 @@ def _failed(
             message = message.replace(local, shown)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{name}: {exc.strerror or exc}"
+        elif (
+            isinstance(exc, CorruptRecordError)
+            and not isinstance(exc, LegacyIndexError)
+            and job.on_bad_record == "raise"
+        ):
+            message += SKIP_HINT
         release(engine, job.dataset_id, shard_id, owner, failed=message)
         return ShardOutcome(stored, 0, message)
     try:
@@ -350,7 +376,7 @@ def _index_remote(
         if scanned is None:
             storage = job.options.get(STORAGE_OPTIONS)
             with local_copy(url, storage, fmt=fmt, format_options=job.options) as (tmp, info):
-                scanned = fmt.scan_shard(tmp, job.options)
+                scanned = scan_shard(fmt, tmp, job)
         return _commit_scan(
             engine,
             job,

@@ -53,7 +53,9 @@ from shardcat.readers.compressed import IndexingStream, detect_compression, read
 from shardcat.readers.rawio import Source
 
 __all__ = [
+    "BAD_RECORDS",
     "ENTRY_POINT_GROUP",
+    "BadRecord",
     "Columns",
     "Entry",
     "Format",
@@ -112,6 +114,32 @@ class Entry:
         return Location(self.offset, self.length, self.extents, self.item)
 
 
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record a scan set aside instead of failing its shard (ingest with
+    ``on_bad_record="skip"``): where it starts in the shard (``offset``), the bytes
+    set aside from there (``length``; None when unknown), why (``reason``, the
+    error the default mode raises) and its key when it could be read."""
+
+    offset: int
+    length: int | None
+    reason: str
+    key: str | None = None
+
+
+#: The scan option holding a list a scan appends :class:`BadRecord` items to, instead
+#: of raising :class:`~shardcat.errors.CorruptRecordError` for a damaged record, where
+#: the format can go on after it (ingest sets it with ``on_bad_record="skip"``; a
+#: format that does not know it raises as usual).
+BAD_RECORDS = "bad_records"
+
+
+def set_aside(options: Mapping[str, Any]) -> list[BadRecord] | None:
+    """The list bad records go to in a scan with ``options`` (None: raise instead)."""
+    found: list[BadRecord] | None = options.get(BAD_RECORDS)
+    return found
+
+
 class Mismatch(Exception):
     """A shard's entries from a legacy index do not match its file (the message says
     how); the importer then re-indexes the shard from its data."""
@@ -127,6 +155,7 @@ class Columns:
     ``members``: one row per member of a PARTS record, ``(ordinal, name,
     offset, length)`` plus the member's extents when it is stored in pieces.
     ``extents``/``items``: None when no record has any (the common case).
+    ``bad``: the records set aside (see :class:`BadRecord`), not among the others.
     A native scanner fills these lists directly; :meth:`of` builds them from
     a format's :class:`Entry` objects.
     """
@@ -138,6 +167,7 @@ class Columns:
     members: list[tuple[Any, ...]] = field(default_factory=list)
     extents: list[Extents | None] | None = None
     items: list[int | None] | None = None
+    bad: list[BadRecord] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -187,6 +217,7 @@ class Columns:
             [(renumber[m[0]], *m[1:]) for m in self.members if m[0] in renumber],
             None if self.extents is None else [self.extents[i] for i in keep],
             None if self.items is None else [self.items[i] for i in keep],
+            self.bad,
         )
 
 

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardcat.catalog import lookup
+from shardcat.catalog.bad_records import bad_records_of, key_at
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import (
@@ -410,10 +411,16 @@ class Reader(DatasetView):
         return self._locate(self._conn(), key) is not None
 
     def get_stats(self) -> dict[str, Any]:
-        """Counts as tfd-utils reports them, plus the catalog and dataset names and
+        """Counts as tfd-utils reports them, plus the catalog and dataset names,
         ``duplicates_dropped``: the records of the shards that the dataset does not
-        serve because another record has the same key (``on_duplicate``)."""
+        serve because another record has the same key (``on_duplicate``), and
+        ``bad_records_per_file``: the records an ingest set aside, per shard that has
+        any (``on_bad_record="skip"``; they are not records of the dataset)."""
         dropped = lookup.dataset_options(self._conn(), self._id).get(DROPPED)
+        bad: dict[str, int] = {}
+        for found in bad_records_of(self._conn(), self._id):
+            name = os.path.basename(found.shard)
+            bad[name] = bad.get(name, 0) + 1
         return {
             "total_records": self._len,
             "total_files": len(self._order),
@@ -423,6 +430,8 @@ class Reader(DatasetView):
             "format": self.format,
             "key_rule": self.key_rule,
             "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
+            "bad_records": sum(bad.values()),
+            "bad_records_per_file": bad,
         }
 
     @property
@@ -475,7 +484,7 @@ class Reader(DatasetView):
                 try:
                     self._read(shard.id, location, verify=True)
                 except CorruptRecordError as exc:
-                    problems.append(exc)
+                    problems.append(self._named(shard.id, exc))
                 except StaleShardError as exc:  # the file is not the indexed version
                     problems.append(_whole_shard(shard.path, exc))
                     break
@@ -492,6 +501,19 @@ class Reader(DatasetView):
         if progress is not None:
             progress(done, self._len)
         return problems
+
+    def _named(self, shard_id: int, exc: CorruptRecordError) -> CorruptRecordError:
+        """``exc`` with ``key`` set: the key of the record at its offset."""
+        if exc.offset is not None:
+            exc.key = key_at(
+                self._conn(),
+                self._id,
+                shard_id,
+                exc.offset,
+                parts=self._parts,
+                by_position=self._by_position,
+            )
+        return exc
 
     def rebuild_index(self) -> None:
         """Re-index every shard of this dataset from its source patterns."""
