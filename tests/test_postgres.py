@@ -22,6 +22,7 @@ from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
@@ -307,10 +308,10 @@ def test_cli_with_a_server_url(tmp_path, pg_url):
     assert done.exit_code == 0 and "nothing to fold" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["migrate", "--upgrade", "-c", secret])
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output and "postgresql://shardcat:***@" in done.output
     done = runner.invoke(app, ["migrate", "--upgrade"], env={"SHARDCAT_CATALOG": secret})
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
     assert done.exit_code == 0, done.output

@@ -281,6 +281,25 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
     insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
 
 
+def insert_bad_records(conn: Connection, shard_id: int, bad: Sequence[Any]) -> None:
+    """The records the shard's scan set aside (``offset``, ``length``, ``reason``,
+    ``key`` each); PostgreSQL text cannot hold NUL: such a key is not kept."""
+    server = conn.dialect.name == "postgresql"
+    conn.execute(
+        schema.bad_records.insert(),
+        [
+            {
+                "shard_id": shard_id,
+                "offset": b.offset,
+                "length": b.length,
+                "reason": b.reason.replace("\x00", "\\x00"),
+                "key": None if server and b.key and "\x00" in b.key else b.key,
+            }
+            for b in bad
+        ],
+    )
+
+
 def commit_shard(
     conn: Connection,
     job: IngestJob,
@@ -330,20 +349,7 @@ def commit_shard(
             ]
         insert_columns(conn, schema.members.name, columns)
     if batch.bad:  # set aside by the scan (schema version 7); cleared above with the rest
-        server = conn.dialect.name == "postgresql"
-        conn.execute(
-            schema.bad_records.insert(),
-            [
-                {
-                    "shard_id": shard_id,
-                    "offset": b.offset,
-                    "length": b.length,
-                    "reason": b.reason.replace("\x00", "\\x00"),
-                    "key": None if server and b.key and "\x00" in b.key else b.key,
-                }
-                for b in batch.bad
-            ],
-        )
+        insert_bad_records(conn, shard_id, batch.bad)
     s = schema.shards
     conn.execute(
         update(s)
