@@ -166,13 +166,14 @@ def write_tar(path: Path, n: int) -> tuple[dict[str, dict[str, bytes]], dict[str
     return samples, heads
 
 
-def test_tar_broken_headers_mid_archive(tmp_path: Path, scanner: str):
+@pytest.mark.parametrize("grouping", ["webdataset", "tfd"])
+def test_tar_broken_headers_mid_archive(tmp_path: Path, scanner: str, grouping: str):
     path = tmp_path / "a.tar"
     samples, heads = write_tar(path, 10)
     flip_keeping_mtime(path, heads["s7.json"] + 148, 0x01)  # its checksum: the name reads
     flip_keeping_mtime(path, heads["s4.cls"], 0x80)  # its name: no longer UTF-8
     with Catalog(tmp_path / "c.sqlite") as cat:
-        cat.ingest(path, "d", on_bad_record="skip", workers=1).close()
+        cat.ingest(path, "d", grouping=grouping, on_bad_record="skip", workers=1).close()
         good = {k: v for k, v in samples.items() if k not in ("s4", "s7")}
         with cat.dataset("d") as reader:
             assert sorted(reader.get_keys()) == sorted(good)

@@ -32,7 +32,6 @@ from typing import Any
 
 from shardcat.errors import CorruptRecordError
 from shardcat.readers.formats import (
-    BAD_RECORDS,
     BadRecord,
     Columns,
     Entry,
@@ -158,7 +157,6 @@ def scan_buffer(
     """The records of a whole TFRecord shard held in ``buf`` (bytes, mmap, ...);
     ``skip``: the format's way past a bad record when ``options`` set them aside."""
     scan = _Scan(options)
-    one_options = {k: v for k, v in options.items() if k != BAD_RECORDS}
     pos = 0
     while True:
         pos, done = scan.run(buf, pos, 0)
@@ -167,7 +165,7 @@ def scan_buffer(
         end = _frame_end(buf, pos)
         frame = bytes(buf[pos : len(buf) if end is None else min(end, len(buf))])
         try:
-            entry = _one(frame, pos, len(buf) - pos, path, one_options, ref)
+            entry = _one(frame, pos, len(buf) - pos, path, options, ref)
         except CorruptRecordError as exc:
             if skip is None or set_aside(options) is None:
                 raise
