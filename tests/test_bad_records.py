@@ -314,15 +314,19 @@ def test_a_compressed_shard_still_fails_in_skip_mode(tmp_path: Path):
     assert str(err.value) == f"{packed}: at byte {truth['r1'][0]}: length CRC mismatch"
 
 
-def test_copied_shard_rows_keep_their_bad_records(tmp_path: Path):
+def test_copied_shard_rows_and_snapshots_keep_their_bad_records(tmp_path: Path):
     path = tmp_path / "a.tfrecord"
     truth = write_tfrecord(path, 5)
     flip_keeping_mtime(path, truth["r1"][0] + 3)
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "d", on_bad_record="skip", workers=1).close()
-        cat.ingest(path, "e", on_bad_record="skip", workers=1).close()
+        cat.ingest(path, "e", on_bad_record="skip", workers=1).close()  # rows copied from d
         assert cat.bad_records("e") == cat.bad_records("d")
-        assert len(cat.bad_records("e")) == 1
+        assert [b.offset for b in cat.bad_records("e")] == [truth["r1"][0]]
+        cat.snapshot("d", tmp_path / "snap.sqlite")
+        expected = cat.bad_records("d")
+    with Catalog(tmp_path / "snap.sqlite", immutable=True) as snap:
+        assert snap.bad_records("d") == expected
 
 
 # -- schema ----------------------------------------------------------------------------
