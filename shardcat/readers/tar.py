@@ -102,6 +102,7 @@ from shardcat.readers.tar_legacy import legacy_samples
 from shardcat.readers.tar_rules import (
     DEFAULT_GROUPING,
     GROUPINGS,
+    Clashes,
     check_grouping,
     grouping_of,
     member_fields,
@@ -251,8 +252,9 @@ def _scan_cursor(
     breaks: list[BadRecord] = []
     if bad is not None and members is None:
         members = salvaging(iter_members)(cur, path)
+    clashes = Clashes()
     runs = (
-        (sample, {feature: member_fields(feature, raw) for feature, raw in data.items()})
+        (sample, {feature: member_fields(feature, raw, clashes) for feature, raw in data.items()})
         for sample, data in _samples(cur, path, grouping, want, members, breaks)
     )
     found: Iterable[_Found] = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
@@ -268,6 +270,7 @@ def _scan_cursor(
             fields,
             row_list,
         )
+    clashes.warn(path)
 
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:
