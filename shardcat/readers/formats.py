@@ -66,6 +66,7 @@ __all__ = [
     "get_format",
     "known_formats",
     "register_format",
+    "set_aside",
 ]
 
 # Scalar values that become SQL columns of a dataset's view.
