@@ -122,9 +122,18 @@ V5_FIELDS = (
 V5_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
 
+def downgrade_to_v7(db: Path) -> None:
+    """What a version-7 catalog is: no ``shardcat_bad_records`` table (issue 27)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE shardcat_bad_records")
+        conn.execute("UPDATE shardcat_meta SET value = '7' WHERE name = 'schema_version'")
+    conn.close()
+
+
 def downgrade_to_v6(db: Path) -> None:
     """What a version-6 catalog of the same data is: no ``crc`` column (the checks of
     version 7) in the records tables and members, version 6."""
+    downgrade_to_v7(db)
     with sqlite3.connect(db) as conn:
         tables = [
             r[0]
@@ -136,6 +145,7 @@ def downgrade_to_v6(db: Path) -> None:
         for table in tables:
             conn.execute(f'ALTER TABLE "{table}" DROP COLUMN crc')
         conn.execute("UPDATE shardcat_meta SET value = '6' WHERE name = 'schema_version'")
+    conn.close()
 
 
 def downgrade_to_v5(db: Path) -> None:
@@ -340,7 +350,8 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 7  # 7: each record's check (issue 26)
+    # 7: each record's check (issue 26); 8: bad records set aside (issue 27)
+    assert migrations.SCHEMA_VERSION == 8
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"

@@ -27,7 +27,7 @@ from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -158,6 +158,12 @@ def _add_checks(conn: Connection) -> None:
             conn.execute(text(f'ALTER TABLE "{name}" ADD COLUMN crc BIGINT'))
 
 
+def _add_bad_records(conn: Connection) -> None:
+    """7 -> 8: the ``shardcat_bad_records`` table (records an ingest with
+    ``on_bad_record="skip"`` set aside). Earlier versions set none aside: empty."""
+    schema.bad_records.create(conn)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
@@ -166,6 +172,7 @@ STEPS: dict[int, Callable[[Connection], None]] = {
     4: _add_locations,
     5: _records_per_dataset,
     6: _add_checks,
+    7: _add_bad_records,
 }
 
 

@@ -94,6 +94,8 @@ def open_catalog(
 _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bon_duplicate='first' or 'last'"), "--on-duplicate first or last"),
     (re.compile(r"\bon_duplicate must be\b"), "--on-duplicate must be"),
+    (re.compile(r"\(on_bad_record='skip' indexes"), "(catalog ingest --on-bad-record skip indexes"),
+    (re.compile(r"\bon_bad_record must be\b"), "--on-bad-record must be"),
     (re.compile(r"\bpass format= "), "pass --format "),
     (re.compile(r"--timeout/timeout="), "--timeout"),
     (re.compile(r"\(overwrite=True / --force "), "(--force "),

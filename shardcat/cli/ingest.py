@@ -22,6 +22,7 @@ from shardcat.cli.options import (
     CatalogOpt,
     DatasetArg,
     JsonOpt,
+    OnBadRecordOpt,
     OnDuplicateOpt,
     StorageOpt,
     WorkersOpt,
@@ -67,6 +68,7 @@ def ingest(
         bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
     ] = False,
     on_duplicate: OnDuplicateOpt = "error",
+    on_bad_record: OnBadRecordOpt = "raise",
     rescan: Annotated[bool, typer.Option(help="Re-index unchanged shards too.")] = False,
     grouping: Annotated[
         str | None,
@@ -116,6 +118,7 @@ def ingest(
         on_duplicate=on_duplicate,
         rescan=rescan,
         grouping=grouping,
+        on_bad_record=on_bad_record,
         options={"storage_options": storage_options(storage_option)} if storage_option else {},
     )
     shards = {"total": 0}
@@ -145,6 +148,12 @@ def ingest(
         typer.echo(
             f"{summary.duplicates_dropped:,} records with duplicate keys dropped "
             f"(--on-duplicate {on_duplicate})",
+            err=True,
+        )
+    if summary.bad_records:
+        typer.echo(
+            f"{summary.bad_records:,} bad records set aside (catalog verify "
+            f"{summary.dataset} lists them)",
             err=True,
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from shardcat.catalog import reuse
 from shardcat.catalog import snapshot as snapshots
+from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
 from shardcat.catalog.store import Store
-from shardcat.catalog.sync import DROPPED, stored_path
+from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
@@ -138,6 +140,7 @@ class Catalog(Store):
         on_duplicate: str = "error",
         rescan: bool = False,
         lease: float = DEFAULT_LEASE,
+        on_bad_record: str = "raise",
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -163,6 +166,10 @@ class Catalog(Store):
         format options (they override the arguments above).
         ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
         record in position order. ``rescan``: re-index unchanged shards too.
+        ``on_bad_record``: ``raise`` (default: a damaged record fails its shard,
+        whose other records are then not indexed) or ``skip``: every good record
+        of a damaged (uncompressed) shard is indexed, each bad one set aside
+        (:meth:`bad_records`); the scan resynchronises after damaged framing.
         These are one :class:`~shardcat.facade.options.IngestOptions`
         (:meth:`ingest_with` takes it as it is).
         ``provided`` maps absolute shard paths to functions giving their
@@ -190,6 +197,7 @@ class Catalog(Store):
             on_duplicate=on_duplicate,
             rescan=rescan,
             lease=lease,
+            on_bad_record=on_bad_record,
         )
         return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
 
@@ -269,6 +277,7 @@ class Catalog(Store):
             opts.on_duplicate,
             opts.lease,
             fmt.ONE_RANGE,
+            opts.on_bad_record,
         )
         n_workers = (
             opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
@@ -354,12 +363,27 @@ class Catalog(Store):
         """Which catalog this snapshot was taken of and when (None: not a snapshot)."""
         return snapshots.provenance(self.reader_connection())
 
+    def bad_records(self, name: str) -> list[SetAside]:
+        """The records of dataset ``name``'s shards that an ingest with
+        ``on_bad_record="skip"`` set aside (by shard, then byte offset): each a
+        :class:`~shardcat.catalog.bad_records.SetAside` (``shard``, the file's path;
+        ``offset``, ``length``, ``reason``, ``key``). They are not records of the
+        dataset: no key, position or sampler reaches them. A good re-index of
+        their shard clears them."""
+        dataset_id = self.dataset_row(name)[0]
+        return [
+            replace(found, shard=absolute_path(found.shard, self.directory))
+            for found in bad_records_of(self.reader_connection(), dataset_id)
+        ]
+
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
         """Re-read every record of ``name`` checking framing, checksums and the check
         the catalog stores of each.
 
         Returns a list of :class:`CorruptRecordError` (one per bad record or
-        stale shard); an empty list means every byte checked out.
+        stale shard, ``key`` naming the record); an empty list means every byte
+        checked out. Records set aside at ingest are not re-read (see
+        :meth:`bad_records`).
         """
         with self.dataset(name) as reader:
             return reader.verify(progress)

@@ -51,10 +51,23 @@ from shardcat.catalog.commit import (
 )
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import CorruptRecordError, IngestError, MissingShardError, ShardcatError
+from shardcat.errors import (
+    CorruptRecordError,
+    IngestError,
+    LegacyIndexError,
+    MissingShardError,
+    ShardcatError,
+)
 from shardcat.paths import require_regular
 from shardcat.readers import remote, remote_file
-from shardcat.readers.formats import Format, ShardScan, get_format, other_format
+from shardcat.readers.formats import (
+    BAD_RECORDS,
+    BadRecord,
+    Format,
+    ShardScan,
+    get_format,
+    other_format,
+)
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -68,6 +81,8 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
+#: what a shard's error adds when a bad record failed it (the library's spelling)
+SKIP_HINT = " (on_bad_record='skip' indexes the other records)"
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -173,6 +188,17 @@ def _writer_turn() -> Iterator[None]:
         yield
 
 
+def scan_shard(fmt: Format, path: str, job: IngestJob) -> ShardScan:
+    """The scan of the shard at ``path``; with ``on_bad_record="skip"`` its bad
+    records are set aside (``columns.bad``) where the format can go on after them."""
+    if job.on_bad_record != "skip":
+        return fmt.scan_shard(path, job.options)
+    bad: list[BadRecord] = []
+    scanned = fmt.scan_shard(path, {**job.options, BAD_RECORDS: bad})
+    scanned.columns.bad = bad
+    return scanned
+
+
 def index_claimed(
     engine: Engine,
     job: IngestJob,
@@ -199,7 +225,7 @@ def index_claimed(
         fp = fingerprint_file(path, st.st_size)
         scanned = None if provide is None else provide(path, st)
         if scanned is None:
-            scanned = fmt.scan_shard(path, job.options)  # plain or compressed (+ seek points)
+            scanned = scan_shard(fmt, path, job)  # plain or compressed (+ seek points)
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns, after.st_ino) != (
             st.st_size,
@@ -262,7 +288,8 @@ def _failed(
 ) -> ShardOutcome:
     """How the indexing of a claimed shard that raised ``exc`` ends: the shard failed
     (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
-    URL, with ``renames`` (local copy -> what it is a copy of) applied in order), or
+    URL, with ``renames`` (local copy -> what it is a copy of) applied in order; a bad
+    record's says that ``on_bad_record="skip"`` indexes the others), or
     given back (anything else: the catalog's own failure is a :class:`CatalogError`,
     the rest is re-raised)."""
     if isinstance(exc, (ShardcatError, OSError)):
@@ -271,6 +298,13 @@ def _failed(
             message = message.replace(local, shown)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{name}: {exc.strerror or exc}"
+        elif (
+            isinstance(exc, CorruptRecordError)
+            and exc.offset is not None  # a bad record (not a file of another format)
+            and not isinstance(exc, LegacyIndexError)
+            and job.on_bad_record == "raise"
+        ):
+            message += SKIP_HINT
         release(engine, job.dataset_id, shard_id, owner, failed=message)
         return ShardOutcome(stored, 0, message)
     try:
@@ -357,7 +391,7 @@ def _index_remote(
             storage = job.options.get(STORAGE_OPTIONS)
             copy = local_copy(url, storage, fmt=fmt, format_options=job.options)
             with copy as (tmp, info), _warnings_naming(tmp, url):
-                scanned = fmt.scan_shard(tmp, job.options)
+                scanned = scan_shard(fmt, tmp, job)
         return _commit_scan(
             engine,
             job,
