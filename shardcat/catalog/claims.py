@@ -22,13 +22,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 
 from shardcat.catalog import schema
-from shardcat.catalog.processes import is_dead, owner_id
+from shardcat.catalog.processes import holder, is_dead, owner_id
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 
 __all__ = [
     "CLAIM_LOST",
     "DEFAULT_LEASE",
     "claim_next",
+    "give_back",
+    "held_by_others",
     "open_shards",
     "owner_id",
     "release",
@@ -119,6 +121,18 @@ def release(
             recompute_positions(conn, dataset_id)
 
 
+def give_back(engine: Engine, dataset_id: int, owner: str) -> None:
+    """Every claim ``owner`` still holds on the dataset's shards back to ``pending``
+    (a process that is stopped, whatever it was doing)."""
+    s = schema.shards
+    with engine.begin() as conn:
+        conn.execute(
+            update(s)
+            .where(s.c.dataset_id == dataset_id, s.c.state == "indexing", s.c.claim_owner == owner)
+            .values(state="pending", claim_owner=None, claimed_at=None)
+        )
+
+
 def open_shards(engine: Engine, dataset_id: int) -> int:
     """How many shards are still pending or being indexed."""
     s = schema.shards
@@ -130,3 +144,21 @@ def open_shards(engine: Engine, dataset_id: int) -> int:
                 )
             ).scalar_one()
         )
+
+
+def held_by_others(engine: Engine, dataset_id: int, lease: float) -> dict[str, int]:
+    """The live claims on the dataset's shards: how many each holder (``host:pid``)
+    has, most first (claims of dead processes are left out: they are taken over)."""
+    s = schema.shards
+    with engine.connect().execution_options(immediate=False) as conn:
+        rows = conn.execute(
+            select(s.c.claim_owner, s.c.claimed_at).where(
+                s.c.dataset_id == dataset_id, s.c.state == "indexing"
+            )
+        ).all()
+    held: dict[str, int] = {}
+    for r in rows:
+        if not is_dead(r.claim_owner, r.claimed_at, lease):
+            who = holder(r.claim_owner)
+            held[who] = held.get(who, 0) + 1
+    return dict(sorted(held.items(), key=lambda item: -item[1]))

@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from shardcat.catalog import postgres
 from shardcat.catalog.claims import (
     CLAIM_LOST,
     claim_next,
+    give_back,
+    held_by_others,
     open_shards,
     owner_id,
     release,
@@ -49,8 +52,15 @@ from shardcat.catalog.commit import (
     finish_key_index,
 )
 from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.catalog.processes import end_with_parent
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import IngestError, MissingShardError, ShardcatError
+from shardcat.errors import (
+    CatalogError,
+    IngestError,
+    MissingShardError,
+    ShardcatError,
+    ShardcatWarning,
+)
 from shardcat.readers import remote, remote_file
 from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
@@ -66,6 +76,8 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
+NAME_HOLDERS_AFTER = 1.0  # a wait for other processes' shards longer than this is named
+STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -372,17 +384,21 @@ def _index_remote(
         return _failed(engine, job, shard_id, stored, owner, exc, url, renames)
 
 
-def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
+def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
     """A forked worker: claim and index shards until none is claimable, sending
     ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
     ``("error", exception)``). The next claim follows each commit in the same turn
     at the write lock, so this worker scans its next shard while the other commits
-    (claiming after the other's commit left it idle for that commit)."""
+    (claiming after the other's commit left it idle for that commit). A signal, or
+    the end of ``parent``, ends it quietly, its claim given back
+    (:func:`~shardcat.catalog.processes.end_with_parent`)."""
     global _turns
     _turns = turns
+    engine: Engine | None = None
+    owner = owner_id()
     try:
+        end_with_parent(parent)
         engine = _engine(job.catalog)
-        owner = owner_id()
         following: list[Any] = [_UNSET]
 
         def claim() -> None:
@@ -399,6 +415,11 @@ def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
                 with _writer_turn():
                     claim()
         out.send(("end", None))
+    except SystemExit:  # stopped: by the parent, or because it is gone
+        if engine is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                give_back(engine, job.dataset_id, owner)  # the claim just taken, too
+        raise
     except BaseException as exc:
         try:
             out.send(("error", exc))
@@ -411,9 +432,10 @@ def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
 
 def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
     """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
-    re-raises the first worker's error (the others are stopped, as their claims are
-    taken over by the next ingest). A worker that dies leaves its claim to the
-    caller's next round."""
+    re-raises the first worker's error (the others are stopped and give their
+    claims back; one that does not within :data:`STOP_SECONDS` is killed, its claim
+    taken over at once by the next ingest). A worker that dies leaves its claim to
+    the caller's next round."""
     ctx = multiprocessing.get_context("fork")
     # a server catalog takes concurrent writers: no turns there
     turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
@@ -422,7 +444,9 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     try:
         for _ in range(count):
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work_all, args=(job, turns, writer), daemon=True)
+            proc = ctx.Process(
+                target=_work_all, args=(job, turns, writer, os.getpid()), daemon=True
+            )
             proc.start()
             writer.close()
             procs.append(proc)
@@ -447,7 +471,11 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
         for proc in procs:
             if proc.is_alive() and live:
                 proc.terminate()
-            proc.join()
+        for proc in procs:
+            proc.join(STOP_SECONDS)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:
@@ -467,6 +495,7 @@ def run_ingest(
     workers: int,
     progress: Callable[[ShardOutcome], None] | None = None,
     provided: Mapping[str, ProvideEntries] | None = None,
+    wait_timeout: float | None = None,
 ) -> list[ShardOutcome]:
     """Index every pending shard of the dataset, sharing the work with any other
     process doing the same; returns once no shard is pending or being indexed.
@@ -474,6 +503,8 @@ def run_ingest(
     ``provided`` maps stored shard paths to where their entries come from
     instead of a scan: those shards are claimed and committed first, in this
     process; the rest are scanned by ``workers`` processes as usual.
+    A wait for shards that live processes hold is named (see :class:`_Waiting`)
+    and given up after ``wait_timeout`` seconds (None: no limit).
     """
     outcomes: list[ShardOutcome] = []
     defer_key_index(engine, job.dataset_id)  # a first ingest builds it after the rows
@@ -492,8 +523,10 @@ def run_ingest(
             shard_id, stored = claimed
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     try:
-        _share_work(engine, job, workers, note, outcomes)
+        _share_work(engine, job, workers, note, outcomes, _Waiting(engine, job, wait_timeout))
     except BaseException:
+        with contextlib.suppress(SQLAlchemyError):
+            give_back(engine, job.dataset_id, owner_id())  # stopped between claim and scan
         _close_engines()
         try:
             finish_key_index(engine, job)  # whatever is in, the next ingest goes on from
@@ -518,6 +551,7 @@ def _share_work(
     workers: int,
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
+    waiting: _Waiting,
 ) -> None:
     """Claim and index shards, here or in forked workers, until none is open."""
     idle = False
@@ -532,8 +566,49 @@ def _share_work(
         else:
             note(_work_one(job))
         idle = len(outcomes) == done
-        if idle:
-            time.sleep(POLL_SECONDS)  # other processes hold the remaining claims
+        if idle:  # other processes hold the remaining claims
+            waiting.still()
+            time.sleep(POLL_SECONDS)
+        else:
+            waiting.started = None
+
+
+class _Waiting:
+    """This ingest's wait for shards that other processes hold: after
+    :data:`NAME_HOLDERS_AFTER` seconds a :class:`ShardcatWarning` names them
+    (``waiting for 3 shards held by host:pid``; again when they change), and
+    after ``timeout`` seconds the wait ends with a :class:`CatalogError`."""
+
+    def __init__(self, engine: Engine, job: IngestJob, timeout: float | None) -> None:
+        self.engine, self.job, self.timeout = engine, job, timeout
+        self.started: float | None = None
+        self.named = ""
+
+    def still(self) -> None:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        waited = now - self.started
+        if waited < NAME_HOLDERS_AFTER and (self.timeout is None or waited < self.timeout):
+            return
+        held = held_by_others(self.engine, self.job.dataset_id, self.job.lease)
+        what = ", ".join(
+            f"{n} shard{'s' if n > 1 else ''} held by {owner}" for owner, n in held.items()
+        )
+        if self.timeout is not None and waited >= self.timeout:
+            raise CatalogError(
+                f"gave up after waiting {self.timeout:g} s (wait_timeout=) for "
+                f"{what or 'shards other processes hold'}; run the same ingest again "
+                "once they are done, or stop them"
+            )
+        if what and what != self.named:
+            self.named = what
+            warnings.warn(
+                f"waiting for {what} (another ingest of this dataset; a process that "
+                "ends gives its shards to this one; wait_timeout= bounds the wait)",
+                ShardcatWarning,
+                stacklevel=2,
+            )
 
 
 def raise_for_failures(outcomes: Iterable[ShardOutcome]) -> None:
