@@ -17,6 +17,7 @@ import json
 import os
 import sqlite3
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,8 +47,15 @@ from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.catalog.sync import Judge
-from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
-from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.catalog.versions import (
+    OLD_META,
+    SCHEMA_VERSION,
+    ensure_schema,
+    read_version,
+    too_new,
+    upgrade_notice,
+)
+from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
 
 __all__ = ["Store", "check_name", "open_catalogs"]
 
@@ -72,7 +80,7 @@ def check_name(name: str) -> None:
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
             f"with a digit, nor with {schema.PREFIX} or sqlite_, the catalog's and "
-            "SQLite's own names)"
+            f"SQLite's own names, nor {schema.OLD_META})"
         )
 
 
@@ -239,7 +247,11 @@ class Store:
                     if version is None or version < SCHEMA_VERSION:
                         conn.execution_options(immediate=True)
                         with conn.begin():
-                            ensure_schema(conn, str(self.path))
+                            found = ensure_schema(conn, str(self.path))
+                        if 0 < found < SCHEMA_VERSION:  # said once, by the open that did it
+                            warnings.warn(
+                                upgrade_notice(str(self.path), found), ShardcatWarning, stacklevel=2
+                            )
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:
