@@ -16,6 +16,7 @@ rows another claimer holds.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Container
 from typing import Any
 
@@ -24,10 +25,13 @@ from sqlalchemy import Connection, Engine, func, select, update
 from shardcat.catalog import schema
 from shardcat.catalog.processes import holder, is_dead, owner_id
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
+from shardcat.errors import CatalogError, ShardcatWarning
 
 __all__ = [
     "CLAIM_LOST",
     "DEFAULT_LEASE",
+    "NAME_HOLDERS_AFTER",
+    "Waiting",
     "claim_next",
     "give_back",
     "held_by_others",
@@ -38,6 +42,7 @@ __all__ = [
 ]
 
 DEFAULT_LEASE = 600.0
+NAME_HOLDERS_AFTER = 1.0  # a wait for other processes' shards longer than this is named
 CLAIM_LOST = "claim lost to another process"
 
 
@@ -162,3 +167,45 @@ def held_by_others(engine: Engine, dataset_id: int, lease: float) -> dict[str, i
             who = holder(r.claim_owner)
             held[who] = held.get(who, 0) + 1
     return dict(sorted(held.items(), key=lambda item: -item[1]))
+
+
+class Waiting:
+    """This ingest's wait for shards that other processes hold: after
+    :data:`NAME_HOLDERS_AFTER` seconds a :class:`ShardcatWarning` names them
+    (``waiting for 3 shards held by host:pid``; again when they change), and
+    after ``timeout`` seconds the wait ends with a :class:`CatalogError`."""
+
+    def __init__(
+        self, engine: Engine, dataset_id: int, lease: float, timeout: float | None
+    ) -> None:
+        self.engine, self.dataset_id, self.lease = engine, dataset_id, lease
+        self.timeout = timeout
+        self.started: float | None = None
+        self.named = ""
+
+    def still(self) -> None:
+        """Called on each poll while the wait lasts (``started`` None: a new wait)."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        waited = now - self.started
+        if waited < NAME_HOLDERS_AFTER and (self.timeout is None or waited < self.timeout):
+            return
+        held = held_by_others(self.engine, self.dataset_id, self.lease)
+        what = ", ".join(
+            f"{n} shard{'s' if n > 1 else ''} held by {owner}" for owner, n in held.items()
+        )
+        if self.timeout is not None and waited >= self.timeout:
+            raise CatalogError(
+                f"gave up after waiting {self.timeout:g} s (wait_timeout=) for "
+                f"{what or 'shards other processes hold'}; run the same ingest again "
+                "once they are done, or stop them"
+            )
+        if what and what != self.named:
+            self.named = what
+            warnings.warn(
+                f"waiting for {what} (another ingest of this dataset; a process that "
+                "ends gives its shards to this one; wait_timeout= bounds the wait)",
+                ShardcatWarning,
+                stacklevel=2,
+            )

@@ -17,7 +17,6 @@ import json
 import os
 import sqlite3
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, postgres, reuse, schema, tables
+from shardcat.catalog import datasets, postgres, reuse, schema, tables, versions
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.datasets import DatasetInfo, describe
@@ -47,15 +46,8 @@ from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.mounts import warn_if_network
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
 from shardcat.catalog.sync import Judge
-from shardcat.catalog.versions import (
-    OLD_META,
-    SCHEMA_VERSION,
-    ensure_schema,
-    read_version,
-    too_new,
-    upgrade_notice,
-)
-from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
+from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
+from shardcat.errors import CatalogError, SchemaVersionError
 
 __all__ = ["Store", "check_name", "open_catalogs"]
 
@@ -248,10 +240,7 @@ class Store:
                         conn.execution_options(immediate=True)
                         with conn.begin():
                             found = ensure_schema(conn, str(self.path))
-                        if 0 < found < SCHEMA_VERSION:  # said once, by the open that did it
-                            warnings.warn(
-                                upgrade_notice(str(self.path), found), ShardcatWarning, stacklevel=2
-                            )
+                        versions.say_upgraded(str(self.path), found)  # once committed
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:

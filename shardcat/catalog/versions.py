@@ -5,7 +5,7 @@ in ``shardcat_meta`` (``catalog_meta`` before version 4). Opening an older
 catalog runs every step from its version up to ``SCHEMA_VERSION`` — each step
 and its version bump inside the same transaction, so an interrupted upgrade
 leaves the catalog at a whole version — and says so once
-(:func:`upgrade_notice`: older shardcats can no longer open it).
+(:func:`say_upgraded`: older shardcats can no longer open it).
 A catalog newer than the library is refused with :class:`SchemaVersionError`.
 :func:`upgrade` (``catalog migrate --upgrade``) does the same without opening
 anything else, e.g. before a read-only open (which never upgrades).
@@ -22,6 +22,7 @@ Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,16 +32,16 @@ from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspec
 
 from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.engine import make_engine
-from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
 
 __all__ = [
     "SCHEMA_VERSION",
     "STEPS",
     "ensure_schema",
     "read_version",
+    "say_upgraded",
     "too_new",
     "upgrade",
-    "upgrade_notice",
 ]
 
 SCHEMA_VERSION = 6
@@ -258,12 +259,17 @@ def _write_version(conn: Connection, version: int) -> None:
     _set_version(conn, OLD_META, version)
 
 
-def upgrade_notice(where: str, found: int) -> str:
-    """What an open that upgraded the catalog at ``where`` from version ``found`` says."""
-    return (
-        f"upgraded the catalog {where} from schema version {found} to {SCHEMA_VERSION}: "
-        "older shardcat versions can no longer open it (they refuse it as too new)"
-    )
+def say_upgraded(where: str, found: int) -> None:
+    """After an open upgraded the catalog at ``where`` from version ``found`` (and
+    committed): one :class:`ShardcatWarning` saying so (nothing when ``found`` is 0,
+    a new catalog, or already :data:`SCHEMA_VERSION`)."""
+    if 0 < found < SCHEMA_VERSION:
+        warnings.warn(
+            f"upgraded the catalog {where} from schema version {found} to {SCHEMA_VERSION}: "
+            "older shardcat versions can no longer open it (they refuse it as too new)",
+            ShardcatWarning,
+            stacklevel=4,
+        )
 
 
 def too_new(where: str, found: int) -> SchemaVersionError:

@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +34,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import (
     CLAIM_LOST,
+    Waiting,
     claim_next,
     give_back,
-    held_by_others,
     open_shards,
     owner_id,
     release,
@@ -54,13 +53,7 @@ from shardcat.catalog.commit import (
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.processes import end_with_parent
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import (
-    CatalogError,
-    IngestError,
-    MissingShardError,
-    ShardcatError,
-    ShardcatWarning,
-)
+from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote, remote_file
 from shardcat.readers.formats import Format, ShardScan, get_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
@@ -76,7 +69,6 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
-NAME_HOLDERS_AFTER = 1.0  # a wait for other processes' shards longer than this is named
 STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
@@ -503,7 +495,8 @@ def run_ingest(
     ``provided`` maps stored shard paths to where their entries come from
     instead of a scan: those shards are claimed and committed first, in this
     process; the rest are scanned by ``workers`` processes as usual.
-    A wait for shards that live processes hold is named (see :class:`_Waiting`)
+    A wait for shards that live processes hold is named (see
+    :class:`~shardcat.catalog.claims.Waiting`)
     and given up after ``wait_timeout`` seconds (None: no limit).
     """
     outcomes: list[ShardOutcome] = []
@@ -523,7 +516,8 @@ def run_ingest(
             shard_id, stored = claimed
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     try:
-        _share_work(engine, job, workers, note, outcomes, _Waiting(engine, job, wait_timeout))
+        waiting = Waiting(engine, job.dataset_id, job.lease, wait_timeout)
+        _share_work(engine, job, workers, note, outcomes, waiting)
     except BaseException:
         with contextlib.suppress(SQLAlchemyError):
             give_back(engine, job.dataset_id, owner_id())  # stopped between claim and scan
@@ -551,7 +545,7 @@ def _share_work(
     workers: int,
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
-    waiting: _Waiting,
+    waiting: Waiting,
 ) -> None:
     """Claim and index shards, here or in forked workers, until none is open."""
     idle = False
@@ -571,44 +565,6 @@ def _share_work(
             time.sleep(POLL_SECONDS)
         else:
             waiting.started = None
-
-
-class _Waiting:
-    """This ingest's wait for shards that other processes hold: after
-    :data:`NAME_HOLDERS_AFTER` seconds a :class:`ShardcatWarning` names them
-    (``waiting for 3 shards held by host:pid``; again when they change), and
-    after ``timeout`` seconds the wait ends with a :class:`CatalogError`."""
-
-    def __init__(self, engine: Engine, job: IngestJob, timeout: float | None) -> None:
-        self.engine, self.job, self.timeout = engine, job, timeout
-        self.started: float | None = None
-        self.named = ""
-
-    def still(self) -> None:
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-        waited = now - self.started
-        if waited < NAME_HOLDERS_AFTER and (self.timeout is None or waited < self.timeout):
-            return
-        held = held_by_others(self.engine, self.job.dataset_id, self.job.lease)
-        what = ", ".join(
-            f"{n} shard{'s' if n > 1 else ''} held by {owner}" for owner, n in held.items()
-        )
-        if self.timeout is not None and waited >= self.timeout:
-            raise CatalogError(
-                f"gave up after waiting {self.timeout:g} s (wait_timeout=) for "
-                f"{what or 'shards other processes hold'}; run the same ingest again "
-                "once they are done, or stop them"
-            )
-        if what and what != self.named:
-            self.named = what
-            warnings.warn(
-                f"waiting for {what} (another ingest of this dataset; a process that "
-                "ends gives its shards to this one; wait_timeout= bounds the wait)",
-                ShardcatWarning,
-                stacklevel=2,
-            )
 
 
 def raise_for_failures(outcomes: Iterable[ShardOutcome]) -> None:
