@@ -288,3 +288,73 @@ def test_stopping_on_signals_leaves_handlers_a_program_set(tmp_path: Path) -> No
         time.sleep(5)
     assert ended.value.code == 143
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+_SLOW_CONVERT = """
+import sys, time
+import shardcat.convert as convert
+tar = convert.convert_tar
+def slow_convert(*args, **kwargs):
+    time.sleep(0.4)
+    return tar(*args, **kwargs)
+convert.convert_tar = slow_convert  # the forked workers inherit it
+from shardcat.cli import main
+sys.argv = ["catalog", *sys.argv[1:]]
+main()
+"""
+
+
+def test_sigterm_stops_convert_and_its_workers(tmp_path: Path) -> None:
+    make_sample(tmp_path / "d", shards=8, records=80, image_bytes=16, format="tar")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_CONVERT, "convert", str(tmp_path / "d"), "-o", out, "-w", "2"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    workers = _children(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (
+        143,
+        "stopped by SIGTERM: run the same command again to finish\n",
+    )
+    assert _gone(workers)
+
+
+_SLOW_VERIFY = """
+import sys, time
+from shardcat.readers.reader import Reader
+def slow_verify(self, progress=None):
+    print("verifying", flush=True)
+    time.sleep(30)
+Reader.verify = slow_verify
+from shardcat.cli import main
+sys.argv = ["catalog", *sys.argv[1:]]
+main()
+"""
+
+
+def test_sighup_stops_verify(tmp_path: Path) -> None:
+    make_sample(tmp_path / "d", shards=1, records=10, image_bytes=16)
+    db = tmp_path / "cat.sqlite"
+    ingest = ["ingest", str(tmp_path / "d" / "*.tfrecord"), "-d", "train", "-c", str(db)]
+    assert subprocess.run([sys.executable, "-c", _CLI, *ingest], env=_env()).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_VERIFY, "verify", "train", "-c", str(db)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "verifying\n"
+    os.kill(proc.pid, signal.SIGHUP)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (129, "", "stopped by SIGHUP\n")
