@@ -358,3 +358,28 @@ def test_sighup_stops_verify(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (129, "", "stopped by SIGHUP\n")
+
+
+def test_sigterm_stops_a_long_query(tmp_path: Path) -> None:
+    """SQLite runs the statement; SIGTERM's Stopped, raised in its progress handler,
+    ends it as Ctrl-C does, and is told apart from Ctrl-C."""
+    make_sample(tmp_path / "d", shards=1, records=10, image_bytes=16)
+    db = tmp_path / "cat.sqlite"
+    ingest = ["ingest", str(tmp_path / "d" / "*.tfrecord"), "-d", "train", "-c", str(db)]
+    assert subprocess.run([sys.executable, "-c", _CLI, *ingest], env=_env()).returncode == 0
+    endless = (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    )
+    script = _CLI.replace("main()", "print('ready', flush=True)\nmain()")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, "query", endless, "--timeout", "60", "-c", str(db)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    time.sleep(1)  # (the query started or not, the outcome is the same)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (143, "", "stopped by SIGTERM\n")

@@ -41,6 +41,7 @@ __all__ = [
     "alive",
     "end_with_parent",
     "holder",
+    "interruption",
     "is_dead",
     "owner_id",
     "stopping_on_signals",
@@ -145,8 +146,18 @@ class Stopped(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_stopped_by: list[int] = []  # the stop signals that arrived (see interruption())
+
+
 def _raise_stopped(signum: int, frame: Any) -> None:
+    _stopped_by.append(signum)
     raise Stopped(signum)
+
+
+def interruption() -> KeyboardInterrupt:
+    """The interruption to raise where one was swallowed (sqlite3 drops what its
+    callbacks raise): :class:`Stopped` when a stop signal arrived, else Ctrl-C's."""
+    return Stopped(_stopped_by[-1]) if _stopped_by else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
@@ -165,6 +176,7 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
         taken = [s for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_DFL]
     for sig in taken:
         signal.signal(sig, _raise_stopped)
+    _stopped_by.clear()
     try:
         yield
     except Stopped as exc:
