@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from shardcat import Catalog, SchemaVersionError
+from shardcat import Catalog, CatalogError, SchemaVersionError
 from shardcat.catalog import versions as migrations
 from shardcat.cli import app
 from shardcat.errors import ShardcatWarning
@@ -587,3 +587,12 @@ def test_older_shardcats_refuse_an_upgraded_or_new_catalog(
         assert library.returncode == 1
         assert library.stderr.splitlines()[-1] == f"shardcat.errors.SchemaVersionError: {refused}"
         assert schema_rows(db) == before
+
+
+def test_no_dataset_takes_the_marker_s_name(tmp_path: Path) -> None:
+    db = build(tmp_path / "cat")
+    with (
+        Catalog(db) as cat,
+        pytest.raises(CatalogError, match="invalid dataset name 'Catalog_Meta'"),
+    ):
+        cat.ingest(tmp_path / "cat" / "a.tfrecord", "Catalog_Meta")

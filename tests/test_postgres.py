@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
+from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
@@ -467,8 +467,6 @@ def test_snapshot_of_a_server_catalog_reads_the_same(tmp_path, pg_url):
 def test_text_with_a_nul_byte(tmp_path, pg_url):
     """PostgreSQL text cannot hold NUL: such a field is NULL in SQL (the record keeps its
     bytes), such a key fails its shard with a clear error, never the whole ingest."""
-    from shardcat import IngestError
-
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
     bad.mkdir()
@@ -487,7 +485,9 @@ def test_text_with_a_nul_byte(tmp_path, pg_url):
         ]
         with cat.dataset("d") as reader:
             assert reader.get_feature("k1", "note") == b"a\x00b"
-        with pytest.raises(IngestError, match=r"b\.tfrecord: key 'x\\x00y' holds a NUL byte"):
+        with pytest.raises(
+            IngestError, match=r"b\.tfrecord: at byte 0: record 'x\\x00y': its key holds a NUL"
+        ):
             cat.ingest(str(bad / "*.tfrecord"), "e")
         assert cat.query("SELECT key FROM e") == [("fine",)]  # the other shard is in
 
@@ -511,3 +511,36 @@ def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
         assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
         paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
         assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)
+
+
+def test_names_refused_as_on_sqlite_and_nul_errors_name_the_record(tmp_path, pg_url):
+    """Issue 26 item 9 on the server: a dataset name taken in another case is refused
+    (quoted, PostgreSQL would make two views); a NUL in a key (text PostgreSQL cannot
+    store) or in a field name fails its shard, naming the record's byte offset and key."""
+    _shard(tmp_path / "a.tfrecord", ["a0", "a1"], 1)
+    first = make_example({"key": "n0", "label": 1}).SerializeToString()
+    for name, second in (
+        ("key", make_example({"key": "n\x001", "label": 2})),
+        ("field", make_example({"key": "n1", "la\x00bel": 2})),
+    ):
+        with TFRecordWriter(tmp_path / f"{name}.tfrecord") as w:
+            w.write(first)
+            w.write(second.SerializeToString())
+    at = f"{tmp_path}{os.sep}%s.tfrecord: at byte {16 + len(first)}: record "
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "a.tfrecord"), "train").close()
+        with pytest.raises(CatalogError, match="dataset name 'TRAIN' is taken by dataset 'train'"):
+            cat.ingest(str(tmp_path / "a.tfrecord"), "TRAIN")
+        with pytest.raises(IngestError) as err:
+            cat.ingest(str(tmp_path / "key.tfrecord"), "k")
+        assert str(err.value) == (
+            at % "key" + "'n\\x001': its key holds a NUL character, which PostgreSQL text "
+            "cannot store (key the dataset by position, key=None, or by another feature)"
+        )
+        with pytest.raises(IngestError) as err:
+            cat.ingest(str(tmp_path / "field.tfrecord"), "f")
+        assert str(err.value) == (
+            at % "field" + "'n1' has a field named 'la\\x00bel': a NUL character cannot be "
+            "in a SQL name (rename the feature, or ingest with fields=False)"
+        )
+        assert [d.name for d in cat.datasets()] == ["f", "k", "train"]

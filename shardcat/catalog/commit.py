@@ -270,6 +270,35 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
     insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
 
 
+def _refuse_nul(conn: Connection, job: IngestJob, stored: str, batch: Batch) -> None:
+    """A NUL character where the catalog cannot keep it fails the shard, naming the
+    first record that has it (its byte offset and key, escaped): in a field name (a
+    SQL column name, on either database), in a key on PostgreSQL (its text cannot
+    hold NUL; SQLite stores such keys exactly)."""
+
+    def record(i: int) -> str:
+        key = batch.keys[i]
+        return f"{stored}: at byte {batch.offsets[i]}: record " + (
+            f"{key!r}" if key is not None else f"{i} of the shard"
+        )
+
+    if job.options.get("fields", True):
+        for name, values in batch.fields.items():
+            if "\x00" in name:
+                i = next((i for i, v in enumerate(values) if v is not None), 0)
+                raise CatalogError(
+                    f"{record(i)} has a field named {name!r}: a NUL character cannot be in a "
+                    "SQL name (rename the feature, or ingest with fields=False)"
+                )
+    if conn.dialect.name == "postgresql":
+        i = next((i for i, k in enumerate(batch.keys) if k is not None and "\x00" in k), -1)
+        if i >= 0:
+            raise CatalogError(
+                f"{record(i)}: its key holds a NUL character, which PostgreSQL text cannot "
+                "store (key the dataset by position, key=None, or by another feature)"
+            )
+
+
 def commit_shard(
     conn: Connection,
     job: IngestJob,
@@ -285,13 +314,7 @@ def commit_shard(
     """Replace the shard's indexed version with ``batch``; returns the records
     committed and the records dropped as duplicates (``dropped`` of them within the
     shard already, before this call)."""
-    if conn.dialect.name == "postgresql":
-        nul = next((k for k in batch.keys if k is not None and "\x00" in k), None)
-        if nul is not None:
-            raise CatalogError(
-                f"{stored}: key {nul!r} holds a NUL byte, which PostgreSQL text cannot store "
-                "(key the dataset by position, key=None, or by another feature)"
-            )
+    _refuse_nul(conn, job, stored, batch)
     clear_shards(conn, job.dataset_id, [shard_id])  # the version this one replaces
     lost: dict[str, int] = {}
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from shardcat.catalog import reuse, schema, tables
 from shardcat.catalog.lookup import ReadConnection
@@ -91,6 +91,18 @@ def describe(conn: ReadConnection, row: Sequence[Any], *, server: bool) -> Datas
     )
 
 
+def _refuse_case_twin(conn: Connection, name: str) -> None:
+    """A new dataset's name must differ from every other's in more than case: SQL
+    names do not tell case apart, so ``TRAIN`` and ``train`` would be one view."""
+    d = schema.datasets
+    twin = conn.execute(select(d.c.name).where(func.lower(d.c.name) == name.lower())).scalar()
+    if twin is not None:
+        raise CatalogError(
+            f"dataset name {name!r} is taken by dataset {twin!r} (SQL names do not tell "
+            f"case apart): ingest into {twin!r}, or choose another name"
+        )
+
+
 def ensure(
     conn: Connection,
     name: str,
@@ -111,6 +123,7 @@ def ensure(
     opts: dict[str, Any] = rule.options(stored)
     key_rule = rule.key_rule(opts)
     if row is None:
+        _refuse_case_twin(conn, name)
         inserted = conn.execute(
             d.insert().values(
                 name=name,

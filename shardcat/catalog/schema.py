@@ -169,8 +169,10 @@ VIEW_COLUMNS = ("key", "position", "shard")
 # dataset may take any other identifier, ``shards`` and ``records`` included.
 PREFIX = "shardcat_"
 
-# What a dataset, view column or attached schema may be called: a plain SQL identifier.
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What a dataset, view column or attached schema may be called: a plain SQL identifier
+# (``\Z``, not ``$``, which would also match before a trailing newline). SQL does
+# not tell identifiers apart by case: nor do dataset names (datasets.ensure).
+IDENTIFIER = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def first_free(base: str, taken: set[str]) -> str:

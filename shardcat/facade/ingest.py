@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -353,7 +354,8 @@ def _index_remote(
             scanned = provide(url, info.as_stat())
         if scanned is None:
             storage = job.options.get(STORAGE_OPTIONS)
-            with local_copy(url, storage, fmt=fmt, format_options=job.options) as (tmp, info):
+            copy = local_copy(url, storage, fmt=fmt, format_options=job.options)
+            with copy as (tmp, info), _warnings_naming(tmp, url):
                 scanned = fmt.scan_shard(tmp, job.options)
         return _commit_scan(
             engine,
@@ -374,6 +376,15 @@ def _index_remote(
                 renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
             renames.append((tmp, url))
         return _failed(engine, job, shard_id, stored, owner, exc, url, renames)
+
+
+@contextlib.contextmanager
+def _warnings_naming(local: str, url: str) -> Iterator[None]:
+    """The warnings of a scan of ``local``, the copy of ``url``, naming ``url``."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    for w in caught:
+        warnings.warn(str(w.message).replace(local, url), w.category, stacklevel=3)
 
 
 def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:

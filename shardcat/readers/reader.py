@@ -310,27 +310,28 @@ class Reader(DatasetView):
         # one location for the batch when records are one range (formats never keep
         # the location they read: see Format.read); its fields are set per record
         plain = Location(0, 0) if self._one_range else None
-        touched: dict[int, tuple[Source, Source]] = {}  # shard -> (source, its unchecked)
+        # shard -> (source, its unchecked, whether to check frames)
+        touched: dict[int, tuple[Source, Source, bool]] = {}
         at = self._at
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
-        self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
         for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)
             if opened is None:
                 source = self._source(shard_id)
-                opened = touched[shard_id] = (source, source.unchecked)
+                opened = touched[shard_id] = (source, source.unchecked, verify or source in ahead)
             try:
                 if plain is None:
                     where = location(row)
                 else:
                     where = plain
                     where.offset, where.length = row[at], row[at + 1]
-                data = read(opened[1], where, verify)
+                data = read(opened[1], where, opened[2])
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
-        for source, _ in touched.values():  # one file check per shard covers its reads
+        for source, _, _ in touched.values():  # one file check per shard covers its reads
             source.check()
         return out
 
@@ -347,7 +348,9 @@ class Reader(DatasetView):
         out: list[dict[str, bytes]] = [{} for _ in rows]
         for index, name, offset, length, extents in members:
             row = rows[index]
-            out[row[0]][name] = self._read(row[1], Location(offset, length, _extents(extents)))
+            where = Location(offset, length, _extents(extents))
+            framed = self.verify_crc or self._source(row[1]) in ahead
+            out[row[0]][name] = self._read(row[1], where, framed)
         for source in ahead:  # ends their batch
             source.check()
         return out
@@ -357,7 +360,9 @@ class Reader(DatasetView):
         :mod:`shardcat.readers.remote`) the ``(shard, offset, length)`` ranges a batch
         is about to read, widened by a frame's header/footer; local sources have no
         ``prefetch`` and are left alone. Returns the sources that took them (their
-        ``check()`` ends the batch)."""
+        ``check()`` ends the batch); their reads check each record's frame (TFRecord
+        length and CRCs, the tar header before a member), which the prefetched bytes
+        hold: bytes a server moved under a true Content-Range are an error."""
         by_shard: dict[int, list[tuple[int, int]]] = {}
         for shard_id, offset, length in ranges:
             by_shard.setdefault(shard_id, []).append(

@@ -74,7 +74,7 @@ from shardcat.readers import remote_hdfs as _hdfs
 from shardcat.readers.rawio import Source
 from shardcat.readers.remote_cloud import Changed as _Changed
 from shardcat.readers.remote_cloud import cloud_get, gcs_generation, handles
-from shardcat.readers.remote_get import Misplaced, Transient
+from shardcat.readers.remote_get import Ask, Misplaced, Transient
 from shardcat.readers.remote_get import get as _get
 from shardcat.readers.remote_identity import RemoteInfo, remote_mismatch
 from shardcat.readers.remote_identity import info_of as _info_of
@@ -435,12 +435,8 @@ class RemoteSource(Source):
             if self._cloud:
                 data, etag = _retrying(self.path, lambda: self._cloud_get(start, end)), None
             else:
-                data, etag = _retrying(
-                    self.path,
-                    lambda: _get(
-                        self._fs, self.path, self._protocol, start, end, self._etag, self._mtime_ns
-                    ),
-                )
+                ask = Ask(self.path, start, end, self._etag, self._mtime_ns, self.size)
+                data, etag = _retrying(self.path, lambda: _get(self._fs, self._protocol, ask))
         except FileNotFoundError:
             raise self._missing() from None
         except _Changed:

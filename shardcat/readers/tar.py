@@ -100,6 +100,7 @@ from shardcat.readers.tar_legacy import legacy_samples
 from shardcat.readers.tar_rules import (
     DEFAULT_GROUPING,
     GROUPINGS,
+    Clashes,
     check_grouping,
     grouping_of,
     member_fields,
@@ -229,8 +230,9 @@ def _scan_cursor(
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
+    clashes = Clashes()
     runs = (
-        (sample, {feature: member_fields(feature, raw) for feature, raw in data.items()})
+        (sample, {feature: member_fields(feature, raw, clashes) for feature, raw in data.items()})
         for sample, data in _samples(cur, path, grouping, want, members)
     )
     found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
@@ -243,6 +245,7 @@ def _scan_cursor(
             fields,
             row_list,
         )
+    clashes.warn(path)
 
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:

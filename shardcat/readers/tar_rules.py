@@ -18,7 +18,11 @@ that module) and the SQL fields members give.
   values and lists are not fields. Booleans are stored as 0/1, strings only
   up to 256 bytes, null and non-finite numbers not at all; at most
   ``MAX_JSON_FIELDS`` (64) fields per member. Characters other than
-  letters, digits and ``_`` in names become ``_``.
+  letters, digits and ``_`` in names become ``_``. Two values of one member
+  that make one name (``{"image": {"width": 5}}`` and ``"image_width": 99``
+  are both ``json_image_width``; ``"a-b"`` and ``"a_b"`` both ``json_a_b``):
+  the first in the member is the field, and the shard's scan warns
+  (:class:`~shardcat.errors.ShardcatWarning`, once per name and shard).
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.readers.formats import Scalar
 
 __all__ = [
@@ -41,6 +46,7 @@ __all__ = [
     "MAX_JSON_MEMBER",
     "MAX_TEXT_FIELD",
     "TEXT_EXTENSIONS",
+    "Clashes",
     "check_grouping",
     "grouping_of",
     "member_fields",
@@ -122,8 +128,28 @@ def _json_scalar(value: Any) -> Scalar | None:
     return None
 
 
-def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
-    """The SQL fields one member contributes (see the module docstring)."""
+class Clashes:
+    """The field names two values of one ``.json`` member made, as a shard's scan
+    meets them (see the module docstring): name -> the JSON names of the value kept
+    and of the first one not."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[str, str]] = {}
+
+    def warn(self, path: str) -> None:
+        """One :class:`ShardcatWarning` per name, naming the shard at ``path``."""
+        for name, (kept, other) in self.found.items():
+            warnings.warn(
+                f"{path}: .json values {kept!r} and {other!r} both make the field {name}: "
+                "each member keeps its first (the other is not a field)",
+                ShardcatWarning,
+                stacklevel=2,
+            )
+
+
+def member_fields(feature: str, data: bytes, clashes: Clashes | None = None) -> dict[str, Scalar]:
+    """The SQL fields one member contributes (see the module docstring); two values
+    of a ``.json`` member that make one name are noted in ``clashes``."""
     ext = feature.rsplit(".", 1)[-1].lower()
     out: dict[str, Scalar] = {}
     if ext == "json":
@@ -133,6 +159,7 @@ def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
             return out
         if not isinstance(doc, dict):
             return out
+        given: dict[str, str] = {}  # field name -> the JSON name of its value
         for key, value in doc.items():
             items = value.items() if isinstance(value, dict) else [(None, value)]
             for sub, inner in items:
@@ -140,7 +167,12 @@ def member_fields(feature: str, data: bytes) -> dict[str, Scalar]:
                 if scalar is None:
                     continue
                 name = _field_name(feature, key) if sub is None else _field_name(feature, key, sub)
-                out.setdefault(name, scalar)
+                source = str(key) if sub is None else f"{key}.{sub}"
+                if name in out:
+                    if clashes is not None:
+                        clashes.found.setdefault(name, (given[name], source))
+                    continue
+                out[name], given[name] = scalar, source
                 if len(out) >= MAX_JSON_FIELDS:
                     return out
         return out

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from shardcat.testing import lies
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -159,7 +161,9 @@ class RangeServer:
     as some servers do) and ``Last-Modified``; ``align`` > 0 answers each range
     widened to multiples of it and ``shift`` moved by that many bytes, each with
     its true ``Content-Range`` (as some proxies do);
-    ``fail_next`` answers that many requests with 503; counts what it serves."""
+    ``fail_next`` answers that many requests with 503; ``lie`` (a mode of
+    :data:`~shardcat.testing.lies.LIES`) answers every ranged GET the way that
+    misbehaving server would; counts what it serves."""
 
     def __init__(
         self,
@@ -177,6 +181,7 @@ class RangeServer:
         self.port = port or free_port()
         self.counter = Counter()
         self.fail_next = 0
+        self.lie = ""
         self.connections: set[socket.socket] = set()
         self._servers: list[tuple[http.server.ThreadingHTTPServer, threading.Thread]] = []
 
@@ -224,6 +229,12 @@ class RangeServer:
                 rng = self.headers.get("Range")
                 body, status = data, 200
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+                if m is not None and server.lie:
+                    end = int(m.group(2)) + 1 if m.group(2) else len(data)
+                    told = lies.answer(server.lie, data, int(m.group(1)), end)
+                    server.counter.note(self.command, self.path, rng, len(told.body))
+                    lies.send(self, told, etag, self.date_time_string(mtime), head_only)
+                    return
                 if m is not None:
                     start = int(m.group(1))
                     end = int(m.group(2)) + 1 if m.group(2) else len(data)
