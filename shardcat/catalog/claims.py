@@ -15,6 +15,7 @@ rows another claimer holds.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Container
@@ -23,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 
 from shardcat.catalog import schema
+from shardcat.catalog.engine import BUSY_TIMEOUT_MS
 from shardcat.catalog.processes import holder, is_dead, owner_id
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 from shardcat.errors import CatalogError, ShardcatWarning
@@ -43,6 +45,7 @@ __all__ = [
 
 DEFAULT_LEASE = 600.0
 NAME_HOLDERS_AFTER = 1.0  # a wait for other processes' shards longer than this is named
+GIVE_BACK_WAIT = 2.0  # how long a stopped ingest waits to give its claims back
 CLAIM_LOST = "claim lost to another process"
 
 
@@ -126,16 +129,35 @@ def release(
             recompute_positions(conn, dataset_id)
 
 
-def give_back(engine: Engine, dataset_id: int, owner: str) -> None:
-    """Every claim ``owner`` still holds on the dataset's shards back to ``pending``
-    (a process that is stopped, whatever it was doing)."""
+def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BACK_WAIT) -> None:
+    """The claims a stopped ingest leaves back to ``pending``: those ``owner`` holds
+    and those of its workers, gone by now (every claim of a dead process on this
+    host). Waits at most ``wait`` seconds for the write lock (SQLite), then leaves
+    them: a dead process's claim is taken over at once anyway."""
     s = schema.shards
-    with engine.begin() as conn:
-        conn.execute(
-            update(s)
-            .where(s.c.dataset_id == dataset_id, s.c.state == "indexing", s.c.claim_owner == owner)
-            .values(state="pending", claim_owner=None, claimed_at=None)
-        )
+    with engine.connect() as conn:
+        raw: Any = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+        if raw is not None:  # (on the DBAPI connection: a statement here would begin)
+            raw.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        with conn.begin():
+            rows = conn.execute(
+                select(s.c.id, s.c.claim_owner, s.c.claimed_at).where(
+                    s.c.dataset_id == dataset_id, s.c.state == "indexing"
+                )
+            ).all()
+            ids = [
+                r.id
+                for r in rows
+                if r.claim_owner == owner or is_dead(r.claim_owner, r.claimed_at, math.inf)
+            ]
+            if ids:
+                conn.execute(
+                    update(s)
+                    .where(s.c.id.in_(ids), s.c.state == "indexing")
+                    .values(state="pending", claim_owner=None, claimed_at=None)
+                )
+        if raw is not None:
+            raw.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
 def open_shards(engine: Engine, dataset_id: int) -> int:

@@ -45,6 +45,7 @@ __all__ = [
     "is_dead",
     "owner_id",
     "stopping_on_signals",
+    "stops_held",
 ]
 
 _UNKNOWN = ("?", "")  # no /proc (start time not known), or an owner written without one
@@ -129,6 +130,7 @@ def alive(owner: str | None) -> bool:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _WATCH_SECONDS = 0.5
+_AGAIN_SECONDS = 0.05
 
 
 class Stopped(KeyboardInterrupt):
@@ -147,11 +149,31 @@ class Stopped(KeyboardInterrupt):
 
 
 _stopped_by: list[int] = []  # the stop signals that arrived (see interruption())
+_held: list[int] = []  # the stop signals that came while held (see stops_held())
+_holding = threading.local()
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
     _stopped_by.append(signum)
+    if getattr(_holding, "depth", 0):
+        _held.append(signum)
+        return
     raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """A stop signal that comes in here is raised at its end instead (around a fork:
+    a stop between the fork and noting the child would leave a worker nobody stops)."""
+    _holding.depth = getattr(_holding, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _holding.depth -= 1
+        if not _holding.depth and _held:
+            signum = _held[-1]
+            _held.clear()
+            raise Stopped(signum)
 
 
 def interruption() -> KeyboardInterrupt:
@@ -174,9 +196,24 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
     taken = []
     if threading.current_thread() is threading.main_thread():
         taken = [s for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_DFL]
+    if not taken:
+        yield
+        return
     for sig in taken:
         signal.signal(sig, _raise_stopped)
     _stopped_by.clear()
+    hook = sys.unraisablehook
+
+    def swallowed(unraisable: Any) -> None:
+        # Raised where Python cannot raise (a __del__, a GC callback): delivered again
+        # in a moment, from another thread, once this code is left
+        if isinstance(unraisable.exc_value, Stopped):
+            again = (os.getpid(), unraisable.exc_value.signum)
+            threading.Timer(_AGAIN_SECONDS, os.kill, again).start()
+        else:
+            hook(unraisable)
+
+    sys.unraisablehook = swallowed
     try:
         yield
     except Stopped as exc:
@@ -184,6 +221,7 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
             raise SystemExit(exc.exit_code) from exc
         raise
     finally:
+        sys.unraisablehook = hook
         for sig in taken:
             signal.signal(sig, signal.SIG_DFL)
 
@@ -221,5 +259,8 @@ def end_with_parent(parent: int) -> None:
             signal.signal(sig, _exit_on)
     if not _parent_death_signal(signal.SIGTERM):
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    _holding.depth = 0  # (forked while its parent held stops)
+    if _held:  # stopped already, between the fork and here
+        raise SystemExit(128 + _held[-1])
     if os.getppid() != parent:
         raise SystemExit(128 + signal.SIGTERM)

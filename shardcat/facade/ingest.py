@@ -52,7 +52,7 @@ from shardcat.catalog.commit import (
     finish_key_index,
 )
 from shardcat.catalog.engine import fork_generation, make_engine
-from shardcat.catalog.processes import end_with_parent
+from shardcat.catalog.processes import end_with_parent, stops_held
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote, remote_file
@@ -263,7 +263,10 @@ def _failed(
     (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
     URL, with ``renames`` (local copy -> what it is a copy of) applied in order), or
     given back (anything else: the catalog's own failure is a :class:`CatalogError`,
-    the rest is re-raised)."""
+    the rest is re-raised). A stop (a signal, Ctrl-C) is re-raised at once, without
+    touching the catalog again: :func:`run_ingest` gives the claims back."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        raise exc  # stopped: no more catalog work here (see run_ingest)
     if isinstance(exc, (ShardcatError, OSError)):
         message = str(exc)
         for local, shown in renames:
@@ -397,11 +400,10 @@ def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
     (:func:`~shardcat.catalog.processes.end_with_parent`)."""
     global _turns
     _turns = turns
-    engine: Engine | None = None
-    owner = owner_id()
     try:
         end_with_parent(parent)
         engine = _engine(job.catalog)
+        owner = owner_id()
         following: list[Any] = [_UNSET]
 
         def claim() -> None:
@@ -418,10 +420,7 @@ def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
                 with _writer_turn():
                     claim()
         out.send(("end", None))
-    except SystemExit:  # stopped: by the parent, or because it is gone
-        if engine is not None:
-            with contextlib.suppress(SQLAlchemyError):
-                give_back(engine, job.dataset_id, owner)  # the claim just taken, too
+    except SystemExit:  # stopped (by the parent, or its end): the parent gives the claims back
         raise
     except BaseException as exc:
         try:
@@ -450,10 +449,11 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
             proc = ctx.Process(
                 target=_work_all, args=(job, turns, writer, os.getpid()), daemon=True
             )
-            proc.start()
+            with stops_held():  # a stop comes once the worker is noted, to be stopped
+                proc.start()
+                procs.append(proc)
+                live.append(reader)
             writer.close()
-            procs.append(proc)
-            live.append(reader)
         while live:
             waited: list[Any] = multiprocessing.connection.wait(live)
             for ready in waited:
@@ -530,8 +530,8 @@ def run_ingest(
         waiting = Waiting(engine, job.dataset_id, job.lease, wait_timeout)
         _share_work(engine, job, workers, note, outcomes, waiting)
     except BaseException:
-        with contextlib.suppress(SQLAlchemyError):
-            give_back(engine, job.dataset_id, owner_id())  # stopped between claim and scan
+        with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
+            give_back(engine, job.dataset_id, owner_id())  # claims and its workers' back
         _close_engines()
         try:
             finish_key_index(engine, job)  # whatever is in, the next ingest goes on from
