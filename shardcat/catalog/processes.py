@@ -208,8 +208,11 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
         # Raised where Python cannot raise (a __del__, a GC callback): delivered again
         # in a moment, from another thread, once this code is left
         if isinstance(unraisable.exc_value, Stopped):
-            again = (os.getpid(), unraisable.exc_value.signum)
-            threading.Timer(_AGAIN_SECONDS, os.kill, again).start()
+            again = threading.Timer(
+                _AGAIN_SECONDS, os.kill, (os.getpid(), unraisable.exc_value.signum)
+            )
+            again.daemon = True
+            again.start()
         else:
             hook(unraisable)
 
@@ -249,11 +252,11 @@ def _watch_parent(parent: int) -> None:
 
 def end_with_parent(parent: int) -> None:
     """In a worker forked by process ``parent``: SIGINT, SIGTERM and SIGHUP end it
-    with ``SystemExit`` (128 + the signal: its cleanups run, its claim is given back,
-    no traceback; a signal the parent ignored stays ignored), and so does the end
-    of its parent, however it ended (SIGKILL too): Linux sends SIGTERM then
-    (``PR_SET_PDEATHSIG``), elsewhere a thread watching the parent's pid does. A
-    parent gone already ends it at once."""
+    with ``SystemExit`` (128 + the signal: its cleanups run, no traceback; the
+    parent gives its claims back; a signal the parent ignored stays ignored), and
+    so does the end of its parent, however it ended (SIGKILL too): Linux sends
+    SIGTERM then (``PR_SET_PDEATHSIG``), elsewhere a thread watching the parent's
+    pid does. A parent gone already ends it at once."""
     for sig in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup, background jobs: kept
             signal.signal(sig, _exit_on)
