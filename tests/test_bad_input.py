@@ -27,13 +27,14 @@ from shardcat.readers.rawio import Source, pread_exact, read_full
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordFormat, masked_crc
+from shardcat.testing.required import needs
 
-needs_compressed = pytest.mark.skipif(
-    any(
-        __import__("importlib").util.find_spec(m) is None
+needs_compressed = needs(
+    all(
+        __import__("importlib").util.find_spec(m) is not None
         for m in ("indexed_gzip", "indexed_bzip2", "xz")
     ),
-    reason="install shardcat[compressed]",
+    "shardcat[compressed]",
 )
 
 
@@ -482,6 +483,7 @@ def test_extract_feature_names_cannot_escape_the_output_dir(tmp_path: Path) -> N
         "k__.._x__.._.._pwned_0.bin": blob,
         "k__.._x_a_b_0.bin": blob + b"2",
         "k__.._x_a_b_0~2.bin": blob + b"3",  # the same name once sanitized: not overwritten
+        "k__.._x_key_0.txt": b"k\0/../x",  # every bytes value is a file
     }
     assert [p for p in tmp_path.rglob("*") if p.is_file() and out not in p.parents] == [
         p for p in tmp_path.rglob("*") if p.is_file() and p.parent in (tmp_path, tmp_path / "s")

@@ -3,25 +3,45 @@ reader following the README would run it; so the docs cannot drift from the code
 
 A block preceded by ``<!-- not run: REASON -->`` is left out (the set-up: ``make
 demo``/``make test`` would run this test again; ``make lint``/``make bench``).
+
+What the Python blocks' comments say an expression gives is checked too: an
+expression statement whose comment starts with a Python literal (``# [(3,)],
+read-only``, ``# True; False once ...``, ``# [0, 2]: row positions``) runs as an
+assertion that it gives that value (:func:`with_checks`).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import pytest
+from shardcat.testing.required import need
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
 RUN, NOT_RUN_COUNT = 9, 4  # command line, Python, Parquet, torch, snapshot, TensorDB, server x2, S3
+STATED = 5  # expressions whose comment states their value (query, create_index, ...)
+# where a comment's stated value may end: "; ", ": ", ", ", " (" or the comment's end
+_CUT = re.compile(r"[;:,] | \(|$")
+_CHECK = """\
+def __readme_check__(line, got, want):
+    got = got.tolist() if hasattr(got, "tolist") else got
+    if isinstance(want, list) and not isinstance(got, str):
+        rows = [tuple(g) if isinstance(w, tuple) else g for g, w in zip(got, want)]
+        got = rows + list(got)[len(want):]
+    assert got == want, f"README.md:{line}: gives {got!r}, its comment says {want!r}"
+"""
 RUNNERS = {
     "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
     "python": lambda path: [sys.executable, str(path)],
@@ -47,6 +67,58 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
+def stated(comment: str) -> tuple[bool, Any]:
+    """(True, value) when ``comment`` (without its ``#``) starts with a Python literal."""
+    text = comment.strip()
+    for cut in _CUT.finditer(text):
+        try:
+            return True, ast.literal_eval(text[: cut.start()].strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return False, None
+
+
+def with_checks(body: str, first_line: int) -> tuple[str, int]:
+    """``body`` with each expression statement whose comment states its value made an
+    assertion of it (README line numbers in the message); and how many there are."""
+    comments = {
+        tok.start[0]: tok.string[1:]
+        for tok in tokenize.generate_tokens(io.StringIO(body).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    checks = 0
+
+    class Check(ast.NodeTransformer):
+        def visit_Expr(self, node: ast.Expr) -> ast.AST:
+            nonlocal checks
+            found, value = stated(comments.get(node.end_lineno or node.lineno, ""))
+            if not found:
+                return node
+            checks += 1
+            call = ast.Call(
+                ast.Name("__readme_check__", ast.Load()),
+                [ast.Constant(first_line + node.lineno), node.value, ast.Constant(value)],
+                [],
+            )
+            return ast.copy_location(ast.Expr(call), node)
+
+    tree = ast.fix_missing_locations(Check().visit(ast.parse(body)))
+    return _CHECK + ast.unparse(tree) + "\n", checks
+
+
+def test_stated_values_are_read() -> None:
+    assert stated(" [(2003,)]: 2,000 sampled above + 3; read-only") == (True, [(2003,)])
+    assert stated(" True; False once it exists (drop_index removes it)") == (True, True)
+    assert stated(" [0, 2]: row positions") == (True, [0, 2])
+    assert stated(" 2: opens in O(1), the dataset ingested above") == (True, 2)
+    assert stated(" first value of a feature (None if missing)") == (False, None)
+    assert stated(" keys, in position order") == (False, None)
+    script, checks = with_checks("x = [1]\nx  # [1]: all\nx  # [2]\nlen(x)  # one\n", 10)
+    assert checks == 2
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert "README.md:13: gives [1], its comment says [2]" in done.stderr
+
+
 def test_markers_are_read() -> None:
     text = "a\n<!-- not run: set-up -->\n```bash\nmake x\n```\n\n```python\nprint(1)\n```\n"
     assert readme_blocks(text) == [
@@ -56,8 +128,8 @@ def test_markers_are_read() -> None:
 
 
 def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
-    pytest.importorskip("tensordict", reason="the TensorDB block needs the torch extra")
-    pytest.importorskip("psycopg", reason="the PostgreSQL blocks need the postgres extra")
+    need("tensordict", why="shardcat[torch]")
+    need("psycopg", why="shardcat[postgres]")
     from shardcat.testing.postgres import postgres_server
 
     with postgres_server() as server, _object_stores(tmp_path / "stores") as stores:
@@ -68,7 +140,7 @@ def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
 def _object_stores(root: Path) -> Iterator[dict[str, str]]:
     """What the remote-storage block reads: an S3 server (moto's, on loopback) holding
     ``s3://bucket/train/*.tfrecord`` and an HTTP server holding two tar shards."""
-    boto3 = pytest.importorskip("boto3", reason="the remote block needs the dev extra")
+    boto3 = need("boto3", why="shardcat[dev]")
     from shardcat.sample import make_sample
     from shardcat.testing.servers import RangeServer, S3Server
 
@@ -117,10 +189,15 @@ def _run_blocks(tmp_path: Path, services: dict[str, str]) -> None:
         COLUMNS="100",
         **services,
     )
+    checks = 0
     for block in to_run:
         assert block.lang in RUNNERS, f"README.md:{block.line}: no runner for {block.lang!r}"
         script = scripts / f"readme_{block.line}.{block.lang}"
-        script.write_text(block.body, encoding="utf-8")
+        body = block.body
+        if block.lang == "python":
+            body, found = with_checks(body, block.line)
+            checks += found
+        script.write_text(body, encoding="utf-8")
         done = subprocess.run(
             RUNNERS[block.lang](script),
             cwd=work,
@@ -132,6 +209,7 @@ def _run_blocks(tmp_path: Path, services: dict[str, str]) -> None:
         )
         assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stderr[-3000:]}"
         assert "Traceback" not in done.stderr, f"README.md:{block.line}:\n{done.stderr}"
+    assert checks == STATED  # a comment that stops stating a value is noticed
     # What the blocks promise: one catalog for the commands and the Python block, the
     # feature written by `catalog get`, the converted shards, the skill file.
     assert (work / "shardcat.sqlite").is_file()

@@ -27,6 +27,7 @@ from shardcat import (
     make_example,
 )
 from shardcat.readers.sampler import blocks
+from shardcat.testing.required import need
 from shardcat.torch import RecordDataset, RecordSampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,13 +65,14 @@ def take(sampler: RecordSampler, k: int) -> list[int]:
 
 
 def test_sequential_order_and_padding() -> None:
-    samplers = ranks(Sized(10), 4)
+    samplers = ranks(Sized(10), 4, shuffle=False)
     assert [list(s) for s in samplers] == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
     assert [len(s) for s in samplers] == [3, 3, 3, 3]
-    dropped = ranks(Sized(10), 4, drop_last=True)
+    dropped = ranks(Sized(10), 4, drop_last=True, shuffle=False)
     assert [list(s) for s in dropped] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert list(RecordSampler(Sized(3), num_replicas=5, rank=4)) == [1]  # wraps past the end
-    assert list(RecordSampler(Sized(0), num_replicas=2, rank=1)) == []
+    # wraps past the end
+    assert list(RecordSampler(Sized(3), num_replicas=5, rank=4, shuffle=False)) == [1]
+    assert list(RecordSampler(Sized(0), num_replicas=2, rank=1, shuffle=False)) == []
 
 
 def test_full_shuffle_is_pinned() -> None:
@@ -273,7 +275,7 @@ def test_bad_states_and_arguments() -> None:
                            else SamplerError):  # fmt: skip
             sampler.load_state_dict(bad)
     for kwargs in (
-        {"shuffle": True}, {"shuffle": "window"}, {"num_replicas": 2, "rank": 2},
+        {"shuffle": 1}, {"shuffle": "window"}, {"num_replicas": 2, "rank": 2},
         {"num_replicas": 0, "rank": 0}, {"seed": -1}, {"block_size": 0}, {"window": 0},
     ):  # fmt: skip
         with pytest.raises(SamplerError):
@@ -362,7 +364,7 @@ def test_dataset_shard_starts_and_getitems(pattern: str) -> None:
 
 
 def test_dataloader_workers_subset_and_persistent(pattern: str) -> None:
-    pytest.importorskip("torch")
+    need("torch", why="shardcat[torch]")
     from torch.utils.data import DataLoader
 
     with TFRecordRandomAccess(pattern) as reader:
@@ -392,8 +394,8 @@ def test_dataloader_workers_subset_and_persistent(pattern: str) -> None:
 
 
 def test_stateful_dataloader_exact_resume(pattern: str) -> None:
-    pytest.importorskip("torch")
-    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    need("torch", why="shardcat[torch]")
+    sdl = need("torchdata.stateful_dataloader", why="shardcat[torch]")
     with TFRecordRandomAccess(pattern) as reader:
         dataset = RecordDataset(reader, transform=lambda ex: reader.to_dict(ex)["i"])
 
@@ -465,7 +467,7 @@ dist.destroy_process_group()
 
 
 def test_gloo_two_processes_killed_then_three(pattern: str, tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
+    need("torch.distributed", why="shardcat[torch]")
     with TFRecordRandomAccess(pattern) as reader:  # the catalog, before the ranks open it
         assert len(reader) == 80
     script = tmp_path / "worker.py"

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("tensordict")
+from shardcat.testing.required import need
+
+torch = need("torch", why="shardcat[torch]")
+need("tensordict", why="shardcat[torch]")
 
 from typer.testing import CliRunner  # noqa: E402
 
@@ -386,7 +388,7 @@ def test_extend_without_order_needs_the_same_block_size(tmp_path: Path) -> None:
 
 
 def test_extend_with_a_tensorblob_database(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain) as t:
         t.write(batch(6, 40))
@@ -871,7 +873,7 @@ def test_cli_query_attach(catalog_and_embeddings: dict[str, Path]) -> None:
 
 
 def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
         t.write(batch(13))
@@ -901,7 +903,7 @@ def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
 
 
 def test_tensorblob_database_after_a_crash_uses_the_committed_rows(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ())}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
         t.write({"price": batch(10)["price"], "label": batch(10)["label"]})
@@ -955,7 +957,7 @@ DB_EXAMPLES = [CREATE, FILE_LIKE]
 
 
 def test_db_examples_match_the_readme() -> None:
-    pytest.importorskip("tensorblob")
+    need("tensorblob", why="shardcat[bench]")
     from importlib.metadata import metadata
 
     text = metadata("tensorblob").get_payload()  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from shardcat.readers import tar, tar_rules
 from shardcat.readers.formats import Location, detect_format
 from shardcat.readers.source import FileSource
 from shardcat.readers.tar import TarFormat
+from shardcat.testing.required import need
 
 TAR = TarFormat()
 
@@ -470,7 +471,7 @@ def test_tar_reader_api(tmp_path: Path):
 
 
 def test_parity_with_tfd_utils(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    tfd_utils = pytest.importorskip("tfd_utils")
+    tfd_utils = need("tfd_utils", why="shardcat[bench]")
     path = tmp_path / "p.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
         add(tf, "dir/", type=tarfile.DIRTYPE)
@@ -525,7 +526,8 @@ def test_wds_index_lines_match_wds2idx(tmp_path: Path):
 
 
 def test_export_index_of_a_tar_dataset(tmp_path: Path):
-    export = pytest.importorskip("shardcat.facade.export")
+    from shardcat.facade import export
+
     path = tmp_path / "data-0.tar"
     write_samples(path)
     with Catalog(tmp_path / "c.sqlite") as cat:

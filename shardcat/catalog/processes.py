@@ -25,7 +25,6 @@ catalog's SQL layer.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -237,6 +236,8 @@ def _parent_death_signal(signum: int) -> bool:
     """Ask Linux to send ``signum`` to this process when its parent ends."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # (in forked workers only: not on the import path of every command)
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
