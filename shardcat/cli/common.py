@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import typer
 
 from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
-from shardcat.catalog.processes import Stopped, stopping_on_signals
 from shardcat.errors import ShardcatError, ShardcatWarning, masked
 
 if TYPE_CHECKING:  # the library is imported when a command runs, not for --help
@@ -202,6 +201,8 @@ def handle_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> Any
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from shardcat.catalog.processes import Stopped, stopping_on_signals
+
             _now.catalog = _now.note = None
             try:
                 with stopping_on_signals(exit_after=False), _plain_warnings():
