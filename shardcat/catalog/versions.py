@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspect, select, text
 
 from shardcat.catalog import postgres, schema, tables
@@ -79,6 +78,8 @@ def _add_versions(conn: Connection) -> None:
 def _float32_shortest(value: float) -> float:
     """A float32 widened to a double as the shortest decimal of that float32 (numpy's
     shortest repr, what ``float32_shortest`` stores today); any other value as it is."""
+    import numpy as np  # (only upgrades from version 2 need it)
+
     f32 = np.float32(value)
     if float(f32) != value or value.is_integer() or not np.isfinite(f32):
         return value
