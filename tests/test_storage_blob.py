@@ -30,7 +30,7 @@ need("tensordict", why="shardcat[torch]")
 import numpy as np  # noqa: E402
 
 from shardcat import TensorBlob, TensorDB  # noqa: E402
-from shardcat.errors import ShardcatError, StaleWriterError  # noqa: E402
+from shardcat.errors import ShardcatError, ShardcatWarning, StaleWriterError  # noqa: E402
 from shardcat.storage import lock as storage_lock  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
@@ -1011,7 +1011,10 @@ def test_tensorblob_directory_is_converted_in_place(tmp_path: Path) -> None:
         b.write(data)
     before = {n: os.stat(tmp_path / "b" / n).st_ino for n in block_files(tmp_path / "b")}
     assert len(before) == 5
-    with TensorBlob.open(tmp_path / "b") as b:
+    with (
+        pytest.warns(ShardcatWarning, match="converting the tensorblob TensorBlob"),
+        TensorBlob.open(tmp_path / "b", "r+") as b,
+    ):
         assert (len(b), b.dtype, b.shape, b.block_size) == (37, "float32", (2, 3), 8)
         assert torch.equal(b[:], data)
         assert torch.equal(b[[36, 0, 17]], data[[36, 0, 17]])
@@ -1031,11 +1034,13 @@ def test_tensorblob_conversion_recovers_from_being_killed(tmp_path: Path) -> Non
         with tensorblob.TensorBlob.open(tmp_path / name, "w", dtype="float32", shape=(2, 3)) as b:
             b.write(data)
     (tmp_path / "before" / META_FILE).write_bytes(b"")  # killed before its commit
-    with TensorBlob.open(tmp_path / "before") as b:
+    with TensorBlob.open(tmp_path / "before") as b:  # read in place: the JSON is what holds
+        assert torch.equal(b[:], data)
+    with pytest.warns(ShardcatWarning), TensorBlob.open(tmp_path / "before", "r+") as b:
         assert torch.equal(b[:], data)
     conf = (tmp_path / "after" / ".conf").read_bytes()
     stat = (tmp_path / "after" / ".stat").read_bytes()
-    with TensorBlob.open(tmp_path / "after"):
+    with pytest.warns(ShardcatWarning), TensorBlob.open(tmp_path / "after", "r+"):
         pass
     (tmp_path / "after" / ".conf").write_bytes(conf)  # killed after its commit, before cleanup
     (tmp_path / "after" / ".stat").write_bytes(stat)

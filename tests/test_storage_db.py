@@ -36,6 +36,7 @@ from shardcat import (  # noqa: E402
     make_example,
 )
 from shardcat.cli import app  # noqa: E402
+from shardcat.errors import ShardcatWarning  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage import sql_file  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
@@ -886,7 +887,10 @@ def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
         return found
 
     before = inodes()
-    with TensorDB.open(tmp_path / "t") as db:
+    with (
+        pytest.warns(ShardcatWarning, match="converting the tensorblob TensorDB"),
+        TensorDB.open(tmp_path / "t", "r+") as db,
+    ):
         assert (len(db), db.block_size, db.filterable) == (13, 4, ())
         assert db.schema == {
             "price": ("float32", (1,)),
@@ -909,7 +913,7 @@ def test_tensorblob_database_after_a_crash_uses_the_committed_rows(tmp_path: Pat
         t.write({"price": batch(10)["price"], "label": batch(10)["label"]})
     # as if killed between writing one field and committing: .stat says 6 rows
     (tmp_path / "t" / ".stat").write_text('{"len":6}')
-    with TensorDB.open(tmp_path / "t", "r+") as db:
+    with pytest.warns(ShardcatWarning), TensorDB.open(tmp_path / "t", "r+") as db:
         assert len(db) == 6
         assert_rows(db[:], {"price": batch(6)["price"], "label": batch(6)["label"]})
     for field in plain:  # blocks past the committed rows were dropped

@@ -314,6 +314,11 @@ def test_sql_fields(tmp_path: Path):
 
 def test_member_field_rules():
     assert tar_rules.member_fields("cls", b" 12\n") == {"cls": 12}
+    notes = tar_rules.FieldNotes()
+    assert tar_rules.member_fields("cls", b"-18446744073709551616", notes) == {
+        "cls": "-18446744073709551616"
+    }
+    assert notes.beyond == [("cls", "-18446744073709551616")]
     assert tar_rules.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
     assert tar_rules.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
     assert tar_rules.member_fields("txt", b"\xff\xfe") == {}
@@ -331,6 +336,7 @@ def test_member_field_rules():
         "meta_json_ok": 1,
         "meta_json_f": 0.5,
         "meta_json_o_a_b": 1,
+        "meta_json_big": str(2**70),  # beyond 64 bits: kept as text
     }
     assert tar_rules.member_fields("json", b"[1, 2]") == {}
     assert tar_rules.member_fields("json", b"{broken") == {}
