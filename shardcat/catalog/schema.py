@@ -219,8 +219,18 @@ def key_index_name(dataset_id: int) -> str:
     return f"{PREFIX}records_{dataset_id}_key"
 
 
+# The table where catalogs before version 4 kept their schema version; kept as the
+# marker older shardcats read (see :mod:`shardcat.catalog.versions`).
+OLD_META = "catalog_meta"
+
+
 def is_dataset_name(name: str) -> bool:
     """Whether a dataset's view may be called ``name``: a plain identifier outside the
-    catalog's own namespace (``shardcat_*``) and SQLite's (``sqlite_*``)."""
+    catalog's own namespace (``shardcat_*``, :data:`OLD_META`) and SQLite's
+    (``sqlite_*``)."""
     lower = name.lower()
-    return bool(IDENTIFIER.match(name)) and not lower.startswith((PREFIX, "sqlite_"))
+    return (
+        bool(IDENTIFIER.match(name))
+        and not lower.startswith((PREFIX, "sqlite_"))
+        and lower != OLD_META
+    )

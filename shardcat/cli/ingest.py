@@ -77,6 +77,15 @@ def ingest(
             "dot of the basename) or tfd (at the last dot, as tfd-utils)."
         ),
     ] = None,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-timeout",
+            metavar="SECONDS",
+            help="Give up after waiting this long for shards other live processes are "
+            "indexing (default: wait; the wait names them).",
+        ),
+    ] = None,
     storage_option: StorageOpt = None,
     old_storage_option: Annotated[
         list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")
@@ -93,7 +102,8 @@ def ingest(
     Several processes may ingest the same files at once; each shard is
     indexed once. The catalog (as for every command: --catalog, else
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
-    Interrupted (Ctrl-C), the same command run again finishes the work.
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP: exit code 130, 143, 129), the same
+    command run again finishes the work; workers always end with it.
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
@@ -117,6 +127,7 @@ def ingest(
         workers=workers,
         on_duplicate=on_duplicate,
         rescan=rescan,
+        wait_timeout=wait_timeout,
         grouping=grouping,
         on_bad_record=on_bad_record,
         options={"storage_options": storage_options(storage_option)} if storage_option else {},

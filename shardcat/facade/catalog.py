@@ -25,6 +25,7 @@ from shardcat.catalog import snapshot as snapshots
 from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
+from shardcat.catalog.processes import stopping_on_signals
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
@@ -141,6 +142,7 @@ class Catalog(Store):
         rescan: bool = False,
         lease: float = DEFAULT_LEASE,
         on_bad_record: str = "raise",
+        wait_timeout: float | None = None,
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -177,7 +179,13 @@ class Catalog(Store):
         indexes this way; see :data:`~shardcat.facade.ingest.ProvideEntries`).
         ``progress(outcome, total_shards)`` is called after every shard this
         process indexed. Other processes ingesting the same dataset at the
-        same time share the work; every shard is indexed once.
+        same time share the work; every shard is indexed once. A wait for
+        shards that other live processes hold is named in a
+        :class:`~shardcat.ShardcatWarning` and ends after ``wait_timeout``
+        seconds with a :class:`CatalogError` (None: no limit).
+        SIGTERM and SIGHUP (when this program leaves them at their default) stop
+        the ingest as Ctrl-C does: the workers end, their shards are given back,
+        and the process then exits with 128 + the signal number (143, 129).
         ``storage_options``: for URLs (``s3://``, ``https://``...: see
         :mod:`shardcat.readers.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
@@ -198,6 +206,7 @@ class Catalog(Store):
             rescan=rescan,
             lease=lease,
             on_bad_record=on_bad_record,
+            wait_timeout=wait_timeout,
         )
         return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
 
@@ -289,7 +298,10 @@ class Catalog(Store):
             else {stored_path(p, self.directory): f for p, f in provided.items()}
         )
         try:
-            outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+            with stopping_on_signals():
+                outcomes = run_ingest(
+                    engine, job, max(1, n_workers), callback, by_stored, opts.wait_timeout
+                )
         except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
             raise catalog_error(str(self.path), exc) from None
         self.reader_connection()  # end any read snapshot: see what was just committed

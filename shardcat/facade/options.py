@@ -41,7 +41,9 @@ class IngestOptions:
     ``format`` None or ``"auto"``: detected from the first shard's bytes; ``key``
     :data:`KEEP`: as the dataset was ingested (None: by position); ``fields`` and
     ``grouping`` None: as stored; ``options``: further format options (they win
-    over the others); ``workers`` None: one per shard up to the CPU count.
+    over the others); ``workers`` None: one per shard up to the CPU count;
+    ``wait_timeout``: seconds to wait for shards other live processes hold
+    (None: as long as they take).
     """
 
     format: str | None = None
@@ -54,6 +56,7 @@ class IngestOptions:
     rescan: bool = False
     lease: float = DEFAULT_LEASE
     on_bad_record: str = "raise"
+    wait_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.on_bad_record not in BAD_RECORD_POLICIES:
