@@ -17,6 +17,7 @@ import crc32c as crc32c_package
 import pytest
 from checked import every_read_refuses, write
 from legacy_fixtures import quiet_stdout, write_tfrecords
+from test_migrations import downgrade_to_v6
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CorruptRecordError, TarRandomAccess, TFRecordRandomAccess
@@ -96,14 +97,6 @@ def test_an_offset_moved_in_the_catalog_is_refused_never_other_bytes(
         every_read_refuses(reader, d, by_check=kind != "recordio")
 
 
-def _downgrade_to_v6(db: Path) -> None:
-    """The catalog as schema version 6 wrote it: no checks."""
-    with sqlite3.connect(db) as conn:
-        for table in ("shardcat_records_1", "shardcat_members"):
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN crc")
-        conn.execute("UPDATE shardcat_meta SET value = '6' WHERE name = 'schema_version'")
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_schema_step_7_adds_the_checks_and_reads_check_framing_until_reingested(
     tmp_path: Path, kind: str
@@ -113,13 +106,12 @@ def test_schema_step_7_adds_the_checks_and_reads_check_framing_until_reingested(
     with Catalog(db) as cat:
         cat.ingest(str(d.path), "d").close()
         keys = cat.dataset("d").get_keys()
-    _downgrade_to_v6(db)
+    downgrade_to_v6(db)
     with Catalog(db) as cat, cat.dataset("d") as reader:  # opening for writing upgrades
         assert [reader.get_raw(k) is not None for k in keys] == [True] * len(keys)
         assert reader.get_raw(d.key) == d.good
         assert reader.verify() == []
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert conn.execute(
             "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
         ).fetchone() == (str(SCHEMA_VERSION),)
@@ -249,3 +241,26 @@ def test_a_swap_inside_the_catalog_is_refused_on_either_key_and_verify_lists_bot
     lines = [line for line in result.output.splitlines() if "the bytes read" in line]
     assert [line.split(": ")[2] for line in lines] == ["record 'r0_51'", "record 'r0_50'"]
     assert "100 records checked, 2 bad" in result.output
+
+
+def test_catalog_get_streams_a_checked_member_and_removes_it_when_damaged(tmp_path: Path):
+    """``catalog get -o`` writes a tar member as it reads it; the bytes are checked
+    when the last piece is in, and a damaged member leaves no file behind."""
+    d = write("tar", tmp_path / "data")
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d").close()
+    out = tmp_path / "member.bin"
+    args = ["get", "d", d.key, "image", "-c", str(db), "-o", str(out)]
+    runner = CliRunner()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == d.good["image"]
+    out.unlink()
+    d.damage()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert f"record {d.key!r}: the bytes read are not the record the catalog indexed" in (
+        result.output
+    )
+    assert not out.exists()

@@ -26,6 +26,7 @@ from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
 from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.pb2 import Example
+from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
 from shardcat.testing.required import missing, need
@@ -528,6 +529,30 @@ def test_reads_through_a_server_catalog_are_checked(tmp_path, pg_url, kind):
         with cat.dataset("d") as reader:
             checked.every_read_refuses(reader, d)
             assert [(p.path, p.offset) for p in reader.verify()] == [(str(d.path), d.offset)]
+
+
+def test_bad_records_set_aside_on_a_server(tmp_path, pg_url):
+    from tests.damage import flip_keeping_mtime
+    from tests.test_bad_records import write_tfrecord
+
+    path = tmp_path / "a.tfrecord"
+    truth = write_tfrecord(path, 6)
+    pristine = path.read_bytes()
+    flip_keeping_mtime(path, truth["r4"][0] + HEADER + truth["r4"][1].index(bytes([4]) * 50))
+    with Catalog(pg_url) as cat:
+        with cat.ingest(path, "d", on_bad_record="skip", workers=2) as reader:
+            assert sorted(reader.get_keys()) == ["r0", "r1", "r2", "r3", "r5"]
+            assert reader.get_raw("r5") == truth["r5"][1]
+        (found,) = cat.bad_records("d")
+        assert (found.shard, found.offset, found.reason, found.key) == (
+            str(path),
+            truth["r4"][0],
+            "data CRC mismatch",
+            "r4",
+        )
+        path.write_bytes(pristine)
+        cat.ingest(path, "d", workers=1).close()
+        assert cat.bad_records("d") == []
 
 
 def test_names_refused_as_on_sqlite_and_nul_errors_name_the_record(tmp_path, pg_url):

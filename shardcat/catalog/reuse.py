@@ -231,7 +231,7 @@ def _copy_shard(
     columns: list[tuple[int, int]] | None,
 ) -> None:
     """One shard's rows from the donor's into ``dataset_id``: its shard row (file
-    identity and ``indexed_at`` kept), records, members, seek points and, when
+    identity and ``indexed_at`` kept), records, members, seek points, bad records and, when
     ``columns`` is not None (a dataset with fields), its field rows."""
     s = schema.shards
     inserted = conn.execute(
@@ -275,6 +275,11 @@ def _copy_shard(
         (
             "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
             "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
+            (new_id, row.id),
+        ),
+        (
+            'INSERT INTO shardcat_bad_records (shard_id, "offset", length, reason, key) '
+            'SELECT ?, "offset", length, reason, key FROM shardcat_bad_records WHERE shard_id = ?',
             (new_id, row.id),
         ),
     )

@@ -45,6 +45,11 @@ dataset, named after the dataset, may take any other name.
 - ``seek_indexes`` (schema version 2): seek points into the decompressed
   stream of each gzip/bz2-compressed shard; record and member offsets of
   compressed shards are decompressed-stream offsets.
+- ``bad_records`` (schema version 8): the records an ingest with
+  ``on_bad_record="skip"`` set aside instead of failing their shard: shard,
+  byte offset, the bytes set aside (NULL when unknown), the reason, the key when
+  it could be read. They are not records (no key index, no position); written
+  with the shard's records, gone with them (a later good re-index clears them).
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -152,6 +157,21 @@ seek_indexes = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
+# Schema version 7: records set aside by an ingest with on_bad_record="skip" (committed
+# in the transaction that commits the shard's records; see catalog/commit.py).
+bad_records = Table(
+    "shardcat_bad_records",
+    metadata,
+    Column(
+        "shard_id", Integer, ForeignKey("shardcat_shards.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("offset", BigInteger, nullable=False),
+    Column("length", BigInteger),  # the bytes set aside from offset; NULL: unknown
+    Column("reason", Text, nullable=False),
+    Column("key", Text),  # NULL: not readable
+    PrimaryKeyConstraint("shard_id", "offset"),
+)
+
 fields = Table(
     "shardcat_fields",
     metadata,
@@ -199,8 +219,18 @@ def key_index_name(dataset_id: int) -> str:
     return f"{PREFIX}records_{dataset_id}_key"
 
 
+# The table where catalogs before version 4 kept their schema version; kept as the
+# marker older shardcats read (see :mod:`shardcat.catalog.versions`).
+OLD_META = "catalog_meta"
+
+
 def is_dataset_name(name: str) -> bool:
     """Whether a dataset's view may be called ``name``: a plain identifier outside the
-    catalog's own namespace (``shardcat_*``) and SQLite's (``sqlite_*``)."""
+    catalog's own namespace (``shardcat_*``, :data:`OLD_META`) and SQLite's
+    (``sqlite_*``)."""
     lower = name.lower()
-    return bool(IDENTIFIER.match(name)) and not lower.startswith((PREFIX, "sqlite_"))
+    return (
+        bool(IDENTIFIER.match(name))
+        and not lower.startswith((PREFIX, "sqlite_"))
+        and lower != OLD_META
+    )

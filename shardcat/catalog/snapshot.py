@@ -309,6 +309,10 @@ def _copy_dataset(
     seeks = src.execute(select(k).where(k.c.shard_id.in_(shard_ids))).mappings().all()
     if seeks:
         dst.execute(k.insert(), [{**r, "data": bytes(r["data"])} for r in seeks])
+    b = schema.bad_records  # records set aside at ingest: verify and stats list them
+    bad = src.execute(select(b).where(b.c.shard_id.in_(shard_ids))).mappings().all()
+    if bad:
+        dst.execute(b.insert(), [dict(r) for r in bad])
 
     return DatasetCopy(
         name,

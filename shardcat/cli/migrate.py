@@ -143,7 +143,11 @@ def migrate(
         done = tasks.upgrade_catalog(catalog)
         typer.echo(
             f"{done.path}: schema version {done.now}"
-            + (f" (upgraded from {done.found})" if 0 < done.found < done.now else " (up to date)")
+            + (
+                f" (upgraded from {done.found}: older shardcat versions can no longer open it)"
+                if 0 < done.found < done.now
+                else " (up to date)"
+            )
         )
         return
     if not paths:

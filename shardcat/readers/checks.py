@@ -16,14 +16,14 @@ hash (see ``benchmarks/hotpath.py``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import crc32c as _crc32c
 
 from shardcat.errors import CorruptRecordError
 
-__all__ = ["crc32c", "fallback_crc32c", "mismatch", "native_crc32c", "unmask"]
+__all__ = ["checked_chunks", "crc32c", "fallback_crc32c", "mismatch", "native_crc32c", "unmask"]
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -56,3 +56,17 @@ def mismatch(path: str, offset: int, key: Any, want: int, got: int) -> CorruptRe
         f"(CRC32C {got:08x}, the catalog has {want:08x}); run catalog verify, "
         "and re-ingest the shard if its file is right",
     )
+
+
+def checked_chunks(
+    chunks: Iterable[bytes], want: int, path: str, offset: int, key: Any
+) -> Iterator[bytes]:
+    """``chunks`` of one payload passed on as they come, their CRC32C kept running;
+    a :func:`mismatch` after the last one when the whole is not ``want`` (whoever
+    wrote the chunks somewhere removes them then: ``catalog get -o`` does)."""
+    got = 0
+    for chunk in chunks:
+        got = _crc32c.crc32c(chunk, got)
+        yield chunk
+    if got != want:
+        raise mismatch(path, offset, key, want, got)

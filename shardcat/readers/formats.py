@@ -53,7 +53,9 @@ from shardcat.readers.compressed import IndexingStream, detect_compression, read
 from shardcat.readers.rawio import Source
 
 __all__ = [
+    "BAD_RECORDS",
     "ENTRY_POINT_GROUP",
+    "BadRecord",
     "Columns",
     "Entry",
     "Format",
@@ -65,6 +67,7 @@ __all__ = [
     "known_formats",
     "other_format",
     "register_format",
+    "set_aside",
 ]
 
 # Scalar values that become SQL columns of a dataset's view.
@@ -118,6 +121,32 @@ class Entry:
         return Location(self.offset, self.length, self.extents, self.item)
 
 
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record a scan set aside instead of failing its shard (ingest with
+    ``on_bad_record="skip"``): where it starts in the shard (``offset``), the bytes
+    set aside from there (``length``; None when unknown), why (``reason``, the
+    error the default mode raises) and its key when it could be read."""
+
+    offset: int
+    length: int | None
+    reason: str
+    key: str | None = None
+
+
+#: The scan option holding a list a scan appends :class:`BadRecord` items to, instead
+#: of raising :class:`~shardcat.errors.CorruptRecordError` for a damaged record, where
+#: the format can go on after it (ingest sets it with ``on_bad_record="skip"``; a
+#: format that does not know it raises as usual).
+BAD_RECORDS = "bad_records"
+
+
+def set_aside(options: Mapping[str, Any]) -> list[BadRecord] | None:
+    """The list bad records go to in a scan with ``options`` (None: raise instead)."""
+    found: list[BadRecord] | None = options.get(BAD_RECORDS)
+    return found
+
+
 class Mismatch(Exception):
     """A shard's entries from a legacy index do not match its file (the message says
     how); the importer then re-indexes the shard from its data."""
@@ -134,6 +163,7 @@ class Columns:
     offset, length)`` plus the member's extents (None: one range) and its check.
     ``extents``/``items``: None when no record has any (the common case);
     ``checks``: each record's check (:attr:`Entry.check`), None when none has one.
+    ``bad``: the records set aside (see :class:`BadRecord`), not among the others.
     A native scanner fills these lists directly; :meth:`of` builds them from
     a format's :class:`Entry` objects.
     """
@@ -146,6 +176,7 @@ class Columns:
     extents: list[Extents | None] | None = None
     items: list[int | None] | None = None
     checks: list[int | None] | None = None
+    bad: list[BadRecord] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -198,6 +229,7 @@ class Columns:
             None if self.extents is None else [self.extents[i] for i in keep],
             None if self.items is None else [self.items[i] for i in keep],
             None if self.checks is None else [self.checks[i] for i in keep],
+            self.bad,
         )
 
 

@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardcat.catalog import lookup
+from shardcat.catalog.bad_records import bad_records_of
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import (
@@ -68,7 +69,7 @@ from shardcat.errors import (
     ShardIOError,
     StaleShardError,
 )
-from shardcat.readers.checks import crc32c, mismatch
+from shardcat.readers.checks import checked_chunks, crc32c, mismatch
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
@@ -269,9 +270,14 @@ class Reader(DatasetView):
             found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
-        shard_id, offset, length, extents, _crc = found  # (chunks: not checked against it)
+        shard_id, offset, length, extents, crc = found
+        source = self._source(shard_id)
+        by_crc = crc if self.verify_reads else None  # else framing only, if verifying
         location = Location(offset, length, extents_of(extents))
-        return self._fmt.read_chunks(self._source(shard_id), location, self.verify_crc)
+        chunks = self._fmt.read_chunks(source, location, self.verify_reads and by_crc is None)
+        return (
+            chunks if by_crc is None else checked_chunks(chunks, by_crc, source.path, offset, key)
+        )
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
@@ -462,9 +468,6 @@ class Reader(DatasetView):
             # one shard's keys at a time: lookups between two keys may renew the snapshot
             yield from self._exclusively(self._keys_of, shard.id)
 
-    def _keys_of(self, shard_id: int) -> list[str]:
-        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
-
     def get_keys(self) -> list[str]:
         """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
         return list(self.iter_keys())
@@ -488,10 +491,16 @@ class Reader(DatasetView):
 
     @one_call
     def get_stats(self) -> dict[str, Any]:
-        """Counts as tfd-utils reports them, plus the catalog and dataset names and
+        """Counts as tfd-utils reports them, plus the catalog and dataset names,
         ``duplicates_dropped``: the records of the shards that the dataset does not
-        serve because another record has the same key (``on_duplicate``)."""
+        serve because another record has the same key (``on_duplicate``), and
+        ``bad_records_per_file``: the records an ingest set aside, per shard that has
+        any (``on_bad_record="skip"``; they are not records of the dataset)."""
         dropped = lookup.dataset_options(self._conn(), self._id).get(DROPPED)
+        bad: dict[str, int] = {}
+        for found in bad_records_of(self._conn(), self._id):
+            name = os.path.basename(found.shard)
+            bad[name] = bad.get(name, 0) + 1
         return {
             "total_records": self._len,
             "total_files": len(self._order),
@@ -501,6 +510,8 @@ class Reader(DatasetView):
             "format": self.format,
             "key_rule": self.key_rule,
             "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
+            "bad_records": sum(bad.values()),
+            "bad_records_per_file": bad,
         }
 
     @property

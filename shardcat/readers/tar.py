@@ -72,6 +72,7 @@ from shardcat.readers import native
 from shardcat.readers.checks import crc32c
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import (
+    BadRecord,
     Columns,
     Entry,
     Extents,
@@ -80,6 +81,7 @@ from shardcat.readers.formats import (
     Mismatch,
     Scalar,
     ShardScan,
+    set_aside,
 )
 from shardcat.readers.rawio import Source, pread_exact
 from shardcat.readers.remote import is_url
@@ -110,6 +112,7 @@ from shardcat.readers.tar_rules import (
     split_key,
     wants_data,
 )
+from shardcat.readers.tar_salvage import salvaging, set_aside_broken
 
 __all__ = [
     "GROUPINGS",
@@ -194,13 +197,23 @@ def _samples(
     path: str,
     grouping: str,
     want: Callable[[str, int], bool] | None,
-    members: Iterable[Member] | None = None,
+    members: Iterable[Member | BadRecord] | None = None,
+    breaks: list[BadRecord] | None = None,
 ) -> Iterator[tuple[_Sample, dict[str, bytes]]]:
     """Samples in archive order, with the bytes of the members ``want(feature, size)``
-    asks for; ``members``: the archive's members (default: the reference walk)."""
+    asks for; ``members``: the archive's members (default: the reference walk), a
+    :class:`BadRecord` among them (a damaged header set aside) ends the sample
+    before it and goes to ``breaks``."""
     sample: _Sample | None = None
     data: dict[str, bytes] = {}
     for m in iter_members(cur, path) if members is None else members:
+        if isinstance(m, BadRecord):
+            if breaks is not None:
+                breaks.append(m)
+            if sample is not None:
+                yield sample, data
+                sample, data = None, {}
+            continue
         if not m.is_file:
             continue
         parts = split_key(m.name, grouping)
@@ -226,19 +239,31 @@ def _samples(
 
 
 def _scan_cursor(
-    cur: Cursor, path: str, options: Mapping[str, Any], members: Iterable[Member] | None = None
+    cur: Cursor,
+    path: str,
+    options: Mapping[str, Any],
+    members: Iterable[Member | BadRecord] | None = None,
 ) -> Iterator[Entry]:
     """The entries of the archive read through ``cur`` (see the module docstring);
-    ``members``: its members when not the reference walk's (the native walk)."""
+    ``members``: its members when not the reference walk's (the native walk).
+    When ``options`` set bad records aside, damaged headers are (see
+    :mod:`shardcat.readers.tar_salvage`) and the samples they broke with them."""
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
+    bad = set_aside(options)
+    breaks: list[BadRecord] = []
+    if bad is not None and members is None:
+        members = salvaging(iter_members)(cur, path)
     notes = FieldNotes()  # warned about at the end
     runs = (
         (sample, {feature: member_fields(feature, raw, notes) for feature, raw in data.items()})
-        for sample, data in _samples(cur, path, grouping, want, members)
+        for sample, data in _samples(cur, path, grouping, want, members, breaks)
     )
-    found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
+    found: Iterable[_Found] = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
+    if bad is not None:
+        found, set_aside_now = set_aside_broken(list(found), breaks, grouping)
+        bad.extend(set_aside_now)
     for key, rows, start, end, fields in found:
         row_list: list[Any] = rows  # 4-tuples for sparse members
         yield Entry(
@@ -392,7 +417,8 @@ class TarFormat(Format):
                 return ShardScan(Columns([], [], []))
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 cur = MapCursor(mm, len(mm))
-                members = native.tar_members(mm, cur, path, iter_members)
+                walk = iter_members if set_aside(options) is None else salvaging(iter_members)
+                members = native.tar_members(mm, cur, path, walk)
                 return ShardScan(Columns.of(_scan_cursor(cur, path, options, members)))
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:

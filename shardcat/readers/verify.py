@@ -70,6 +70,8 @@ def _shard(reader: Reader, rows: list[lookup.Row], shard: _Shard) -> list[Corrup
         try:
             reader._read(shard.id, Location(offset, length, parts, item), crc, key, frame=True)
         except CorruptRecordError as exc:
+            if exc.key is None and key is not None:
+                exc.key = str(key)
             problems.append(exc)
         except StaleShardError as exc:  # the file is not the indexed version
             problems.append(_whole_shard(shard.path, exc))

@@ -192,6 +192,9 @@ class DatasetView:
         """``function(*args)`` as one public call (see :func:`one_call`)."""
         return function(*args)
 
+    def _keys_of(self, shard_id: int) -> list[str]:
+        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+
     def _new_lock(self) -> None:
         self._lock = threading.RLock()
         self._lock_generation = _engine._fork_generation
