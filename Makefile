@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
 DEMO_DIR ?= demo-data
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +31,22 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check shardcat tests benchmarks
 	$(VENV)/bin/mypy
 
+# The docs site (docs/, mkdocs.yml) into build/docs-site; any warning fails it.
+# tests/test_docs.py runs its code blocks and checks docs/cli.md is current.
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # Azurite (Azure Blob Storage's emulator, a Node program) for tests/test_remote_cloud.py,
 # installed into .node/ (git-ignored), never globally.
 .node/.installed:
 	npm install --prefix .node azurite@3.37.0 --no-audit --no-fund
 	touch $@
 
-test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint
+test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint docs
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
 	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
@@ -75,4 +84,4 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache

@@ -7,49 +7,18 @@ demo``/``make test`` would run this test again; ``make lint``/``make bench``).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import subprocess
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from doc_blocks import Block, object_stores, page_blocks, run_blocks
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.*?)\s*-->\Z", re.DOTALL)
 RUN, NOT_RUN_COUNT = 9, 4  # command line, Python, Parquet, torch, snapshot, TensorDB, server x2, S3
-RUNNERS = {
-    "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
-    "python": lambda path: [sys.executable, str(path)],
-}
-
-
-@dataclass(frozen=True)
-class Block:
-    line: int  # of the opening fence, 1-based
-    lang: str
-    body: str
-    not_run: str | None  # the reason, for a block marked <!-- not run: ... -->
-
-
-def readme_blocks(text: str) -> list[Block]:
-    blocks = []
-    end = 0
-    for match in FENCE.finditer(text):
-        marker = NOT_RUN.search(text[end : match.start()].rstrip())
-        line = text.count("\n", 0, match.start()) + 1
-        blocks.append(Block(line, match["lang"], match["body"], marker["why"] if marker else None))
-        end = match.end()
-    return blocks
 
 
 def test_markers_are_read() -> None:
     text = "a\n<!-- not run: set-up -->\n```bash\nmake x\n```\n\n```python\nprint(1)\n```\n"
-    assert readme_blocks(text) == [
+    assert page_blocks(text) == [
         Block(3, "bash", "make x\n", "set-up"),
         Block(7, "python", "print(1)\n", None),
     ]
@@ -60,78 +29,17 @@ def test_every_readme_block_runs_in_order(tmp_path: Path) -> None:
     pytest.importorskip("psycopg", reason="the PostgreSQL blocks need the postgres extra")
     from shardcat.testing.postgres import postgres_server
 
-    with postgres_server() as server, _object_stores(tmp_path / "stores") as stores:
-        _run_blocks(tmp_path, {"CATALOG_URL": server, **stores})
-
-
-@contextlib.contextmanager
-def _object_stores(root: Path) -> Iterator[dict[str, str]]:
-    """What the remote-storage block reads: an S3 server (moto's, on loopback) holding
-    ``s3://bucket/train/*.tfrecord`` and an HTTP server holding two tar shards."""
-    boto3 = pytest.importorskip("boto3", reason="the remote block needs the dev extra")
-    from shardcat.sample import make_sample
-    from shardcat.testing.servers import RangeServer, S3Server
-
-    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    s3 = S3Server()
-    s3.start()
-    web = root / "web"
-    for i, path in enumerate(make_sample(web, shards=2, records=100, format="tar")):
-        os.rename(path, web / f"shard-{i:03d}.tar")
-    http = RangeServer(str(web))
-    http.start()
-    try:
-        client = boto3.client(
-            "s3", endpoint_url=s3.endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-        )  # fmt: skip
-        client.create_bucket(Bucket="bucket")
-        for path in make_sample(root / "train", shards=2, records=200):
-            client.upload_file(path, "bucket", f"train/{os.path.basename(path)}")
-        yield {**keys, "AWS_DEFAULT_REGION": "us-east-1", "S3_ENDPOINT": s3.endpoint,
-               "HTTP_ROOT": http.url}  # fmt: skip
-    finally:
-        http.stop()
-        s3.stop()
-
-
-def _run_blocks(tmp_path: Path, services: dict[str, str]) -> None:
-    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    blocks = page_blocks(README.read_text(encoding="utf-8"))
     skipped = [b for b in blocks if b.not_run is not None]
-    to_run = [b for b in blocks if b.not_run is None]
     assert [b.body.split()[:2] for b in skipped] == [
         ["make", "demo"],
         ["shardcat/", "__init__.py"],
         ["#", "pyproject.toml:"],
         ["make", "lint"],
     ]
-    assert (len(to_run), len(skipped)) == (RUN, NOT_RUN_COUNT)
-    work, scripts, home = tmp_path / "work", tmp_path / "scripts", tmp_path / "home"
-    for directory in (work, scripts, home):
-        directory.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCAT_")}
-    env.update(
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        HOME=str(home),  # catalog install-skill writes below it
-        XDG_CACHE_HOME=str(tmp_path / "cache"),
-        COLUMNS="100",
-        **services,
-    )
-    for block in to_run:
-        assert block.lang in RUNNERS, f"README.md:{block.line}: no runner for {block.lang!r}"
-        script = scripts / f"readme_{block.line}.{block.lang}"
-        script.write_text(block.body, encoding="utf-8")
-        done = subprocess.run(
-            RUNNERS[block.lang](script),
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stderr[-3000:]}"
-        assert "Traceback" not in done.stderr, f"README.md:{block.line}:\n{done.stderr}"
+    assert (len(blocks) - len(skipped), len(skipped)) == (RUN, NOT_RUN_COUNT)
+    with postgres_server() as server, object_stores(tmp_path / "stores") as stores:
+        work = run_blocks("README.md", blocks, tmp_path, {"CATALOG_URL": server, **stores})
     # What the blocks promise: one catalog for the commands and the Python block, the
     # feature written by `catalog get`, the converted shards, the skill file.
     assert (work / "shardcat.sqlite").is_file()
@@ -141,5 +49,5 @@ def _run_blocks(tmp_path: Path, services: dict[str, str]) -> None:
         "train-00000-of-00002.tfrecord",
         "train-00001-of-00002.tfrecord",
     ]
-    assert (home / ".claude" / "skills" / "shardcat" / "SKILL.md").is_file()
+    assert (tmp_path / "home" / ".claude" / "skills" / "shardcat" / "SKILL.md").is_file()
     assert (work / "remote.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # read from S3
