@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
+import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from shardcat.catalog import DatasetInfo, QueryResult
 from shardcat.errors import (
     CatalogError,
     CorruptRecordError,
@@ -28,38 +27,78 @@ from shardcat.errors import (
     StorageTypeError,
     StorageValueError,
 )
-from shardcat.facade.catalog import Catalog
-from shardcat.facade.dropin import (
-    RecordIOReader,
-    TarRandomAccess,
-    TarReader,
-    TFRecordRandomAccess,
-    TFRecordReader,
-)
-from shardcat.facade.options import IngestOptions
-from shardcat.readers.formats import Format, Location, register_format
-from shardcat.readers.reader import Reader
-from shardcat.readers.sampler import RecordSampler
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
-from shardcat.readers.torch import RecordDataset
-
-try:
-    __version__ = _version("shardcat")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0+unknown"
 
 if TYPE_CHECKING:
+    __version__: str
+    from shardcat.catalog import DatasetInfo, QueryResult
+    from shardcat.facade.catalog import Catalog
+    from shardcat.facade.dropin import (
+        RecordIOReader,
+        TarRandomAccess,
+        TarReader,
+        TFRecordRandomAccess,
+        TFRecordReader,
+    )
+    from shardcat.facade.options import IngestOptions
+    from shardcat.readers.formats import Format, Location, register_format
+    from shardcat.readers.reader import Reader
+    from shardcat.readers.sampler import RecordSampler
+    from shardcat.readers.tfrecord import TFRecordWriter, make_example
+    from shardcat.readers.torch import RecordDataset
     from shardcat.storage import TensorBlob, TensorDB
+
+# The public names and the module each comes from, imported on first use: `import
+# shardcat` (and `catalog --help`) stays fast, and the core never imports torch
+# (TensorBlob/TensorDB import without it and raise ImportError with the install
+# hint when used).
+_LAZY = {
+    "DatasetInfo": "shardcat.catalog",
+    "QueryResult": "shardcat.catalog",
+    "Catalog": "shardcat.facade.catalog",
+    "RecordIOReader": "shardcat.facade.dropin",
+    "TarRandomAccess": "shardcat.facade.dropin",
+    "TarReader": "shardcat.facade.dropin",
+    "TFRecordRandomAccess": "shardcat.facade.dropin",
+    "TFRecordReader": "shardcat.facade.dropin",
+    "IngestOptions": "shardcat.facade.options",
+    "Format": "shardcat.readers.formats",
+    "Location": "shardcat.readers.formats",
+    "register_format": "shardcat.readers.formats",
+    "Reader": "shardcat.readers.reader",
+    "RecordSampler": "shardcat.readers.sampler",
+    "TFRecordWriter": "shardcat.readers.tfrecord",
+    "make_example": "shardcat.readers.tfrecord",
+    "RecordDataset": "shardcat.readers.torch",
+    "TensorBlob": "shardcat.storage",
+    "TensorDB": "shardcat.storage",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardcat")
+    except PackageNotFoundError:  # running from a source tree without installing
+        return "0.0.0+unknown"
 
 
 def __getattr__(name: str) -> Any:
-    # TensorBlob/TensorDB need torch: imported on first use, so the core never imports it
-    # (without torch they import, and raise ImportError with the install hint when used)
-    if name in ("TensorBlob", "TensorDB"):
-        from shardcat import storage
+    if name == "__version__":  # importlib.metadata alone takes longer than the rest
+        globals()[name] = _version()
+        return globals()[name]
+    module = _LAZY.get(name)
+    if module is None:  # a subpackage used as an attribute (shardcat.catalog.engine)
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return getattr(storage, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
 
 
 __all__ = [

@@ -7,11 +7,12 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.schema import is_dataset_name
+from shardcat.errors import CatalogError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -25,6 +26,7 @@ __all__ = [
     "as_patterns",
     "brace_expand",
     "default_dataset_name",
+    "names_as_given",
     "resolve_paths",
 ]
 
@@ -73,14 +75,36 @@ def brace_expand(pattern: str) -> list[str]:
 def _remote(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
     from shardcat.readers.remote import glob_urls
 
-    found: list[str] = []
-    for one in brace_expand(pattern):
-        found.extend(
-            u
-            for u in glob_urls(one, storage_options)
-            if not _NOT_A_SHARD.search(u.rsplit("/", 1)[-1])
-        )
-    return found
+    return [
+        u
+        for u in glob_urls(pattern, storage_options)
+        if not _NOT_A_SHARD.search(u.rsplit("/", 1)[-1])
+    ]
+
+
+def _local(pattern: str) -> list[str]:
+    pattern = os.path.expanduser(pattern)
+    if os.path.isdir(pattern):
+        return [
+            os.path.join(pattern, n)
+            for n in os.listdir(pattern)
+            if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
+        ]
+    if os.path.exists(pattern):
+        return [pattern]
+    return [
+        m
+        for m in glob.glob(pattern, recursive=True)
+        if os.path.isfile(m) and not _NOT_A_SHARD.search(os.path.basename(m))
+    ]
+
+
+def _expanded(pattern: str) -> list[str]:
+    """``pattern``'s brace expansion (:func:`brace_expand`), unless it names an
+    existing file as it is (a file may have braces in its name)."""
+    if _is_url(pattern) or not os.path.exists(os.path.expanduser(pattern)):
+        return brace_expand(pattern)
+    return [pattern]
 
 
 def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -89,32 +113,47 @@ def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = Non
     A directory or a glob stands for its files except catalogs (``*.sqlite*``),
     legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
     and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
-    explicitly is taken as it is. URLs (``s3://bucket/train/*.tfrecord``,
-    ``https://host/shard-{000..099}.tar``) stay URLs: braces are expanded, globs
-    listed through fsspec with ``storage_options``.
+    explicitly is taken as it is. Braces are expanded first, as webdataset and
+    the shell do (``shard-{000000..000003}.tar``, ``{train,val}-*.tfrecord``), for
+    local paths and URLs alike; ``file://`` URLs are local paths. Other URLs
+    (``s3://bucket/train/*.tfrecord``) stay URLs, their globs listed through
+    fsspec with ``storage_options``.
     """
     found: set[str] = set()
-    for pattern in as_patterns(paths):
+    for pattern in _patterns(paths):
         if _is_url(pattern):
             found.update(_remote(pattern, storage_options))
-            continue
-        pattern = os.path.expanduser(pattern)
-        if os.path.isdir(pattern):
-            matches = [
-                os.path.join(pattern, n)
-                for n in os.listdir(pattern)
-                if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
-            ]
-        elif os.path.exists(pattern):
-            matches = [pattern]
         else:
-            matches = [
-                m
-                for m in glob.glob(pattern, recursive=True)
-                if os.path.isfile(m) and not _NOT_A_SHARD.search(os.path.basename(m))
-            ]
-        found.update(os.path.abspath(m) for m in matches)
+            found.update(os.path.abspath(m) for m in _local(pattern))
     return sorted(found)
+
+
+def _patterns(paths: PathsLike) -> Iterator[str]:
+    for given in as_patterns(paths):
+        yield from _expanded(_without_file_scheme(given))
+
+
+def names_as_given(paths: PathsLike) -> dict[str, str]:
+    """Each local shard file :func:`resolve_paths` finds (absolute) -> its path as
+    ``paths`` spell it (relative when given relative, as tfd-utils' index keeps it)."""
+    return {
+        os.path.abspath(m): m
+        for pattern in _patterns(paths)
+        if not _is_url(pattern)
+        for m in _local(pattern)
+    }
+
+
+def _without_file_scheme(path: str) -> str:
+    """A ``file://`` URL as the local path it names (``file:///data/x`` -> ``/data/x``)."""
+    if not path.startswith("file://"):
+        return path
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(path)
+    if parts.netloc not in ("", "localhost"):
+        raise CatalogError(f"{path}: a file:// URL names a file on this host (file:///path)")
+    return unquote(parts.path)
 
 
 def default_dataset_name(files: Sequence[str]) -> str:

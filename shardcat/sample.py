@@ -7,7 +7,7 @@ import json
 import os
 import random
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ def make_sample(
     image_bytes: int = 1024,
     seed: int = 0,
     format: str = "tfrecord",
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Write ``shards`` files of ``format`` holding ``records`` records in all.
 
@@ -97,6 +98,7 @@ def make_sample(
       ``pack(IRHeader(0, label, i, 0), image)``.
 
     Returns the shard paths. Deterministic for a given ``seed``.
+    ``progress(records_written)`` is called every 1,000 records and at the end.
     """
     if shards < 1 or records < 0:
         raise ValueError("need at least one shard and a non-negative record count")
@@ -110,6 +112,16 @@ def make_sample(
     for s in range(shards):
         path = out / f"train-{s:05d}-of-{shards:05d}.{_EXTENSIONS[format]}"
         first = s * per_shard
-        _WRITERS[format](path, _records(rng, first, min(records, first + per_shard), image_bytes))
+        made = _records(rng, first, min(records, first + per_shard), image_bytes)
+        _WRITERS[format](path, made if progress is None else _counted(made, progress))
         paths.append(str(path))
+    if progress is not None:
+        progress(records)
     return paths
+
+
+def _counted(made: Iterator[dict[str, Any]], progress: Callable[[int], None]) -> Iterator[Any]:
+    for record in made:
+        yield record
+        if (record["i"] + 1) % 1000 == 0:
+            progress(record["i"] + 1)

@@ -482,6 +482,7 @@ def test_extract_feature_names_cannot_escape_the_output_dir(tmp_path: Path) -> N
         "k__.._x__.._.._pwned_0.bin": blob,
         "k__.._x_a_b_0.bin": blob + b"2",
         "k__.._x_a_b_0~2.bin": blob + b"3",  # the same name once sanitized: not overwritten
+        "k__.._x_key_0.txt": b"k\0/../x",  # every bytes value is a file
     }
     assert [p for p in tmp_path.rglob("*") if p.is_file() and out not in p.parents] == [
         p for p in tmp_path.rglob("*") if p.is_file() and p.parent in (tmp_path, tmp_path / "s")

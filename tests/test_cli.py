@@ -188,9 +188,14 @@ def test_extract_saves_images_with_extension(ingested: Path, tmp_path: Path):
     out = tmp_path / "out"
     result = run("extract", "train", "rec_000000007", "-c", ingested, "-o", out)
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["rec_000000007_image_0.jpg"]
-    assert (out / files[0]).read_bytes().startswith(b"\xff\xd8\xff")
-    assert "caption[0] (text): sample 7" in result.output
+    assert files == [
+        "rec_000000007_caption_0.txt",
+        "rec_000000007_image_0.jpg",
+        "rec_000000007_key_0.txt",
+    ]
+    assert (out / files[1]).read_bytes().startswith(b"\xff\xd8\xff")
+    assert f"caption[0] (text): sample 7 -> {out / files[0]}" in result.output
+    assert (out / files[0]).read_bytes() == b"sample 7"
     assert "label: [" in result.output
 
 
@@ -258,7 +263,7 @@ def test_by_position_and_custom_key(tmp_path: Path):
 def test_drop_and_sample(tmp_path: Path, ingested: Path):
     run("drop", "train", "-c", ingested)
     assert "no datasets yet" in run("datasets", "-c", ingested).output
-    out = run("sample", tmp_path / "smp", "--shards", "2", "--records", "6").output
+    out = run("sample", tmp_path / "smp", "--shards", "2", "--records", "6").stdout
     assert len(out.split()) == 2
     assert "at least 1" in run("sample", tmp_path / "x", "--shards", "0", ok=False).output
 

@@ -341,14 +341,16 @@ def test_reading_a_catalog_in_a_read_only_directory(shared_dir: Path) -> None:
 def test_damaged_data_with_format_given_is_one_line(tmp_path: Path) -> None:
     shards = make_sample(tmp_path / "d", shards=2, records=10, image_bytes=16)
     first = Path(shards[0])
-    magic = int.from_bytes(first.read_bytes()[:4], "little")
-    fails_alike(
+    fails_alike(  # the file's bytes say what it is
         ["ingest", first, "--format", "tar", "-c", tmp_path / "a.sqlite"],
-        f"{first}: at byte 0: bad tar header checksum (corrupt header)",
+        f"{first} is a TFRecord file, not a tar file (a dataset holds files of one format)",
     )
+    unknown = tmp_path / "u" / "x.rec"  # no known format's first bytes
+    unknown.parent.mkdir()
+    unknown.write_bytes(b"\0" * 4 + first.read_bytes()[4:])
     fails_alike(
-        ["ingest", first, "-f", "recordio", "-c", tmp_path / "b.sqlite"],
-        f"{first}: at byte 0: bad RecordIO magic 0x{magic:08x}, expected 0xced7230a",
+        ["ingest", unknown, "-f", "recordio", "-c", tmp_path / "b.sqlite"],
+        f"{unknown}: at byte 0: bad RecordIO magic 0x00000000, expected 0xced7230a",
     )
     truncated = tmp_path / "t" / "cut.tfrecord"
     truncated.parent.mkdir()
@@ -361,8 +363,8 @@ def test_damaged_data_with_format_given_is_one_line(tmp_path: Path) -> None:
 
 def test_the_other_shards_are_named_only_when_there_are_some(tmp_path: Path) -> None:
     a, b = map(Path, make_sample(tmp_path / "d", shards=2, records=10, image_bytes=16))
-    problem = "at byte 0: bad tar header checksum (corrupt header)"
-    all_failed = f"failed: {a}: {problem}\nfailed: {b}: {problem}\nerror: 2 shard(s) failed\n"
+    problem = "is a TFRecord file, not a tar file (a dataset holds files of one format)"
+    all_failed = f"failed: {a} {problem}\nfailed: {b} {problem}\nerror: 2 shard(s) failed\n"
     for done in (
         runner.invoke(
             app,

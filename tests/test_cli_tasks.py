@@ -74,7 +74,8 @@ def test_extract_writes_bytes_and_returns_the_rest(tmp_path: Path):
     by_name = {item.feature: item for item in items}
     assert by_name["image"].path == tmp_path / "out" / "rec_000000001_image_0.jpg"
     assert by_name["image"].path.read_bytes() == by_name["image"].value
-    assert by_name["caption"].path is None and by_name["caption"].index == 0
+    assert by_name["caption"].path == tmp_path / "out" / "rec_000000001_caption_0.txt"
+    assert by_name["caption"].path.read_bytes() == b"sample 1" and by_name["caption"].index == 0
     assert by_name["label"].index is None and isinstance(by_name["label"].value, list)
 
 

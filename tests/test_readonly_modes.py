@@ -44,8 +44,9 @@ def _wal(db: Path) -> Path:
     return Path(f"{db}-wal")
 
 
-def _killed_writer(db: Path, sql: str) -> None:
-    """Commit ``sql`` and die without closing: the commit stays in the -wal file only."""
+def _killed_writer(db: Path, sql: str, committed: bool = True) -> None:
+    """Commit ``sql`` and die without closing: the commit stays in the -wal file only
+    (``committed=False``: a read, the -wal and -shm files stay, the -wal empty)."""
     code = (
         "import os, sqlite3, sys\n"
         "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
@@ -54,7 +55,7 @@ def _killed_writer(db: Path, sql: str) -> None:
         "os._exit(0)\n"
     )
     subprocess.run([sys.executable, "-c", code, str(db), sql], check=True)
-    assert _wal(db).stat().st_size > 0
+    assert _wal(db).stat().st_size > 0 if committed else _wal(db).exists()
 
 
 def _holder(db: Path, sql: str) -> sqlite3.Connection:
@@ -401,7 +402,8 @@ def test_readonly_open_on_a_read_only_mount(tmp_path: Path) -> None:
     clean = mount / "cat.sqlite"  # the main file alone: no -wal, no -shm
     shutil.copy(src, clean)
     shutil.copy2(src.parent / "train-00000.tfrecord", mount)  # its mtime is indexed
-    left = _build(mount / "left")  # as a writer left it (an empty -wal, a -shm)
+    left = _build(mount / "left")  # as a process killed with it open left it: an empty
+    _killed_writer(left, "SELECT count(*) FROM sqlite_master", committed=False)  # -wal, -shm
     assert not _wal(left).exists() or _wal(left).stat().st_size == 0
     _killed_writer(src, "UPDATE shardcat_datasets SET created_at = 86400")
     dirty = mount / "dirty.sqlite"

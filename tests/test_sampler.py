@@ -64,13 +64,14 @@ def take(sampler: RecordSampler, k: int) -> list[int]:
 
 
 def test_sequential_order_and_padding() -> None:
-    samplers = ranks(Sized(10), 4)
+    samplers = ranks(Sized(10), 4, shuffle=False)
     assert [list(s) for s in samplers] == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
     assert [len(s) for s in samplers] == [3, 3, 3, 3]
-    dropped = ranks(Sized(10), 4, drop_last=True)
+    dropped = ranks(Sized(10), 4, drop_last=True, shuffle=False)
     assert [list(s) for s in dropped] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert list(RecordSampler(Sized(3), num_replicas=5, rank=4)) == [1]  # wraps past the end
-    assert list(RecordSampler(Sized(0), num_replicas=2, rank=1)) == []
+    # wraps past the end
+    assert list(RecordSampler(Sized(3), num_replicas=5, rank=4, shuffle=False)) == [1]
+    assert list(RecordSampler(Sized(0), num_replicas=2, rank=1, shuffle=False)) == []
 
 
 def test_full_shuffle_is_pinned() -> None:
@@ -273,7 +274,7 @@ def test_bad_states_and_arguments() -> None:
                            else SamplerError):  # fmt: skip
             sampler.load_state_dict(bad)
     for kwargs in (
-        {"shuffle": True}, {"shuffle": "window"}, {"num_replicas": 2, "rank": 2},
+        {"shuffle": 1}, {"shuffle": "window"}, {"num_replicas": 2, "rank": 2},
         {"num_replicas": 0, "rank": 0}, {"seed": -1}, {"block_size": 0}, {"window": 0},
     ):  # fmt: skip
         with pytest.raises(SamplerError):

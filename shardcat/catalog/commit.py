@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE
+from shardcat.catalog.names import DUPLICATE_POLICIES
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 from shardcat.errors import CatalogError, DuplicateKeyError
 
@@ -42,7 +43,6 @@ __all__ = [
     "finish_key_index",
 ]
 
-DUPLICATE_POLICIES = ("error", "first", "last")
 #: SQLite page cache (KiB) of a writer connection committing into an existing key
 #: index (allocated as pages are touched; the default is 2 MiB)
 COMMIT_CACHE_KIB = 64 * 1024

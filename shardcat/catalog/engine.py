@@ -16,10 +16,9 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from shardcat.catalog import postgres
+from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import CatalogError
 
-ENV_VAR = "SHARDCAT_CATALOG"
-DEFAULT_NAME = "shardcat.sqlite"
 BUSY_TIMEOUT_MS = 60_000
 # How long ``Catalog.checkpoint()`` waits for readers and writers to empty the -wal file.
 CHECKPOINT_BUSY_MS = 500
@@ -305,6 +304,24 @@ def checkpoint(conn: sqlite3.Connection, wait_ms: int = 0) -> bool:
         conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     return bool(complete)
+
+
+def close_wal(path: Path) -> None:
+    """Let SQLite fold and remove ``path``'s ``-wal`` and ``-shm`` files, as it does
+    when the last connection to a WAL database closes, but only a connection that
+    may write can: a process whose last connection was a read-only one (a reader)
+    left them behind. Opens and closes one writing connection, waiting for no lock:
+    while other processes still use the catalog nothing happens."""
+    if not (path.exists() and Path(f"{path}-wal").exists()):
+        return
+    try:
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass  # busy or gone: the next writer's close folds it
 
 
 def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog import schema
+from shardcat.catalog.names import DEFAULT_QUERY_TIMEOUT
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -23,8 +24,6 @@ __all__ = [
 ]
 
 
-# Seconds a query may run unless the caller says otherwise (None: no limit).
-DEFAULT_QUERY_TIMEOUT = 60.0
 # The progress handler (time limit, Ctrl-C) runs every this many VM instructions:
 # well under a millisecond apart, and too rare to cost anything measurable.
 _PROGRESS_STEPS = 10_000

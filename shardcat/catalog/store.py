@@ -33,6 +33,7 @@ from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
     cannot_create_shm,
     catalog_location,
+    close_wal,
     connect_readonly,
     file_identity,
     fork_generation,
@@ -141,6 +142,7 @@ class Store:
         self.closed = False
         self._ro: Any = None
         self._ro_generation = -1
+        self._born = fork_generation()  # a forked child's copy never closes the WAL
         self._snapshot_at = 0.0
         self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
         self._engine: Engine | None = None
@@ -597,6 +599,8 @@ class Store:
             self._identity_fd = None
         if self._engine is not None:
             self._engine.dispose()
+        if not (self.readonly or self.server) and self._born == fork_generation():
+            close_wal(self._file())  # the -wal and -shm files go with the last connection
         self.closed = True
 
     def __enter__(self: S) -> S:

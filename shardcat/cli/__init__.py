@@ -26,6 +26,7 @@ from shardcat.cli import (
     verify,
 )
 from shardcat.cli.common import set_debug
+from shardcat.cli.help import HelpCommand
 
 app = typer.Typer(
     name="catalog",
@@ -36,13 +37,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from shardcat import __version__
+
+        typer.echo(f"catalog (shardcat) {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: Annotated[
         bool, typer.Option("--debug", help="Show the full traceback of errors.")
     ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
 ) -> None:
-    """One SQLite catalog for every record of your TFRecord, tar and RecordIO shards.
+    """One SQLite catalog for every record of your TFRecord, tar, RecordIO and Parquet shards.
 
     Every command uses the catalog file given with --catalog, else
     $SHARDCAT_CATALOG, else ./shardcat.sqlite in the current directory, and
@@ -66,6 +81,8 @@ for module in (
     snapshot,
 ):
     module.register(app)
+for _command in app.registered_commands:
+    _command.cls = HelpCommand
 
 
 def main() -> None:

@@ -18,18 +18,19 @@ import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from shardcat.catalog import postgres
-from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR, catalog_location
+from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import ShardcatError, ShardcatWarning, masked
-from shardcat.facade import tasks
-from shardcat.facade.catalog import Catalog
+
+if TYPE_CHECKING:  # the library is imported when a command runs, not for --help
+    from rich.progress import Progress
+    from rich.text import Text
+
+    from shardcat.facade.catalog import Catalog
+    from shardcat.readers.reader import Reader
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +62,9 @@ def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | 
     naming the file it used (``announce=False``: its own output names it). A
     PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
+    from shardcat.catalog import postgres
+    from shardcat.catalog.engine import catalog_location
+
     where = catalog_location(option)
     _now.catalog = postgres.display(str(where))
     if option is None and announce:
@@ -79,6 +83,8 @@ def open_catalog(
     """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
     (it must exist unless ``create``; commands that only read pass ``readonly=True``
     or ``immutable=True``, so the file is never created, upgraded or changed)."""
+    from shardcat.facade import tasks
+
     return tasks.open_catalog(
         catalog_path(path), readonly=readonly, immutable=immutable, create=create
     )
@@ -94,6 +100,7 @@ _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bwith key=None\b"), "with --by-position"),
     (re.compile(r"^index (-?\d+) out of range: "), r"--index \1 out of range: "),
     (re.compile(r"\(rescan=True\)"), "(catalog ingest --rescan)"),
+    (re.compile(r"\bpass make_dirs=True\)"), "pass --mkdir)"),
     (re.compile(r"\bso immutable=True\b"), "so --immutable"),
     (re.compile(r"\bopen it with readonly=True instead\b"), "open it with --readonly instead"),
     (re.compile(r", Catalog\.checkpoint\(\)\)"), ")"),
@@ -278,6 +285,8 @@ def printable(text: str) -> str:
 def cell(value: Any) -> Text:
     """A table cell: ``NULL`` for None, else the value as :func:`printable` text
     (a rich ``Text``, so brackets in data are never read as markup)."""
+    from rich.text import Text
+
     return Text("NULL" if value is None else printable(str(value)))
 
 
@@ -287,36 +296,108 @@ def open_to_read(path: str | Path | None, readonly: bool) -> Catalog:
     return open_catalog(path, readonly=True, immutable=not readonly)
 
 
+# Wide enough for any value: a table printed to a pipe or file is never cut.
+_UNLIMITED_WIDTH = 1_000_000
+
+
+def print_table(table: Any) -> None:
+    """Print a rich table on stdout: fitted to a terminal's width, or with whole
+    values (no column cut to ``…``) when stdout is a pipe or a file."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else _UNLIMITED_WIDTH
+    Console(width=width).print(table)
+
+
+@contextlib.contextmanager
+def open_dataset(
+    option: str | Path | None, dataset: str, readonly: bool
+) -> Iterator[tuple[Catalog, Reader]]:
+    """The catalog (as :func:`open_to_read`) and the reader of ``dataset`` for the
+    commands that read one (list, get, extract, stats). Without --catalog, a
+    ``dataset`` that is no dataset of the catalog but names shard files (a path or
+    glob, as ``tfd list FILE`` takes) reads those files: indexed, only when new or
+    changed, into the catalog the readers opened on them use (beside the shards).
+    """
+    from shardcat.facade.dropin import index_shards
+
+    failure: ShardcatError | None = None
+    try:
+        cat: Catalog | None = open_to_read(option, readonly)
+    except ShardcatError as exc:
+        if option is not None:
+            raise
+        cat, failure = None, exc
+    if cat is not None and (option is not None or cat.has_dataset(dataset)):
+        with cat, cat.dataset(dataset) as reader:
+            yield cat, reader
+        return
+    with contextlib.ExitStack() as stack:
+        if cat is not None:
+            stack.enter_context(cat)
+        shards = index_shards(dataset)
+        if shards is None:  # no such files either: the catalog's own error
+            if cat is not None:
+                cat.dataset(dataset)  # raises: no dataset ... (it has: ...)
+            raise failure or ShardcatError(f"no dataset {dataset!r}")
+    shard_cat, reader = shards
+    _now.catalog = str(shard_cat.path)
+    _now.note = f"catalog: {shard_cat.path} (the one readers of these shards use)"
+    with shard_cat, reader:
+        yield shard_cat, reader
+
+
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
-
-
-class _Progress(Progress):
-    """A progress bar that vanishes when the command fails or is interrupted, so
-    what stays on the terminal (or in a log) is the one error line."""
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            super().__exit__(exc_type, exc, tb)
-        elif not self.disable:  # Progress.stop would also end a log with an empty line
-            self.live.transient = True
-            self.live.stop()
 
 
 def progress_bar(
     label: str,
     *,
     unit: str | None = None,
-    elapsed: bool = True,
+    count: str | None = None,
     transient: bool = False,
     disable: bool = False,
 ) -> Progress:
     """The commands' progress bar, on stderr: label, bar, done/total, then with
-    ``unit`` a running record count (``task.fields["records"]``) and the time taken."""
-    columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn()]
+    ``unit`` a running record count (``task.fields["records"]``), and the time taken.
+    With ``count`` (``"records"``) done/total are those, with thousands
+    separators and their rate per second.
+    It vanishes when the command fails or is interrupted, so what stays on the
+    terminal (or in a log) is the one error line."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        Task,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.text import Text
+
+    class _Progress(Progress):
+        def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            if exc_type is None:
+                super().__exit__(exc_type, exc, tb)
+            elif not self.disable:  # Progress.stop would also end a log with an empty line
+                self.live.transient = True
+                self.live.stop()
+
+    class _Counted(ProgressColumn):
+        """``1,234/5,678 records 2,345/s``."""
+
+        def render(self, task: Task) -> Text:
+            total = "?" if task.total is None else f"{int(task.total):,}"
+            speed = task.finished_speed or task.speed
+            rate = f" {speed:,.0f}/s" if speed else ""
+            return Text(f"{int(task.completed):,}/{total} {count}{rate}")
+
+    columns: list[ProgressColumn] = [TextColumn(f"[bold]{label}"), BarColumn()]
+    columns.append(MofNCompleteColumn() if count is None else _Counted())
     if unit is not None:
         columns.append(TextColumn(unit + " {task.fields[records]:,} records"))
-    if elapsed:
-        columns.append(TimeElapsedColumn())
+    columns.append(TimeElapsedColumn())
     return _Progress(*columns, console=Console(stderr=True), transient=transient, disable=disable)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,10 +16,11 @@ from shardcat.cli.common import (
     print_json,
     progress_bar,
 )
-from shardcat.cli.options import JsonOpt, StorageOpt, storage_options
-from shardcat.convert import ConvertResult
-from shardcat.errors import CatalogError, masked
-from shardcat.facade import tasks
+from shardcat.cli.options import JsonOpt, StorageOpt, WorkersOpt, storage_options
+from shardcat.errors import CatalogError, ShardcatWarning, masked
+
+if TYPE_CHECKING:
+    from shardcat.convert import ConvertResult
 
 
 @handle_errors(interrupted=RERUN_TO_FINISH)
@@ -34,14 +36,11 @@ def convert(
         bool,
         typer.Option(
             "--delete",
-            "-d",
             help="Delete each tar once its TFRecord was written, read back and verified.",
         ),
     ] = False,
-    workers: Annotated[
-        int | None,
-        typer.Option("--workers", "-w", help="Archives converted in parallel (default: cores)."),
-    ] = None,
+    old_delete: Annotated[bool, typer.Option("-d", hidden=True)] = False,
+    workers: WorkersOpt = None,
     grouping: Annotated[
         str,
         typer.Option(
@@ -63,6 +62,16 @@ def convert(
     (s3://bucket/train/*.tar, https://...) are read once each, into a local
     --output-dir.
     """
+    from shardcat.facade import tasks
+
+    if old_delete:
+        warnings.warn(
+            "-d is --delete here for now; spell it --delete (-d is --dataset in the "
+            "other commands)",
+            ShardcatWarning,
+            stacklevel=1,
+        )
+        delete = True
     with progress_bar("convert", unit="archives", transient=json_out) as bar:
         task = bar.add_task("convert", total=None, records=0)
         counted = {"records": 0}

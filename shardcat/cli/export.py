@@ -9,7 +9,6 @@ import typer
 
 from shardcat.cli.common import handle_errors, open_to_read
 from shardcat.cli.options import CatalogOpt, DatasetArg, ReadModeOpt
-from shardcat.facade.export import export_index as write_index_files
 
 
 @handle_errors
@@ -36,6 +35,8 @@ def export_index(
     The offsets come from the catalog; the shards are not re-read. Existing
     files (e.g. MXNet .idx files beside .rec shards) are kept unless --force.
     """
+    from shardcat.facade.export import export_index as write_index_files
+
     with open_to_read(catalog, readonly) as cat:
         paths = write_index_files(cat, dataset, output_dir, overwrite=force)
     for path in paths:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from shardcat.cli.common import (
     catalog_path,
     cell,
     handle_errors,
     open_catalog,
+    open_dataset,
     open_to_read,
     print_json,
+    print_table,
 )
-from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
+from shardcat.cli.options import CatalogOpt, DatasetOrShardsArg, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
 
@@ -37,6 +38,8 @@ def datasets(
     if not infos:
         typer.echo("no datasets yet (catalog ingest FILES --dataset NAME)")
         return
+    from rich.table import Table
+
     table = Table("dataset", "format", "key", "shards", "records", "fields", "indexed", "created")
     for d in infos:
         shards = f"{d.ready_shards}/{d.shards}" + (
@@ -52,21 +55,18 @@ def datasets(
             cell(", ".join(d.indexed)),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
         )
-    Console().print(table)
+    print_table(table)
 
 
 @handle_errors
 def stats(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     catalog: CatalogOpt = None,
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
     """Record counts per shard of one dataset."""
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (cat, reader):
         result = reader.get_stats()
         origin = cat.snapshot_info()
     if origin is not None:
@@ -74,43 +74,53 @@ def stats(
     if json:
         print_json(result)
         return
+    from rich.table import Table
+
     table = Table(
         "shard",
         "records",
         title=cell(
-            f"{dataset}: {result['total_records']:,} records in {result['total_files']} shards"
+            f"{reader.dataset}: {result['total_records']:,} records in "
+            f"{result['total_files']} shards"
         ),
     )
     for name, n in result["records_per_file"].items():
         table.add_row(cell(name), f"{n:,}")
-    Console().print(table)
+    print_table(table)
 
 
 @handle_errors
 def list_features(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     catalog: CatalogOpt = None,
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
     """Features and types of the first record, and the dataset's SQL columns."""
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    with open_dataset(catalog, dataset, readonly) as (cat, reader):
         features = reader.describe()
         first = reader.key_at(0) if len(reader) else None
-        columns = cat.info(dataset).fields
+        columns = cat.info(reader.dataset).fields
     if json:
         print_json({"first_key": first, "features": features, "sql_fields": columns})
         return
     if first is None:
-        typer.echo(f"dataset {dataset} has no records")
+        typer.echo(f"dataset {reader.dataset} has no records")
         return
+    from rich.table import Table
+
     table = Table("feature", "type", "SQL column", title=cell(f"first record: {first}"))
     for name, kind in features.items():
-        table.add_row(cell(name), cell(kind), cell(name if name in columns else ""))
-    Console().print(table)
+        table.add_row(cell(name), cell(kind), cell(", ".join(_sql_columns(name, columns))))
+    print_table(table)
+
+
+def _sql_columns(feature: str, columns: Collection[str]) -> list[str]:
+    """The SQL columns a feature fills: its own name, or for a JSON member the
+    ``<feature>_<key>`` columns of its scalars (``json_score``, ``json_caption``)."""
+    if feature in columns:
+        return [feature]
+    return [c for c in columns if c.startswith(feature + "_")]
 
 
 @handle_errors

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from shardcat.catalog import postgres
 from shardcat.cli.common import (
     RERUN_TO_FINISH,
     catalog_path,
     cli_message,
     handle_errors,
     open_catalog,
+    print_json,
     progress_bar,
 )
-from shardcat.cli.options import CatalogOpt, DatasetArg, OnDuplicateOpt, storage_options
-from shardcat.errors import CatalogError, IngestError
-from shardcat.facade import tasks
-from shardcat.facade.ingest import ShardOutcome
-from shardcat.facade.options import KEEP, IngestOptions
-from shardcat.readers.formats import known_formats
-from shardcat.sample import SAMPLE_FORMATS, make_sample
+from shardcat.cli.options import (
+    CatalogOpt,
+    DatasetArg,
+    JsonOpt,
+    OnDuplicateOpt,
+    StorageOpt,
+    WorkersOpt,
+    storage_options,
+)
+from shardcat.errors import CatalogError, IngestError, ShardcatWarning
+
+if TYPE_CHECKING:
+    from shardcat.facade.ingest import ShardOutcome
 
 RERUN_INGEST = RERUN_TO_FINISH + " (shards already indexed are not read again)"
+# What `catalog sample` writes (shardcat.sample.SAMPLE_FORMATS, checked when it runs).
+_SAMPLE_FORMATS = "tfrecord, tar, recordio"
 
 
 @handle_errors(interrupted=RERUN_INGEST)
@@ -34,9 +44,7 @@ def ingest(
         str | None, typer.Option("--dataset", "-d", help="Dataset name (default: from the files).")
     ] = None,
     catalog: CatalogOpt = None,
-    workers: Annotated[
-        int | None, typer.Option("--workers", "-w", help="Indexing processes (default: cores).")
-    ] = None,
+    workers: WorkersOpt = None,
     key: Annotated[
         str | None,
         typer.Option(
@@ -51,7 +59,8 @@ def ingest(
         typer.Option(
             "--format",
             "-f",
-            help=f"One of {', '.join(known_formats())}; default: detected from the bytes.",
+            help="tfrecord, tar, recordio, parquet or a plugin's format name; default: "
+            "detected from the bytes of each file.",
         ),
     ] = None,
     no_fields: Annotated[
@@ -66,16 +75,14 @@ def ingest(
             "dot of the basename) or tfd (at the last dot, as tfd-utils)."
         ),
     ] = None,
-    storage_option: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--storage-option",
-            "-o",
-            help="KEY=VALUE for URLs (s3://, https://...): an fsspec storage option such as "
-            "endpoint_url=http://host:9000 or anon=true; repeatable. Stored with the "
-            "dataset without secrets (key, secret, token, password...).",
-        ),
+    storage_option: StorageOpt = None,
+    old_storage_option: Annotated[
+        list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")
     ] = None,
+    mkdir: Annotated[
+        bool, typer.Option("--mkdir", help="Create the catalog's directory when missing.")
+    ] = False,
+    json: JsonOpt = False,
 ) -> None:
     """Index shards into the catalog (only new or changed shards are read).
 
@@ -85,7 +92,21 @@ def ingest(
     indexed once. The catalog (as for every command: --catalog, else
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
     Interrupted (Ctrl-C), the same command run again finishes the work.
+    --storage-option values are stored with the dataset without secrets (key,
+    secret, token, password...).
     """
+    from shardcat.catalog import postgres
+    from shardcat.facade import tasks
+    from shardcat.facade.options import KEEP, IngestOptions
+
+    if old_storage_option:
+        warnings.warn(
+            "-o is --storage-option here for now; spell it --storage-option (-o is "
+            "--output in every other command)",
+            ShardcatWarning,
+            stacklevel=1,
+        )
+        storage_option = [*(storage_option or []), *old_storage_option]
     where = catalog_path(catalog, announce=False)  # the summary line names it
     opts = IngestOptions(
         format=format,
@@ -99,7 +120,7 @@ def ingest(
     )
     shards = {"total": 0}
     try:
-        with progress_bar("ingest", unit="shards") as bar:
+        with progress_bar("ingest", unit="shards", transient=json) as bar:
             task = bar.add_task("ingest", total=None, records=0)
             counted = {"records": 0}
 
@@ -108,10 +129,13 @@ def ingest(
                 counted["records"] += outcome.records
                 bar.update(task, advance=1, records=counted["records"], total=total)
 
-            summary = tasks.ingest(where, paths, dataset, opts, progress=progress)
+            summary = tasks.ingest(where, paths, dataset, opts, progress=progress, make_dirs=mkdir)
             bar.update(task, completed=summary.shards, total=summary.shards)
     except IngestError as exc:
         raise CatalogError(_failed_shards(exc, shards["total"])) from None
+    if json:
+        print_json({**dataclasses.asdict(summary), "catalog": postgres.display(str(where))})
+        return
     typer.echo(
         f"dataset {summary.dataset}: {summary.records:,} records in "
         f"{summary.shards} shards ({summary.indexed_now:,} indexed now) "
@@ -154,7 +178,7 @@ def sample(
     records: Annotated[int, typer.Option(help="Records in all.")] = 1000,
     image_bytes: Annotated[int, typer.Option(help="Size of each image payload.")] = 1024,
     format: Annotated[
-        str, typer.Option("--format", "-f", help=f"One of {', '.join(SAMPLE_FORMATS)}.")
+        str, typer.Option("--format", "-f", help=f"One of {_SAMPLE_FORMATS}.")
     ] = "tfrecord",
 ) -> None:
     """Write small generated shards (TFRecord, tar or RecordIO) to try the catalog on.
@@ -164,13 +188,23 @@ def sample(
     .cls, score and caption in .json). RecordIO: .rec files with an MXNet .idx
     each (keys 0..n-1), IRHeader label and id, the image as payload.
     """
+    from shardcat.sample import SAMPLE_FORMATS, make_sample
+
     if shards < 1 or records < 0:
         raise CatalogError("--shards must be at least 1 and --records not negative")
     if format not in SAMPLE_FORMATS:
         raise CatalogError(f"--format must be one of {', '.join(SAMPLE_FORMATS)}, not {format!r}")
-    for path in make_sample(
-        directory, shards=shards, records=records, image_bytes=image_bytes, format=format
-    ):
+    with progress_bar("sample", count="records") as bar:
+        task = bar.add_task("sample", total=records)
+        paths = make_sample(
+            directory,
+            shards=shards,
+            records=records,
+            image_bytes=image_bytes,
+            format=format,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    for path in paths:
         typer.echo(path)
 
 

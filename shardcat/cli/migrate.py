@@ -4,27 +4,37 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.progress import Progress, TaskID
-from rich.table import Table
 
 from shardcat.cli.common import (
     RERUN_TO_FINISH,
     catalog_path,
     handle_errors,
     print_json,
+    print_table,
     progress_bar,
 )
-from shardcat.cli.options import CatalogOpt, JsonOpt, OnDuplicateOpt, StorageOpt, storage_options
+from shardcat.cli.options import (
+    CatalogOpt,
+    JsonOpt,
+    OnDuplicateOpt,
+    StorageOpt,
+    WorkersOpt,
+    storage_options,
+)
 from shardcat.errors import CatalogError
-from shardcat.facade import tasks
-from shardcat.facade.migrate import MigrationStep
-from shardcat.legacy.report import MigrationReport
-from shardcat.legacy.verify import DEFAULT_SAMPLE
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from shardcat.facade.migrate import MigrationStep
+    from shardcat.legacy.report import MigrationReport
+
+# What migrate re-reads per shard by default (shardcat.legacy.verify.DEFAULT_SAMPLE, which
+# a test keeps equal; imported here it would load the readers for --help).
+DEFAULT_SAMPLE = 64
 
 
 @handle_errors(interrupted=RERUN_TO_FINISH)
@@ -96,10 +106,7 @@ def migrate(
             "ones; 0: all of them)."
         ),
     ] = DEFAULT_SAMPLE,
-    workers: Annotated[
-        int | None,
-        typer.Option("--workers", "-w", help="Processes re-indexing shards (default: cores)."),
-    ] = None,
+    workers: WorkersOpt = None,
     on_duplicate: OnDuplicateOpt = "error",
     upgrade_only: Annotated[
         bool,
@@ -128,6 +135,8 @@ def migrate(
     TensorBlob/TensorDB in place (no block copied). Exit code 1 if
     any shard failed.
     """
+    from shardcat.facade import tasks
+
     if upgrade_only:
         if paths:
             raise CatalogError("--upgrade takes no PATHS")
@@ -191,6 +200,9 @@ def migrate(
 def print_report(report: MigrationReport) -> None:
     """The summary table, then per dataset where it went and the shards that were
     not imported (and why)."""
+    from rich import box
+    from rich.table import Table
+
     if not report.datasets:
         typer.echo("no legacy index files found")
     else:
@@ -207,7 +219,7 @@ def print_report(report: MigrationReport) -> None:
         for d in report.datasets:
             counts = map(str, d.totals(report.dry_run).values())
             table.add_row(d.dataset, str(len(d.shards)), *counts, f"{d.records:,}")
-        Console().print(table)
+        print_table(table)
     for d in report.datasets:
         typer.echo(f"dataset {d.dataset} ({d.format}, {d.key_rule}) -> {d.catalog}", err=True)
         for legacy in d.legacy:

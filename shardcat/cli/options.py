@@ -10,18 +10,19 @@ from typing import Annotated, Any
 
 import typer
 
-from shardcat.catalog.commit import DUPLICATE_POLICIES
-from shardcat.catalog.engine import DEFAULT_NAME, ENV_VAR
+from shardcat.catalog.names import DEFAULT_NAME, DUPLICATE_POLICIES, ENV_VAR
 from shardcat.errors import CatalogError
 
 __all__ = [
     "CatalogOpt",
     "DatasetArg",
+    "DatasetOrShardsArg",
     "JsonOpt",
     "KeyArg",
     "OnDuplicateOpt",
     "ReadModeOpt",
     "StorageOpt",
+    "WorkersOpt",
     "storage_options",
 ]
 
@@ -32,6 +33,7 @@ CatalogOpt = Annotated[
     typer.Option(
         "--catalog",
         "-c",
+        metavar="FILE",
         help=f"Catalog file (default: ${ENV_VAR}, else ./{DEFAULT_NAME} in the current "
         "directory). A PostgreSQL URL (postgresql://user@host/db) opens the catalog on "
         "that server.",
@@ -39,6 +41,16 @@ CatalogOpt = Annotated[
     ),
 ]
 DatasetArg = Annotated[str, typer.Argument(help="Dataset name (see `catalog datasets`).")]
+# list, get, extract, stats: a dataset, or shard files read directly (as `tfd list FILE`)
+DatasetOrShardsArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="DATASET",
+        help="Dataset name (see `catalog datasets`); without --catalog also shard files "
+        "(a path or glob), indexed into the catalog the readers of those files use "
+        "(shardcat.sqlite beside them).",
+    ),
+]
 KeyArg = Annotated[str, typer.Argument(help="The record's key.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 # How the commands that only read open the catalog (never creating, upgrading or
@@ -57,13 +69,22 @@ OnDuplicateOpt = Annotated[
     str, typer.Option(help=f"Duplicate keys: {' | '.join(DUPLICATE_POLICIES)}.")
 ]
 
-# --storage-option for commands reading URLs (ingest also has the short -o)
+# --storage-option for commands reading URLs (no short form: -o is --output)
 StorageOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--storage-option",
+        metavar="KEY=VALUE",
         help="KEY=VALUE for URLs (s3://, https://...): an fsspec storage option such as "
         "endpoint_url=http://host:9000 or anon=true; repeatable.",
+    ),
+]
+
+# --workers of the commands that start processes: at least 1 (None: one per core)
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers", "-w", min=1, metavar="N", help="Processes to use (default: one per core)."
     ),
 ]
 

@@ -8,16 +8,9 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import handle_errors, open_to_read, printable
-from shardcat.cli.options import CatalogOpt, DatasetArg, KeyArg, ReadModeOpt
+from shardcat.cli.common import handle_errors, open_dataset, printable
+from shardcat.cli.options import CatalogOpt, DatasetOrShardsArg, KeyArg, ReadModeOpt
 from shardcat.errors import CatalogError, NoSuchFeatureError
-from shardcat.facade.records import (
-    extract as extract_record,
-)
-from shardcat.facade.records import (
-    feature_value,
-    file_extension,
-)
 
 __all__ = ["extract", "get", "register"]
 
@@ -29,7 +22,7 @@ def _show(data: bytes) -> str:
 
 @handle_errors
 def get(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     feature: Annotated[str, typer.Argument(help="The feature to print or write.")],
     catalog: CatalogOpt = None,
@@ -43,10 +36,9 @@ def get(
 
     Example: catalog get train rec_000000042 image > img.jpg
     """
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    from shardcat.facade.records import feature_value, file_extension
+
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         try:
             value = feature_value(reader, key, feature, index)
         except NoSuchFeatureError as exc:
@@ -75,7 +67,7 @@ def get(
 
 @handle_errors
 def extract(
-    dataset: DatasetArg,
+    dataset: DatasetOrShardsArg,
     key: KeyArg,
     catalog: CatalogOpt = None,
     output_dir: Annotated[
@@ -83,24 +75,26 @@ def extract(
     ] = Path("."),
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Save a record's bytes features as files (images get their extension); print the rest.
+    """Save a record's bytes values as files (images get their extension); print the rest.
 
     Files are named <key>_<feature>_<i>.<ext>, with characters other than
     letters, digits, '-', '_' and '.' in the key and feature replaced by '_'
-    (a name can never point outside --output-dir). Text printed has control
-    characters shown as escapes.
+    (a name can never point outside --output-dir). Short text values (a tar
+    sample's cls, a caption) are printed too, with control characters shown
+    as escapes.
     """
-    with (
-        open_to_read(catalog, readonly) as cat,
-        cat.dataset(dataset) as reader,
-    ):
+    from shardcat.facade.records import SHOWN_TEXT
+    from shardcat.facade.records import extract as extract_record
+
+    with open_dataset(catalog, dataset, readonly) as (_, reader):
         items = extract_record(reader, key, output_dir)
     for item in items:
         shown = printable(item.feature)
-        if item.index is None:
+        if item.path is None:
             typer.echo(f"{shown}: {printable(str(item.value))}")
-        elif item.path is None:
-            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)}")
+        elif item.path.suffix == ".txt" and len(item.value) <= SHOWN_TEXT:
+            where = printable(str(item.path))
+            typer.echo(f"{shown}[{item.index}] (text): {_show(item.value)} -> {where}")
         else:
             size = len(item.value)
             typer.echo(f"{shown}[{item.index}]: {size:,} bytes -> {printable(str(item.path))}")

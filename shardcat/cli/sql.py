@@ -7,11 +7,9 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Column, Table
 
-from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT
-from shardcat.cli.common import cell, handle_errors, open_to_read, print_json
+from shardcat.catalog.names import DEFAULT_QUERY_TIMEOUT
+from shardcat.cli.common import cell, handle_errors, open_to_read, print_json, print_table
 from shardcat.cli.options import CatalogOpt, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
@@ -72,10 +70,12 @@ def query(
         writer.writerow(rows.columns)
         writer.writerows(rows)
     else:
+        from rich.table import Column, Table
+
         table = Table(*(Column(cell(name)) for name in rows.columns))
         for row in rows:
             table.add_row(*(cell(v) for v in row))
-        Console().print(table)
+        print_table(table)
         typer.echo(f"{len(rows)} row(s)", err=True)
 
 

@@ -7,7 +7,6 @@ import typer
 from shardcat.cli.common import handle_errors, open_to_read, print_json, progress_bar
 from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
 from shardcat.errors import masked
-from shardcat.facade import tasks
 
 
 @handle_errors
@@ -21,9 +20,11 @@ def verify(
 
     Reports each bad record with its file and byte offset; exit code 1 if any.
     """
+    from shardcat.facade import tasks
+
     with (
         open_to_read(catalog, readonly) as cat,
-        progress_bar("verify", elapsed=False, disable=json) as bar,
+        progress_bar("verify", count="records", disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)
         result = tasks.verify(

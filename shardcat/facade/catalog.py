@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,7 +44,7 @@ from shardcat.readers.remote import configure, is_url, protocol_of, public_optio
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.storage.meta import sql_file
 
-__all__ = ["Catalog", "migrate"]
+__all__ = ["Catalog", "discard_if_empty", "migrate"]
 
 
 class Catalog(Store):
@@ -238,7 +239,8 @@ class Catalog(Store):
                 name = self.unused_name(base)
         # A new dataset may take options that only all its shards tell (RecordIO: .idx
         # keys that collide across shards); read outside the write lock, once.
-        if self.has_dataset(name):
+        new = not self.has_dataset(name)
+        if not new:
             first: dict[str, Any] = {}
         elif is_url(files[0]):
             first = remote_dataset_options(fmt, files, rule, remote_options)
@@ -282,6 +284,8 @@ class Catalog(Store):
         except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
             raise catalog_error(str(self.path), exc) from None
         self.reader_connection()  # end any read snapshot: see what was just committed
+        if new and any(o.error for o in outcomes) and not self.info(name).ready_shards:
+            self.drop(name)  # a first ingest that indexed nothing leaves no empty dataset
         raise_for_failures(outcomes)
         self.checkpoint(wait=False)  # a finished writer leaves the main file complete
         reader = Reader(self, name)
@@ -356,6 +360,19 @@ class Catalog(Store):
         """
         with self.dataset(name) as reader:
             return reader.verify(progress)
+
+
+def discard_if_empty(path: Path) -> None:
+    """Remove the SQLite catalog ``path`` (a file this process created) when no
+    dataset went into it, as after a failed first ingest. Left alone while another
+    process has it open (its ``-wal`` file is still there once this process closed it)."""
+    if not path.exists() or Path(f"{path}-wal").exists():
+        return
+    with Catalog(path, readonly=True) as cat:
+        if cat.datasets():
+            return
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def migrate(

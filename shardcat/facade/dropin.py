@@ -16,17 +16,19 @@ some, and ``get_stats()["duplicates_dropped"]``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.engine import locate
 from shardcat.errors import CatalogError, ShardcatWarning
-from shardcat.facade.catalog import Catalog
+from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
-from shardcat.paths import PathsLike, resolve_paths
+from shardcat.paths import PathsLike, names_as_given, resolve_paths
 from shardcat.readers.formats import get_format
 from shardcat.readers.reader import Reader
 
@@ -36,7 +38,51 @@ __all__ = [
     "TFRecordReader",
     "TarRandomAccess",
     "TarReader",
+    "catalog_beside",
+    "index_shards",
 ]
+
+
+def catalog_beside(files: Sequence[str], index_file: str | os.PathLike[str] | None = None) -> Path:
+    """The catalog the readers opened on shard ``files`` use: ``index_file``, else
+    ``$SHARDCAT_CATALOG``, else ``shardcat.sqlite`` beside the shards (in the
+    per-user cache when their directory is not writable; remote shards: the
+    working directory). See :func:`shardcat.catalog.engine.locate`."""
+    shard_dir = (
+        os.getcwd()
+        if any("://" in f for f in files)
+        else os.path.commonpath([str(Path(f).parent) for f in files])
+    )
+    return locate(index_file, shard_dir)
+
+
+def index_shards(paths: PathsLike) -> tuple[Catalog, Reader] | None:
+    """``catalog list/get/extract/stats`` on shard files (``tfd list FILE``): the
+    files ``paths`` names indexed (only new or changed ones) into the catalog the
+    readers opened on them use (:func:`catalog_beside`), as ``catalog ingest`` does
+    (format and rule detected); the catalog and the dataset's reader, both for the
+    caller to close. None when ``paths`` names no file."""
+    files = resolve_paths(paths)
+    if not files:
+        return None
+    with _catalog_at(catalog_beside(files), readonly=False) as catalog:
+        return catalog, catalog.ingest_with(paths, None, IngestOptions())
+
+
+@contextlib.contextmanager
+def _catalog_at(where: Path, readonly: bool) -> Iterator[Catalog]:
+    """The catalog at ``where``, closed when the block fails, and then removed when
+    this open created it and no dataset went into it (a failed first ingest leaves
+    no catalog beside the shards). Left open when the block succeeds."""
+    new = not where.exists()
+    catalog = Catalog(where, readonly=readonly)
+    try:
+        yield catalog
+    except BaseException:
+        catalog.close()
+        if new:
+            discard_if_empty(where)
+        raise
 
 
 class _PathReader(Reader):
@@ -62,16 +108,10 @@ class _PathReader(Reader):
         files = resolve_paths(paths)
         if not files:
             raise CatalogError(f"No {get_format(format).TITLE} files found for path: {paths}")
-        shard_dir = (  # remote shards: the catalog goes to the working directory
-            os.getcwd()
-            if any("://" in f for f in files)
-            else os.path.commonpath([str(Path(f).parent) for f in files])
-        )
         if index_file is not None:  # a tfd-utils pickle: imported once into a catalog beside it
             index_file = catalog_for_legacy_index(index_file, paths, opts, readonly=readonly)
-        catalog = Catalog(locate(index_file, shard_dir), readonly=readonly)
         dropped = 0
-        try:
+        with _catalog_at(catalog_beside(files, index_file), readonly) as catalog:
             if readonly:
                 name = dataset or catalog.find_dataset(paths, format=format, options=opts.options)
             else:
@@ -90,10 +130,8 @@ class _PathReader(Reader):
                 file_pool_size=file_pool_size,
                 owns_catalog=True,
             )
-        except BaseException:
-            catalog.close()
-            raise
         self.files = files
+        self.names_as_given = names_as_given(paths)
         if dropped:
             warnings.warn(
                 f"{dropped} duplicate record{'s' if dropped > 1 else ''} in dataset "

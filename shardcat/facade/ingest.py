@@ -51,9 +51,9 @@ from shardcat.catalog.commit import (
 )
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import IngestError, MissingShardError, ShardcatError
+from shardcat.errors import CorruptRecordError, IngestError, MissingShardError, ShardcatError
 from shardcat.readers import remote, remote_file
-from shardcat.readers.formats import Format, ShardScan, get_format
+from shardcat.readers.formats import Format, ShardScan, get_format, other_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -207,6 +207,9 @@ def index_claimed(
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
         return _commit_scan(engine, job, shard_id, stored, owner, scanned, st, fp, then)
     except BaseException as exc:
+        other = other_format(path, fmt) if isinstance(exc, CorruptRecordError) else None
+        if other is not None:  # a dataset holds one format: say what this file is
+            exc = CorruptRecordError(f"{other} (a dataset holds files of one format)")
         return _failed(engine, job, shard_id, stored, owner, exc, path)
 
 

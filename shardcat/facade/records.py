@@ -97,10 +97,9 @@ def feature_value(reader: Reader, key: str, feature: str, index: int = 0) -> Any
 
 @dataclass(frozen=True)
 class Extracted:
-    """One item of an extracted record. ``path`` set: bytes value ``index`` of
-    ``feature`` written there (``value`` the bytes). Else with ``index``: a short
-    text value kept inline (``value`` its bytes); without: a feature of
-    non-bytes values (``value`` the list)."""
+    """One item of an extracted record: bytes value ``index`` of ``feature``
+    written to ``path`` (``value`` the bytes), or, without an index or path, a
+    feature of non-bytes values (``value`` the list)."""
 
     feature: str
     index: int | None
@@ -108,14 +107,16 @@ class Extracted:
     path: Path | None = None
 
 
-_INLINE_TEXT = 200  # text values up to this many bytes are shown, not written
+# Text values up to this many bytes are shown too (as the CLI's extract does).
+SHOWN_TEXT = 200
 
 
 def extract(reader: Reader, key: str, output_dir: str | Path) -> list[Extracted]:
-    """Save the bytes features of the record ``key`` as files in ``output_dir``
+    """Save every bytes value of the record ``key`` as a file in ``output_dir``
     (created when missing), named ``<key>_<feature>_<i>.<ext>`` with
-    :func:`safe_name` parts and :func:`file_extension`; short text values and
-    non-bytes features are returned inline instead. Items in feature order."""
+    :func:`safe_name` parts and :func:`file_extension` (a tar member such as
+    ``cls`` or ``txt`` too); non-bytes features are returned inline. Items in
+    feature order."""
     features = features_of(reader, key)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -128,9 +129,6 @@ def extract(reader: Reader, key: str, output_dir: str | Path) -> list[Extracted]
             continue
         for i, data in enumerate(values):
             ext = file_extension(data)
-            if ext == "txt" and len(data) <= _INLINE_TEXT:
-                items.append(Extracted(name, i, data))
-                continue
             stem = f"{safe_key}_{safe_name(name)}_{i}"
             filename, n = f"{stem}.{ext}", 1
             while filename in written:  # two names that differ only in replaced characters

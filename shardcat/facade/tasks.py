@@ -27,7 +27,7 @@ from shardcat.catalog.engine import (
 from shardcat.catalog.versions import upgrade
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.facade.catalog import Catalog
+from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.legacy.report import MigrationReport
@@ -57,8 +57,10 @@ def open_catalog(
     readonly: bool = False,
     immutable: bool = False,
     create: bool = False,
+    make_dirs: bool = False,
 ) -> Catalog:
-    """The catalog at ``where``; it must exist unless ``create`` (ingest).
+    """The catalog at ``where``; it must exist unless ``create`` (ingest), and its
+    directory must exist unless ``make_dirs`` (a mistyped path makes no directories).
 
     ``readonly=True`` (or ``immutable=True``): the file is never created,
     upgraded or changed. Without either it is opened for writing (and upgraded
@@ -69,14 +71,20 @@ def open_catalog(
     if postgres.is_server_url(where):
         return Catalog(str(where), readonly=readonly or immutable, immutable=immutable)
     where = Path(where)
+    ancestor = existing_ancestor(where)
     if not create and not where.is_file():
-        ancestor = existing_ancestor(where)
-        why = (
-            f"{ancestor} is not a directory"
-            if not ancestor.is_dir()
-            else f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
-        )
+        if where.is_dir():
+            why = "it is a directory"
+        elif not ancestor.is_dir():
+            why = f"{ancestor} is not a directory"
+        else:
+            why = f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
         raise CatalogError(f"no catalog at {where}: {why}")
+    if create and not make_dirs and ancestor != where.parent and ancestor.is_dir():
+        raise CatalogError(
+            f"cannot create catalog {where}: no directory {where.parent} "
+            "(create it, or pass make_dirs=True)"
+        )
     if not (readonly or immutable):
         problem = write_problem(where)
         if problem is not None:
@@ -125,10 +133,11 @@ def ingest(
     opts: IngestOptions,
     *,
     progress: Progress | None = None,
+    make_dirs: bool = False,
 ) -> IngestSummary:
     """Ingest ``paths`` into the catalog file ``catalog`` (created when missing:
-    :func:`open_catalog` with ``create=True``), as :meth:`Catalog.ingest_with`;
-    returns an :class:`IngestSummary`.
+    :func:`open_catalog` with ``create=True``; its directory too with ``make_dirs``),
+    as :meth:`Catalog.ingest_with`; returns an :class:`IngestSummary`.
 
     No catalog is created when no file matches ``paths`` (:class:`CatalogError`
     ``no files match ...``). ``progress(outcome, total_shards)`` as for
@@ -144,12 +153,18 @@ def ingest(
         if progress is not None:
             progress(outcome, total)
 
-    with (
-        open_catalog(catalog, create=True) as cat,
-        cat.ingest_with(paths, dataset, opts, progress=count) as reader,
-    ):
-        stats = reader.get_stats()
-        dropped = reader.indexed_duplicates
+    new = not postgres.is_server_url(catalog) and not Path(catalog).exists()
+    try:
+        with (
+            open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
+            cat.ingest_with(paths, dataset, opts, progress=count) as reader,
+        ):
+            stats = reader.get_stats()
+            dropped = reader.indexed_duplicates
+    except BaseException:
+        if new:  # a failed first ingest leaves no catalog behind
+            discard_if_empty(Path(catalog))
+        raise
     return IngestSummary(
         stats["dataset"], stats["total_records"], stats["total_files"], indexed, dropped
     )

@@ -63,6 +63,7 @@ __all__ = [
     "detect_format",
     "get_format",
     "known_formats",
+    "other_format",
     "register_format",
 ]
 
@@ -463,6 +464,19 @@ def detect_format(path: str) -> str:
             f"pass format= (one of {', '.join(known_formats())})"
         )
     return matches[0]
+
+
+def other_format(path: str, expected: Format) -> str | None:
+    """``"x is a TFRecord file, not a tar file"`` when the first bytes of the local
+    file ``path`` say it is of another known format than ``expected`` (why its scan
+    failed, said plainly); else None."""
+    try:
+        found = detect_format(path)
+    except (CatalogError, OSError):
+        return None
+    if found == expected.NAME:
+        return None
+    return f"{path} is a {get_format(found).TITLE} file, not a {expected.TITLE} file"
 
 
 _F32 = struct.Struct("<f")

@@ -14,7 +14,8 @@ Values are what tfd-utils stores: for TFRecord (and RecordIO)
 ``{feature: {"file": path, "member_name": name, "data_offset": offset,
 "size": size}}`` (``member_name`` as the ``tfd`` grouping rebuilds it,
 ``<key>.<feature>``; offsets of compressed shards are decompressed offsets,
-as tfd-utils' are). Files are absolute paths.
+as tfd-utils' are). Files are paths as the reader was given them (relative
+when given relative, as tfd-utils'), else absolute.
 
 It is read-only: every method that would change it raises ``TypeError``. It
 subclasses ``dict`` only because tfd-utils' own tests check
@@ -73,11 +74,12 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
     module docstring). A ``collections.abc.Mapping`` (as every ``dict`` is),
     whose every method answers from the catalog."""
 
-    __slots__ = ("_reader",)
+    __slots__ = ("_names", "_reader")
 
-    def __init__(self, reader: _Reader) -> None:
+    def __init__(self, reader: _Reader, names: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self._reader = reader
+        self._names = names or {}  # absolute shard path -> the path as given
 
     # -- Mapping -----------------------------------------------------------------
 
@@ -165,7 +167,8 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
         return None if row is None else self._record(row[1], row[at], row[at + 1])
 
     def _file(self, shard_id: int) -> str:
-        return self._reader._shards[shard_id].path
+        path = self._reader._shards[shard_id].path
+        return self._names.get(path, path)
 
     def _record(self, shard_id: int, offset: int, length: int) -> dict[str, Any]:
         return {"file": self._file(shard_id), "offset": offset, "length": length}

@@ -103,6 +103,9 @@ class Reader(DatasetView):
     others (see the module docstring for re-indexing and forked workers).
     """
 
+    # Readers opened on shard paths: each shard file -> its path as given (reader.index)
+    names_as_given: dict[str, str] | None = None
+
     def _read(self, shard_id: int, location: Location, verify: bool | None = None) -> bytes:
         source = self._source(shard_id)
         try:
@@ -434,8 +437,8 @@ class Reader(DatasetView):
     def index(self) -> DatasetIndex:
         """tfd-utils' ``{key: location}`` index as a read-only view of the catalog:
         point lookups are one query, iteration is streamed (see
-        :mod:`shardcat.readers.index`)."""
-        return DatasetIndex(self)
+        :mod:`shardcat.readers.index`); files named as the reader was given them."""
+        return DatasetIndex(self, self.names_as_given)
 
     def features(self, record: Any) -> dict[str, list[Any]]:
         """A decoded record as ``{feature: [values]}``."""
@@ -561,6 +564,7 @@ class Reader(DatasetView):
             "verify_crc": self.verify_crc,
             "pool": self._pool.size,
             "files": getattr(self, "files", None),
+            "names_as_given": self.names_as_given,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -577,3 +581,4 @@ class Reader(DatasetView):
         )
         if state["files"] is not None:
             self.files = state["files"]
+        self.names_as_given = state.get("names_as_given")

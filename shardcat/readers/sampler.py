@@ -6,7 +6,8 @@ depends only on ``(seed, epoch, len(dataset), shuffle, block_size, window)`` and
 for ``shuffle="block"``, the dataset's shard layout; never on the world size:
 
 - ``shuffle=False``: ``0, 1, 2, ...``;
-- ``"full"``: a uniform permutation (numpy ``PCG64``, one array per epoch);
+- ``"full"`` (or ``True``, the default, as torch's ``DistributedSampler``): a
+  uniform permutation (numpy ``PCG64``, one array per epoch);
 - ``"block"``: the indices are cut into blocks of ``block_size`` consecutive
   indices that never straddle a shard (a dataset's ``shard_starts()``), the
   blocks are permuted, and each run of ``window`` consecutive blocks of that
@@ -43,7 +44,7 @@ __all__ = ["STATE_KIND", "RecordSampler", "Shuffle"]
 
 STATE_KIND = "shardcat.RecordSampler"
 STATE_VERSION = 1
-Shuffle = Literal[False, "full", "block"]
+Shuffle = Literal[False, True, "full", "block"]
 _CHUNK = 1 << 16  # indices handed out per numpy slice of the sequential and full orders
 
 
@@ -161,6 +162,9 @@ class RecordSampler:
     """The indices of ``dataset`` for one rank, in the epoch's global order (see the
     module docstring); pass it to ``DataLoader(sampler=...)``.
 
+    ``shuffle`` is True by default, as torch's ``DistributedSampler``: a new
+    uniform permutation per epoch (True is ``"full"``); ``False`` keeps the
+    dataset's order, ``"block"`` shuffles shard-local blocks.
     ``set_epoch(e)`` before each epoch (a new order per epoch). ``state_dict()``
     and ``load_state_dict()`` save and resume the place in the epoch. The count
     is of indices handed to the loader, which runs ahead of training by its
@@ -179,7 +183,7 @@ class RecordSampler:
         num_replicas: int | None = None,
         rank: int | None = None,
         seed: int = 0,
-        shuffle: Shuffle = False,
+        shuffle: Shuffle = True,
         block_size: int = 4096,
         window: int = 16,
         drop_last: bool = False,
@@ -189,8 +193,12 @@ class RecordSampler:
         self.rank = _whole(rank, "rank", 0)
         if self.rank >= self.num_replicas:
             raise SamplerError(f"rank {rank} is not below num_replicas {num_replicas}")
-        if shuffle not in (False, "full", "block"):
-            raise SamplerError(f'shuffle must be False, "full" or "block", not {shuffle!r}')
+        if shuffle is True:
+            shuffle = "full"  # torch's shuffle=True: one uniform permutation per epoch
+        if shuffle not in (False, "full", "block") or not isinstance(shuffle, (bool, str)):
+            raise SamplerError(
+                f'shuffle must be True (= "full"), False or "block", not {shuffle!r}'
+            )
         self.shuffle: Shuffle = shuffle
         self.seed = _whole(seed, "seed", 0)
         self.block_size = _whole(block_size, "block_size", 1)
