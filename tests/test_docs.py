@@ -20,6 +20,28 @@ import shardcat
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(path.name for path in DOCS.glob("*.md"))
+JPEG = b"\xff\xd8\xff"
+
+
+def _getting_started(work: Path, home: Path) -> None:
+    """One catalog for the commands and the Python block, the feature written by
+    `catalog get`, the converted shards, the skill file."""
+    assert (work / "shardcat.sqlite").is_file()
+    assert not (work / "data" / "train" / "shardcat.sqlite").exists()
+    assert (work / "img.jpg").read_bytes()[:3] == JPEG
+    assert sorted(p.name for p in (work / "tfrecords").iterdir()) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
+    assert (home / ".claude" / "skills" / "shardcat" / "SKILL.md").is_file()
+
+
+def _remote(work: Path, home: Path) -> None:
+    assert (work / "remote.jpg").read_bytes()[:3] == JPEG  # read from S3
+
+
+# What a page's blocks leave behind, beyond running without an error.
+PROMISES = {"getting-started.md": _getting_started, "remote.md": _remote}
 
 
 def _cli_reference() -> ModuleType:
@@ -73,4 +95,6 @@ def test_every_block_of_the_page_runs(page: str, tmp_path: Path) -> None:
             services["CATALOG_URL"] = stack.enter_context(postgres_server())
         if "S3_ENDPOINT" in text or "HTTP_ROOT" in text:
             services.update(stack.enter_context(object_stores(tmp_path / "stores")))
-        run_blocks(f"docs/{page}", blocks, tmp_path, services)
+        work = run_blocks(f"docs/{page}", blocks, tmp_path, services)
+    if page in PROMISES:
+        PROMISES[page](work, tmp_path / "home")
