@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,docs]'
 	touch $@
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
@@ -27,17 +27,13 @@ demo: $(VENV)/.installed
 	VENV=$(VENV) DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check shardcat tests benchmarks
-	$(VENV)/bin/ruff format --check shardcat tests benchmarks
+	$(VENV)/bin/ruff check shardcat tests benchmarks scripts
+	$(VENV)/bin/ruff format --check shardcat tests benchmarks scripts
 	$(VENV)/bin/mypy
 
-# The docs site (docs/, mkdocs.yml) into build/docs-site; any warning fails it.
-# tests/test_docs.py runs its code blocks and checks docs/cli.md is current.
-$(VENV)/.docs-installed: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[docs]'
-	touch $@
-
-docs: $(VENV)/.docs-installed
+# The docs site (docs/, mkdocs.yml; the docs extra) into build/docs-site; any warning
+# fails it. tests/test_docs.py runs its code blocks and checks docs/cli.md is current.
+docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Azurite (Azure Blob Storage's emulator, a Node program) for tests/test_remote_cloud.py,
