@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
 DEMO_DIR ?= demo-data
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test lint docs bench bench-record clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
 # which tfd-utils pins): proves shardcat.pb2 works on both ends of the range.
+# Its test run sets SHARDCAT_TEST_CORE_ONLY=1: no extra is required there
+# (shardcat/testing/required.py), the C extensions still are.
 $(CORE_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip
@@ -45,7 +47,7 @@ docs: $(VENV)/.installed
 test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint docs
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
-	$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
+	SHARDCAT_TEST_CORE_ONLY=1 $(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
 
 # tensorblob's own test suite, which tests/test_tensorblob_suite.py runs against
 # shardcat's TensorBlob and TensorDB: its sdist, downloaded once into .peer/ (git-ignored).
@@ -78,6 +80,11 @@ test: peer-tfd
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks
+
+# The recorded run the READMEs' performance tables are rendered from
+# (benchmarks/results/latest.json; tests/test_bench_record.py checks them).
+bench-record: $(VENV)/.installed
+	$(PY) -m benchmarks --record
 
 clean:
 	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache

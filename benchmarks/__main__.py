@@ -1,18 +1,17 @@
-"""``python -m benchmarks [--quick] [--only NAME ...] [--out FILE]``."""
+"""``python -m benchmarks [--quick] [--only NAME ...] [--out FILE] [--record [--note TEXT]]``.
+
+``--record``: a full run of every benchmark whose rows are saved to
+``benchmarks/results/latest.json`` and rendered into README.md and
+benchmarks/README.md (:mod:`benchmarks.record`)."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
-import os
-import platform
-import sqlite3
-import subprocess
 import sys
 import time
-from importlib.metadata import version
 
+from benchmarks import record
 from benchmarks.suite import BENCHMARKS, FULL, QUICK
 from benchmarks.util import Row, markdown
 
@@ -26,22 +25,13 @@ SCRIPTS = {
 }
 
 
-def _revision() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
-def environment() -> str:
+def environment(env: dict[str, object]) -> str:
+    versions = env["versions"]
+    assert isinstance(versions, dict)
     return (
-        f"{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"protobuf {version('protobuf')}, shardcat {version('shardcat')}, "
-        f"tfd-utils {version('tfd-utils')}, git {_revision()}"
+        f"{env['date']}, {env['cpus']} CPUs, load {env['load_average_at_start']}, "
+        f"Python {env['python']}, SQLite {env['sqlite']}, protobuf {versions['protobuf']}, "
+        f"tfd-utils {versions['tfd-utils']}, git {env['commit']}{'-dirty' * bool(env['dirty'])}"
     )
 
 
@@ -59,13 +49,28 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run only this benchmark (repeatable): {', '.join([*BENCHMARKS, *SCRIPTS])}",
     )
     parser.add_argument("--out", metavar="FILE", help="also write the results as a markdown table")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="run the suite (full sizes, no scripts), save it as benchmarks/results/latest.json "
+        "and render the READMEs' tables from it",
+    )
+    parser.add_argument(
+        "--note",
+        default="a shared 2-core machine, other engineers' test suites running beside it (noisy)",
+        help="what the record says of the machine",
+    )
     args = parser.parse_args(argv)
+    if args.record and (args.quick or args.only):
+        parser.error("--record is a full run of every benchmark: no --quick, no --only")
 
     cfg = QUICK if args.quick else FULL
-    env = environment()
+    env_record = record.environment(args.note)
+    env = environment(env_record)
     print(f"shardcat benchmarks ({'quick' if args.quick else 'full'}): {env}", flush=True)
     rows: list[Row] = []
-    chosen = args.only or [*BENCHMARKS, *SCRIPTS]
+    # a record holds the suite's rows; the scripts print tables of their own
+    chosen = args.only or ([*BENCHMARKS] if args.record else [*BENCHMARKS, *SCRIPTS])
     for name in [n for n in chosen if n in BENCHMARKS]:
         print(f"\n[{name}] {BENCHMARKS[name].__doc__.splitlines()[0]}", flush=True)
         start = time.perf_counter()
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             f.write(markdown(rows, header))
         print(f"\nwrote {args.out}")
+    if args.record:
+        record.write(rows, env_record)
+        record.render()
+        print(f"\nwrote {record.RECORD} and the tables of README.md and benchmarks/README.md")
     return 0
 
 

@@ -1,7 +1,7 @@
 """``python -m benchmarks.churn [--seconds S] [--readers N] [--format tar|tfrecord]``:
 readers reading while shards are rewritten and re-ingested (see
 :mod:`shardcat.testing.churn`); prints the counts. ``wrong``, ``missing`` and
-``other`` must be 0."""
+``other`` and ``unexplained`` must be 0."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps({"format": fmt, **result}), flush=True)
-        failed |= bool(result["wrong"] or result["missing"] or result["other"])
+        failed |= any(result[k] for k in ("wrong", "missing", "other", "unexplained"))
     return 1 if failed else 0
 
 

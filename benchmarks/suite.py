@@ -36,7 +36,15 @@ from benchmarks.data import (
     key_of,
     remove_catalog,
 )
-from benchmarks.util import Row, percentile, quiet, round_robin, tfd_reader, timed
+from benchmarks.util import (
+    Row,
+    percentile,
+    quiet,
+    round_robin_times,
+    spread,
+    tfd_reader,
+    timed,
+)
 from shardcat import Catalog
 from shardcat.pb2 import Example
 
@@ -165,7 +173,7 @@ def bench_ingest(cfg: Config, log: Log) -> list[Row]:
                 Example.FromString(payload)
                 pos += TFRECORD_HEADER + length + 4
 
-    t = round_robin(
+    times = round_robin_times(
         {
             "shardcat": ingest(),
             "shardcat_py": ingest(native=False),
@@ -180,26 +188,36 @@ def bench_ingest(cfg: Config, log: Log) -> list[Row]:
         },
         cfg.ingest_repeats,
     )
+    t = {k: statistics.median(v) for k, v in times.items()}
     remove_catalog(catalog)
     index.unlink(missing_ok=True)
     name = f"1. ingest {ds.records // 1000}k x 1 KB, 4 shards, 2 workers"
     sc, tfd = t["shardcat"], t["tfd_build"]
+
+    def vs(ours: str, other: str) -> dict[str, Any]:
+        return spread(times[ours], times[other])
+
+    tfd_build = "tfd-utils index build"
     return [
-        Row(name, "ingest time", "s", sc, "tfd-utils index build", tfd, 1),
-        Row(name, "ingest time, no fields", "s", t["shardcat_nofields"], "tfd-utils index build",
-            tfd, 0.5),
-        Row(name, "ingest time, Python scan", "s", t["shardcat_py"], "tfd-utils index build",
-            tfd),
+        Row(name, "ingest time", "s", sc, tfd_build, tfd, 1, **vs("shardcat", "tfd_build")),
+        Row(name, "ingest time, no fields", "s", t["shardcat_nofields"], tfd_build, tfd, 0.5,
+            **vs("shardcat_nofields", "tfd_build")),
+        Row(name, "ingest time, Python scan", "s", t["shardcat_py"], tfd_build, tfd,
+            **vs("shardcat_py", "tfd_build")),
         Row(name, "ingest time, Python scan, no fields", "s", t["shardcat_py_nofields"],
-            "tfd-utils index build", tfd),
+            tfd_build, tfd, **vs("shardcat_py_nofields", "tfd_build")),
         Row(name, "ingest time", "s", sc, "shardcat's Python scan (SHARDCAT_NATIVE=0)",
-            t["shardcat_py"]),
+            t["shardcat_py"], **vs("shardcat", "shardcat_py")),
         Row(name, "ingest time", "s", sc, "tfd-utils open (incl. its 1 s lock sleep)",
-            t["tfd_open"]),
-        Row(name, "ingest time", "s", sc, "`cat` > /dev/null", t["cat"], 2),
-        Row(name, "ingest time", "s", sc, "Python read, 8 MB chunks", t["read"], 2),
-        Row(name, "ingest time", "s", sc, "Python read + CRC32C", t["read_crc"]),
-        Row(name, "ingest time", "s", sc, "Python frame + CRC + parse, 1 process", t["parse"]),
+            t["tfd_open"], **vs("shardcat", "tfd_open")),
+        Row(name, "ingest time", "s", sc, "`cat` > /dev/null", t["cat"], 2,
+            **vs("shardcat", "cat")),
+        Row(name, "ingest time", "s", sc, "Python read, 8 MB chunks", t["read"], 2,
+            **vs("shardcat", "read")),
+        Row(name, "ingest time", "s", sc, "Python read + CRC32C", t["read_crc"],
+            **vs("shardcat", "read_crc")),
+        Row(name, "ingest time", "s", sc, "Python frame + CRC + parse, 1 process", t["parse"],
+            **vs("shardcat", "parse")),
     ]  # fmt: skip
 
 
@@ -293,17 +311,25 @@ def bench_open(cfg: Config, log: Log) -> list[Row]:
     tfd_open = med("tfd", "open") * 1e3
     tfd_total = med("tfd", "total") * 1e3
     tfd_rss = med("tfd", "rss") / mb
+
+    def vs(kind: str, what: str, other: str = "tfd") -> dict[str, Any]:
+        return spread([r[what] for r in runs[kind]], [r[what] for r in runs[other]])
+
     rows = []
     for kind, how in (("shardcat", "drop-in"), ("shardcat_ro", "Catalog readonly")):
         sc_open = med(kind, "open") * 1e3
         sc_total = med(kind, "total") * 1e3
         sc_rss = med(kind, "rss") / mb
         rows += [
-            Row(name, f"open + get ({how})", "ms", sc_open, "tfd-utils", tfd_open, 0.01),
-            Row(name, f"import + open + get ({how})", "ms", sc_total, "tfd-utils", tfd_total),
-            Row(name, f"peak RSS ({how})", "MB", sc_rss, "tfd-utils", tfd_rss, 0.05),
+            Row(name, f"open + get ({how})", "ms", sc_open, "tfd-utils", tfd_open, 0.01,
+                **vs(kind, "open")),
+            Row(name, f"import + open + get ({how})", "ms", sc_total, "tfd-utils", tfd_total,
+                rounds=cfg.open_repeats),
+            Row(name, f"peak RSS ({how})", "MB", sc_rss, "tfd-utils", tfd_rss, 0.05,
+                **vs(kind, "rss")),
             Row(name, f"peak RSS above import-only ({how})", "MB",
-                sc_rss - base["shardcat"], "tfd-utils", tfd_rss - base["tfd"]),
+                sc_rss - base["shardcat"], "tfd-utils", tfd_rss - base["tfd"],
+                rounds=cfg.open_repeats),
         ]  # fmt: skip
     return rows
 
@@ -389,17 +415,32 @@ def bench_get(cfg: Config, log: Log) -> list[Row]:
     for reader in (sc, crc, tfd, raw):
         reader.close()
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
+    n = len(keys)
+    per_round = {  # each round's median, for the spread of the ratios
+        k: [statistics.median(v[i * n : (i + 1) * n]) for i in range(cfg.get_rounds)]
+        for k, v in samples.items()
+    }
+
+    def vs(ours: str, other: str) -> dict[str, Any]:
+        return spread(per_round[ours], per_round[other])
+
     p90 = {k: percentile(v, 0.9) / 1e3 for k, v in samples.items()}
     name = f"3. get_feature(key, 'image'), {cfg.get_calls:,} random keys of {ds.records // 1000}k"
     raw_name = "raw sqlite3 + pread + parse"
     return [
-        Row(name, "median per call", "µs", med["shardcat"], "tfd-utils", med["tfd"], 1.5),
-        Row(name, "median per call", "µs", med["shardcat"], raw_name, med["raw"], 2),
-        Row(name, "p90 per call", "µs", p90["shardcat"], "tfd-utils", p90["tfd"]),
-        Row(name, "p90 per call", "µs", p90["shardcat"], raw_name, p90["raw"]),
-        Row(name, "median, verify_crc=True", "µs", med["crc"], "tfd-utils", med["tfd"]),
-        Row(name, "median, verify_crc=True", "µs", med["crc"], "shardcat", med["shardcat"]),
-    ]
+        Row(name, "median per call", "µs", med["shardcat"], "tfd-utils", med["tfd"], 1.5,
+            **vs("shardcat", "tfd")),
+        Row(name, "median per call", "µs", med["shardcat"], raw_name, med["raw"], 2,
+            **vs("shardcat", "raw")),
+        Row(name, "p90 per call", "µs", p90["shardcat"], "tfd-utils", p90["tfd"],
+            rounds=cfg.get_rounds),
+        Row(name, "p90 per call", "µs", p90["shardcat"], raw_name, p90["raw"],
+            rounds=cfg.get_rounds),
+        Row(name, "median, verify_crc=True", "µs", med["crc"], "tfd-utils", med["tfd"],
+            **vs("crc", "tfd")),
+        Row(name, "median, verify_crc=True", "µs", med["crc"], "shardcat", med["shardcat"],
+            **vs("crc", "shardcat")),
+    ]  # fmt: skip
 
 
 # -- 4. get_many ----------------------------------------------------------------------------
@@ -433,8 +474,9 @@ def bench_many(cfg: Config, log: Log) -> list[Row]:
     name = f"4. get_many({cfg.many_keys:,} random keys), per key"
     return [
         Row(name, "per key", "µs", per_key["many"], "tfd-utils get_record loop", per_key["tfd"],
-            max_ratio=1),
-        Row(name, "per key", "µs", per_key["many"], "shardcat get_record loop", per_key["single"]),
+            max_ratio=1, **spread(times["many"], times["tfd"])),
+        Row(name, "per key", "µs", per_key["many"], "shardcat get_record loop", per_key["single"],
+            **spread(times["many"], times["single"])),
     ]  # fmt: skip
 
 
@@ -475,7 +517,7 @@ def bench_sql(cfg: Config, log: Log) -> list[Row]:
     assert indexed.info(DATASET).indexed == ["label"]
     for c in (cat, indexed):  # warm both files' pages
         c.query(f"SELECT count(*), sum(label) FROM {DATASET}")
-    t = round_robin(
+    times = round_robin_times(
         {
             "shardcat": lambda: cat.query(COUNT_SQL),
             "indexed": lambda: indexed.query(COUNT_SQL),
@@ -484,6 +526,7 @@ def bench_sql(cfg: Config, log: Log) -> list[Row]:
         cfg.sql_repeats,
         rotate=True,
     )
+    t = {k: statistics.median(v) for k, v in times.items()}
     cat.close()
     indexed.close()
     conn.close()
@@ -507,11 +550,13 @@ def bench_sql(cfg: Config, log: Log) -> list[Row]:
     name = f"5. SQL count(*) WHERE label < 10 over {ds.records / 1e6:g}M records"
     sc_ms = t["shardcat"] * 1e3
     return [
-        Row(name, "query time", "ms", sc_ms, "raw sqlite3", t["raw"] * 1e3),
+        Row(name, "query time", "ms", sc_ms, "raw sqlite3", t["raw"] * 1e3,
+            **spread(times["shardcat"], times["raw"])),
         Row(name, "query time, index on label", "ms", t["indexed"] * 1e3,
-            "the same query without the index", sc_ms),
+            "the same query without the index", sc_ms,
+            **spread(times["indexed"], times["shardcat"])),
         Row(name, "query time", "ms", sc_ms, "tfd-utils load + parse all (extrapolated)",
-            tfd_total * 1e3, max_value=200),
+            tfd_total * 1e3, max_value=200, rounds=cfg.sql_repeats),
     ]  # fmt: skip
 
 

@@ -19,14 +19,14 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def round_robin(
+def round_robin_times(
     contenders: dict[str, Callable[[], Any]],
     repeats: int,
     before_each: Callable[[], Any] | None = None,
     *,
     rotate: bool = False,
-) -> dict[str, float]:
-    """Median seconds per contender, running them in turn (A, B, C, A, B, C, ...).
+) -> dict[str, list[float]]:
+    """Seconds of every call per contender, running them in turn (A, B, C, A, B, C, ...).
 
     Interleaving makes a noisy neighbour slow every contender alike, so the
     ratios between them hold even when the absolute times wander.
@@ -41,7 +41,27 @@ def round_robin(
             if before_each is not None:
                 before_each()
             times[name].append(timed(contenders[name]))
+    return times
+
+
+def round_robin(
+    contenders: dict[str, Callable[[], Any]],
+    repeats: int,
+    before_each: Callable[[], Any] | None = None,
+    *,
+    rotate: bool = False,
+) -> dict[str, float]:
+    """Median seconds per contender of :func:`round_robin_times`."""
+    times = round_robin_times(contenders, repeats, before_each, rotate=rotate)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def spread(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
+    """``rounds`` and ``spread`` of a :class:`Row`: the lowest and highest ratio
+    ours / theirs over the rounds both ran in (round ``i`` of each)."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True) if b]
+    low_high = (min(ratios), max(ratios)) if ratios else None
+    return {"rounds": len(ratios), "spread": low_high}
 
 
 def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
@@ -98,6 +118,8 @@ class Row:
     other: float
     max_ratio: float | None = None
     max_value: float | None = None
+    rounds: int | None = None  # how many rounds the medians are of
+    spread: tuple[float, float] | None = None  # lowest, highest ratio over the rounds
 
     @property
     def ratio(self) -> float:

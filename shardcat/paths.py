@@ -7,12 +7,13 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.schema import is_dataset_name
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, ShardIOError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -27,6 +28,7 @@ __all__ = [
     "brace_expand",
     "default_dataset_name",
     "names_as_given",
+    "require_regular",
     "resolve_paths",
 ]
 
@@ -91,12 +93,34 @@ def _local(pattern: str) -> list[str]:
             if os.path.isfile(os.path.join(pattern, n)) and not _NOT_A_SHARD.search(n)
         ]
     if os.path.exists(pattern):
+        require_regular(pattern, os.stat(pattern))
         return [pattern]
     return [
         m
         for m in glob.glob(pattern, recursive=True)
         if os.path.isfile(m) and not _NOT_A_SHARD.search(os.path.basename(m))
     ]
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISDIR, "directory"),
+)
+
+
+def require_regular(path: str, st: os.stat_result) -> None:
+    """Refuse a shard ``path`` (its ``stat`` is ``st``, links followed) that is not a
+    regular file: a FIFO, socket or device is never opened (opening a FIFO to read
+    blocks until a writer comes). Raises :class:`~shardcat.errors.ShardIOError`."""
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = next((name for test, name in _SPECIAL if test(st.st_mode)), "special file")
+    raise ShardIOError(
+        f"{path}: not a regular file (a {kind}): only regular files are shards", path
+    )
 
 
 def _expanded(pattern: str) -> list[str]:
@@ -112,8 +136,9 @@ def resolve_paths(paths: PathsLike, storage_options: dict[str, Any] | None = Non
 
     A directory or a glob stands for its files except catalogs (``*.sqlite*``),
     legacy index files (``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``)
-    and tfd-utils' ``.lock``/``.tmp`` files beside them; a file named
-    explicitly is taken as it is. Braces are expanded first, as webdataset and
+    and tfd-utils' ``.lock``/``.tmp`` files beside them, and anything but regular
+    files; a file named explicitly is taken as it is, but must be a regular file
+    (:func:`require_regular`). Braces are expanded first, as webdataset and
     the shell do (``shard-{000000..000003}.tar``, ``{train,val}-*.tfrecord``), for
     local paths and URLs alike; ``file://`` URLs are local paths. Other URLs
     (``s3://bucket/train/*.tfrecord``) stay URLs, their globs listed through

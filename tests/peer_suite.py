@@ -20,16 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import pytest
+from shardcat.testing.required import missing
 
 PEER_DIR = Path(__file__).resolve().parents[1] / ".peer"
-
-
-def missing(message: str) -> None:
-    """What is needed to run a peer suite is missing: a failure in CI, else a skip."""
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def sdist(filename: str, sha256: str, make_target: str) -> Path:

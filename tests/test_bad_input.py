@@ -27,13 +27,14 @@ from shardcat.readers.rawio import Source, pread_exact, read_full
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordFormat, masked_crc
+from shardcat.testing.required import needs
 
-needs_compressed = pytest.mark.skipif(
-    any(
-        __import__("importlib").util.find_spec(m) is None
+needs_compressed = needs(
+    all(
+        __import__("importlib").util.find_spec(m) is not None
         for m in ("indexed_gzip", "indexed_bzip2", "xz")
     ),
-    reason="install shardcat[compressed]",
+    "shardcat[compressed]",
 )
 
 

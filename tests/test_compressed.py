@@ -16,16 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from shardcat import Catalog, CorruptRecordError, IngestError, TarReader, TFRecordReader
+from shardcat import (
+    Catalog,
+    CatalogError,
+    CorruptRecordError,
+    IngestError,
+    TarReader,
+    TFRecordReader,
+)
 from shardcat.readers import compressed
 from shardcat.readers.formats import detect_format
 from shardcat.readers.tar import TarFormat
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.testing.required import need
 
 TAR = TarFormat()
 
-pytest.importorskip("indexed_gzip", reason="install shardcat[compressed]")
-pytest.importorskip("indexed_bzip2", reason="install shardcat[compressed]")
+need("indexed_gzip", why="shardcat[compressed]")
+need("indexed_bzip2", why="shardcat[compressed]")
 
 
 def make_tar(path: Path, n: int = 40, size: int = 5000, seed: int = 0) -> dict[str, bytes]:
@@ -75,7 +83,7 @@ def test_compressed_tar_reads_like_the_plain_one(
     tmp_path: Path, plain: tuple[Path, dict[str, bytes]], how: str, kind: str | None
 ):
     if how == "xz":
-        pytest.importorskip("xz", reason="install shardcat[compressed]")
+        need("xz", why="shardcat[compressed]")
     src, contents = plain
     path = tmp_path / "z" / "shard.bin"  # no telling extension: detected by content
     path.parent.mkdir()
@@ -122,7 +130,7 @@ def test_tar_command_compressed_archives(tmp_path: Path, flag: str):
 
 
 def test_gzip_seek_points_are_stored_and_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    indexed_gzip = pytest.importorskip("indexed_gzip")
+    indexed_gzip = need("indexed_gzip", why="shardcat[compressed]")
     monkeypatch.setattr(compressed, "SEEK_SPACING", 256 << 10)
     src = tmp_path / "big.tar"
     contents = make_tar(src, n=60, size=40_000, seed=1)  # ~2.4 MB decompressed
@@ -282,5 +290,5 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_pa
     compress(src, path, "gzip")
     monkeypatch.setattr(builtins, "__import__", no_indexed_gzip)
     monkeypatch.delitem(__import__("sys").modules, "indexed_gzip", raising=False)
-    with pytest.raises(Exception, match=r"shardcat\[compressed\]"):
+    with pytest.raises(CatalogError, match=r"shardcat\[compressed\]"):
         compressed.IndexingStream(str(path), "gzip")

@@ -21,6 +21,7 @@ from shardcat.readers.formats import known_formats
 from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.formats import FormatContract, Records
+from shardcat.testing.required import need
 
 
 class TestTFRecord(FormatContract):
@@ -76,7 +77,7 @@ class TestParquet(FormatContract):
 
     @pytest.fixture(autouse=True)
     def _pyarrow(self) -> None:
-        pytest.importorskip("pyarrow", reason="install shardcat[parquet]")
+        need("pyarrow", why="shardcat[parquet]")
 
     def write(self, path: Path, records: Records) -> list[int]:
         """Key, image (binary) and label (int64) columns, three rows per row group

@@ -18,6 +18,7 @@ from shardcat.cli import app
 from shardcat.pb2 import Example
 from shardcat.readers import tfrecord
 from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.testing.required import need
 
 runner = CliRunner()
 
@@ -157,7 +158,7 @@ def test_duplicate_stems_and_key_members_are_errors(tmp_path: Path):
 
 
 def test_parity_with_tfd_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    converter = pytest.importorskip("tfd_utils.tar_converter")
+    converter = need("tfd_utils.tar_converter", why="shardcat[bench]")
     src = tmp_path / "p.tar"
     make_tar(src, 0, 6)
     theirs = tmp_path / "theirs.tfrecord"

@@ -16,6 +16,7 @@ import pytest
 from doc_blocks import object_stores, page_blocks, run_blocks
 
 import shardcat
+from shardcat.testing.required import need
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -89,12 +90,12 @@ def test_every_block_of_the_page_runs(page: str, tmp_path: Path) -> None:
     services: dict[str, str] = {}
     with ExitStack() as stack:
         if "CATALOG_URL" in text:
-            pytest.importorskip("psycopg", reason="the PostgreSQL blocks need the postgres extra")
+            need("psycopg", why="shardcat[postgres]")
             from shardcat.testing.postgres import postgres_server
 
             services["CATALOG_URL"] = stack.enter_context(postgres_server())
         if "S3_ENDPOINT" in text or "HTTP_ROOT" in text:
             services.update(stack.enter_context(object_stores(tmp_path / "stores")))
-        work = run_blocks(f"docs/{page}", blocks, tmp_path, services)
+        ran = run_blocks(f"docs/{page}", blocks, tmp_path, services)
     if page in PROMISES:
-        PROMISES[page](work, tmp_path / "home")
+        PROMISES[page](ran.work, tmp_path / "home")

@@ -30,8 +30,9 @@ from shardcat import (
 from shardcat.readers import tar
 from shardcat.readers.formats import Format, get_format
 from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.testing.required import need
 
-tfd_utils = pytest.importorskip("tfd_utils")
+tfd_utils = need("tfd_utils", why="shardcat[bench]")
 
 
 def write_tfrecord(path: Path, records: list[dict[str, Any]]) -> list[int]:
@@ -336,7 +337,8 @@ def test_a_repeated_member_name_is_last_one_wins(tmp_path: Path) -> None:
 
 
 def test_dali_export_of_a_merged_tfd_sample(tmp_path: Path) -> None:
-    export = pytest.importorskip("shardcat.facade.export")
+    from shardcat.facade import export
+
     path = tmp_path / "d.tar"
     write_tar(path, [("x.jpg", b"j"), ("x.seg.png", b"p"), ("x.cls", b"1")])
     offsets = {name: (offset, size) for name, offset, size in tar.regular_members(str(path))}
@@ -506,7 +508,7 @@ def test_format_auto_detects(tmp_path: Path) -> None:
 
 
 def test_subset_copies_position_keys_and_seek_points(tmp_path: Path, scans: Scans) -> None:
-    pytest.importorskip("indexed_gzip")
+    need("indexed_gzip", why="shardcat[compressed]")
     for s in range(3):
         write_tfrecord(tmp_path / f"p-{s}.tfrecord", [{"v": s * 10 + i} for i in range(2)])
         write_tar(tmp_path / f"t-{s}.tar", [(f"k{s}.txt", b"x%d" % s * 300)])

@@ -16,19 +16,18 @@ import pytest
 from shardcat import Catalog, CorruptRecordError
 from shardcat.readers import compressed
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.testing.required import CI, need, needs
 
-pytest.importorskip("indexed_gzip")
-native = pytest.mark.skipif(compressed._INFLATE is None, reason="_inflate is not built")
+need("indexed_gzip", why="shardcat[compressed]")
+native = needs(compressed._INFLATE is not None, "the _inflate extension is built", extra=False)
 _PREFIX = b"SCSK1zran\0"
 
 
 def test_extension_is_built_on_ci():
     """CI must not silently fall back to the two-pass path."""
-    if os.environ.get("CI") != "true":
+    if not CI:
         pytest.skip("only on CI")
-    from shardcat.readers import _inflate
-
-    assert compressed._INFLATE is _inflate
+    assert compressed._INFLATE is not None, "CI=true but shardcat.readers._inflate did not build"
 
 
 def _text(size: int, seed: int) -> bytes:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from shardcat import CatalogError, IngestError, TFRecordWriter
 from shardcat.cli import app
 from shardcat.errors import ShardcatWarning
+from shardcat.testing.required import need
 
 
 def _shard(path: Path, keys: list[str], **extra: Any) -> list[int]:
@@ -120,7 +121,7 @@ def test_json_values_that_flatten_to_one_field_keep_the_first_with_a_warning(
 
 def test_the_warning_of_a_remote_shard_names_its_url(catalogs: Any, tmp_path: Path) -> None:
     """A remote shard is scanned from a temporary local copy: its warnings name the URL."""
-    pytest.importorskip("aiohttp")
+    need("aiohttp", why="shardcat[remote] (aiohttp)")
     from shardcat.testing.servers import RangeServer
 
     (tmp_path / "www").mkdir()

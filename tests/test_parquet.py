@@ -20,6 +20,7 @@ import shardcat
 from shardcat import Catalog, CatalogError, CorruptRecordError
 from shardcat.readers.formats import Location, get_format, known_formats, register_format
 from shardcat.readers.source import FileSource
+from shardcat.testing.required import needs
 
 if "parquet" not in known_formats():  # installed before its entry point was declared
     register_format(
@@ -126,7 +127,7 @@ try:
 except ImportError:  # the tests above still run
     pa = pq = None
 
-needs_pyarrow = pytest.mark.skipif(pa is None, reason="install shardcat[parquet]")
+needs_pyarrow = needs(pa is not None, "shardcat[parquet]")
 
 
 def image(i: int, size: int | None) -> bytes:

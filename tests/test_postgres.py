@@ -17,23 +17,20 @@ import time
 from pathlib import Path
 
 import pytest
+from features import payloads
 
 from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
+from shardcat.pb2 import Example
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
+from shardcat.testing.required import missing, need
 
-try:
-    import psycopg
-except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
-    psycopg = None
-
-if psycopg is None or find_binaries() is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server is missing")
-    pytest.skip("psycopg or the PostgreSQL server binaries are missing", allow_module_level=True)
+psycopg = need("psycopg", why="shardcat[postgres]")
+if find_binaries() is None:
+    missing("the PostgreSQL server binaries (initdb, postgres)")
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +164,7 @@ def _ingest_in_process(url: str, pattern: str, out: multiprocessing.Queue) -> No
 
 def test_cooperative_ingest_indexes_each_shard_once(tmp_path, pg_url):
     """Four processes (as on four hosts) ingest the same shards into one server."""
-    make_sample(tmp_path, shards=12, records=2400)
+    written = payloads(*make_sample(tmp_path, shards=12, records=2400))
     pattern = str(tmp_path / "*.tfrecord")
     with Catalog(pg_url):  # the schema, before the processes race for it
         pass
@@ -186,8 +183,11 @@ def test_cooperative_ingest_indexes_each_shard_once(tmp_path, pg_url):
         assert rows == [("ready", 1, 200)] * 12  # each shard indexed exactly once
         with cat.dataset("d") as reader:
             keys = reader.get_keys()
-            assert len(set(keys)) == 2400
-            assert reader.get_feature(keys[1234], "label") is not None
+            assert sorted(keys) == sorted(written)
+            key = keys[1234]
+            label = Example.FromString(written[key]).features.feature["label"].int64_list.value[0]
+            assert reader.get_raw(key) == written[key]
+            assert reader.get_feature(key, "label") == label
 
 
 def test_bulk_rows_go_through_copy(tmp_path, pg_url, monkeypatch):

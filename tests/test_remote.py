@@ -20,24 +20,19 @@ from typing import Any
 
 import fsspec
 import pytest
+from features import payloads
 from fsspec.implementations.local import LocalFileSystem
 
 from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError
 from shardcat.paths import brace_expand
 from shardcat.readers import cache, remote, remote_file
+from shardcat.testing.required import need
 
-try:
-    import boto3
-    import moto  # noqa: F401
-    import s3fs  # noqa: F401
-except ImportError:  # pragma: no cover - the dev and remote extras install them
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
+boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")
 
-from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards
+from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards  # noqa: E402 - after the extras are checked
 
-from shardcat.testing.servers import RangeServer, S3Server
+from shardcat.testing.servers import RangeServer, S3Server  # noqa: E402 - after the extras are checked
 
 BUCKET = "shards"
 RECORDS = 2000  # per shard, ~4 KB each: four shards of ~8 MB
@@ -189,7 +184,7 @@ def test_forked_reader_opens_its_own_session(s3_catalog: Catalog) -> None:
 def test_gzip_tfrecord_on_s3_reads_from_the_nearest_seek_point(
     catalogs: Any, s3: dict[str, Any], tmp_path: Path
 ) -> None:
-    pytest.importorskip("indexed_gzip")
+    need("indexed_gzip", why="shardcat[compressed]")
     src = (s3["local"] / "train-00003.tfrecord").read_bytes()
     (tmp_path / "z.tfrecord.gz").write_bytes(gzip.compress(src, compresslevel=1))
     size = (tmp_path / "z.tfrecord.gz").stat().st_size
@@ -406,7 +401,7 @@ def test_http_retries_transient_errors_then_fails_naming_the_url(
     with pytest.raises(ShardIOError, match=r"train-00001\.tfrecord: the store did not answer"):
         reader.get_raw("r1_4")
     http.fail_next = 0
-    assert reader.get_raw("r1_4") is not None
+    assert reader.get_raw("r1_4") == payloads(Path(http.root) / "train-00001.tfrecord")["r1_4"]
 
 
 def test_server_killed_mid_read_then_back(

@@ -8,7 +8,6 @@ bytes. The bytes to expect are read from the same shards on local disk."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,18 +15,13 @@ import pytest
 
 from shardcat import Catalog, CorruptRecordError, ShardIOError, StaleShardError
 from shardcat.readers import remote
-
-try:
-    import aiohttp  # noqa: F401
-except ImportError:  # pragma: no cover - the remote extra installs it
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote extra (aiohttp)", allow_module_level=True)
-
-from remote_shards import sample_tar, write_shards
-
 from shardcat.testing.lies import LIES
+from shardcat.testing.required import need
 from shardcat.testing.servers import RangeServer
+
+need("aiohttp", why="shardcat[remote] (aiohttp)")
+
+from remote_shards import sample_tar, write_shards  # noqa: E402 - after the extras are checked
 
 # What each mode must give: the right bytes, an error, or either (the headers are
 # true to the request but the bytes are not: only a check of the bytes themselves

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from shardcat.testing.required import missing, need
+
 # before gcsfs is imported: its bucket-type probe speaks gRPC, which the emulator has not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -26,18 +28,12 @@ from shardcat import Catalog, MissingShardError, StaleShardError
 from shardcat.readers import remote
 from shardcat.testing.servers import AzuriteServer, GCSServer, azurite_binary
 
-try:
-    import adlfs
-    import gcp_storage_emulator  # noqa: F401
-    import gcsfs
-except ImportError:  # pragma: no cover - the remote and dev extras install them
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote and dev extras (gcsfs, adlfs, ...)", allow_module_level=True)
+adlfs, _, gcsfs = (
+    need(name, why="shardcat[remote,dev] (gcsfs, adlfs, gcp-storage-emulator)")
+    for name in ("adlfs", "gcp_storage_emulator", "gcsfs")
+)
 
-from remote_shards import forked_reads_equal, small_shard, write_shards
-
-CI = os.environ.get("CI") == "true"
+from remote_shards import forked_reads_equal, small_shard, write_shards  # noqa: E402 - after the extras are checked
 
 BUCKET = "shards"
 SHARDS, RECORDS, PAYLOAD = 4, 500, 4000  # four ~2 MB TFRecord shards
@@ -255,9 +251,7 @@ def test_gcs_cli_ingest_with_storage_options(gcs: dict[str, Any], tmp_path: Path
 def azure(local: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     binary = azurite_binary()
     if binary is None:
-        if CI:
-            raise RuntimeError("CI must run the Azure tests: azurite missing (make installs it)")
-        pytest.skip("needs azurite in .node/ (make .node/.installed)")
+        missing("azurite in .node/ (make .node/.installed)")
     server = AzuriteServer(binary, str(tmp_path_factory.mktemp("azurite")))
     server.start()
     options = {"connection_string": server.connection_string}

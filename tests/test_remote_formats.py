@@ -7,7 +7,6 @@ at most one status check after each)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,10 @@ import test_contract as contracts
 
 from shardcat import Catalog
 from shardcat.testing.formats import BIG_RECORDS, COMPRESSORS, RECORDS
+from shardcat.testing.required import need
 from shardcat.testing.servers import RangeServer, WebHDFSServer
 
-try:
-    import aiohttp  # noqa: F401
-    import fsspec  # noqa: F401
-except ImportError:  # pragma: no cover - the remote extra installs them
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote extra (fsspec, aiohttp)", allow_module_level=True)
+need("aiohttp", "fsspec", why="shardcat[remote] (fsspec, aiohttp)")
 
 CASES = [
     (cls, compression)
@@ -80,7 +74,7 @@ def test_remote_reads_equal_local(
             BIG_RECORDS if shard == shards[0] else [(f"s1_{k}", f) for k, f in RECORDS],
         )
     if compression is not None:
-        pytest.importorskip(COMPRESSORS[compression][2], reason="install shardcat[compressed]")
+        need(COMPRESSORS[compression][2], why="shardcat[compressed]")
         shards = [case.compressed_copy(s, compression) for s in shards]
         for original in root.iterdir():
             if original not in shards and not original.name.endswith(".idx"):

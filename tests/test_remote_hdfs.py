@@ -26,18 +26,13 @@ from shardcat import (
     StaleShardError,
 )
 from shardcat.readers import remote
+from shardcat.testing.required import need
 
-try:
-    import fsspec.implementations.webhdfs  # noqa: F401
-    import requests  # noqa: F401
-except ImportError:  # pragma: no cover - the remote extra installs them
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote extra (fsspec, requests)", allow_module_level=True)
+need("fsspec.implementations.webhdfs", "requests", why="shardcat[remote] (fsspec, requests)")
 
-from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards
+from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards  # noqa: E402 - after the extras are checked
 
-from shardcat.testing.servers import WebHDFSServer
+from shardcat.testing.servers import WebHDFSServer  # noqa: E402 - after the extras are checked
 
 SHARDS, RECORDS, PAYLOAD = 4, 500, 4000  # four ~2 MB TFRecord shards
 READ = ["OPEN", "DATANODE", "GETFILESTATUS"]  # one record: the bytes, then the proof

@@ -16,19 +16,13 @@ from typing import Any
 
 import pytest
 
-from shardcat import Catalog
+from shardcat import Catalog, IngestError
+from shardcat.testing.required import missing, need
 
-try:
-    import boto3
-    import moto  # noqa: F401
-    import s3fs  # noqa: F401
-except ImportError:  # pragma: no cover - the dev and remote extras install them
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("needs the remote and dev extras (s3fs, moto[server])", allow_module_level=True)
+boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")
 
 
-from shardcat.testing.servers import S3Server
+from shardcat.testing.servers import S3Server  # noqa: E402 - after the extras are checked
 
 BUCKET = "tools"
 
@@ -139,7 +133,7 @@ def test_migrate_tfd_index_of_shards_moved_to_s3(s3: Any, tmp_path: Path) -> Non
     entries are imported without a re-scan (each shard's sample re-read in one
     merged request), and read back like the local copy; verify reads the remote
     shards in merged requests too."""
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     from legacy_fixtures import tfd_tfrecord_index, write_tfrecords
     from typer.testing import CliRunner
 
@@ -217,7 +211,7 @@ def test_migrate_tfd_tar_index_of_tars_moved_to_http(tmp_path: Path) -> None:
     (``--remap``): the options are read off the first archive's first 64 KiB, as a
     remote ingest reads its rule (a tar's options need no more), not a 4 MiB head
     (here the whole 1.7 MB archive, then streamed again to re-index it)."""
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     from legacy_fixtures import tfd_tar_index
 
     from shardcat.testing.servers import RangeServer
@@ -324,8 +318,10 @@ def test_recordio_keys_from_the_idx_beside_each_rec_on_s3(s3: Any, tmp_path: Pat
     (tmp_path / "kept.idx").rename(local / "part-1.idx")
     with Catalog(tmp_path / "r.sqlite") as cat:
         s3.counter.reset()
-        with pytest.raises(Exception, match=r"part-1.rec: no MXNet index part-1.idx beside it"):
+        no_idx = r"part-1.rec: no MXNet index part-1.idx beside it"
+        with pytest.raises(IngestError, match=no_idx) as e1:
             cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
+        assert [f.path for f in e1.value.failures] == [f"{url}/part-1.rec"]
         s3.client.upload_file(str(local / "part-1.idx"), BUCKET, "rec/part-1.idx")
         far = cat.ingest(f"{url}/*.rec", "far", storage_options=s3.options)
         near = cat.ingest(str(local / "*.rec"), "near")
@@ -497,8 +493,9 @@ def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Pat
             Bucket=BUCKET, Key=f"listed/{paths[1].name}", Body=paths[2].read_bytes()
         )
         s3.counter.reset()
-        with pytest.raises(Exception, match="duplicate key 'r2_0'"):
+        with pytest.raises(IngestError, match="duplicate key 'r2_0'") as e2:
             cat.ingest(f"{url}/*.tfrecord", "far", storage_options=s3.options)
+        assert [f.path for f in e2.value.failures] == [f"{url}/{paths[1].name}"]
         assert [m for m, _, _ in s3.counter.requests].count("HEAD") == 0
         objects = [p.rsplit("/", 1)[-1] for m, p, _ in s3.counter.requests if p.endswith("d")]
         assert objects == [paths[0].name, paths[1].name]  # the format's head; the changed one
@@ -550,7 +547,7 @@ def test_ingest_rule_read_off_a_first_record_longer_than_the_head(s3: Any, tmp_p
 
 
 def test_parquet_rows_on_s3_are_their_row_group_and_footer(s3: Any, tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow", reason="install shardcat[parquet]")
+    pa = need("pyarrow", why="shardcat[parquet]")
     import pyarrow.parquet as pq
 
     local = tmp_path / "pq"
@@ -587,14 +584,9 @@ def test_parquet_rows_on_s3_are_their_row_group_and_footer(s3: Any, tmp_path: Pa
 def test_postgres_catalog_with_shards_on_s3(s3: Any, tmp_path: Path) -> None:
     from shardcat.testing.postgres import find_binaries, postgres_server
 
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - the postgres extra is installed by `make test`
-        psycopg = None
-    if psycopg is None or find_binaries() is None:
-        if os.environ.get("CI") == "true":
-            raise RuntimeError("CI must run the PostgreSQL tests: psycopg or the server missing")
-        pytest.skip("psycopg or the PostgreSQL server binaries are missing")
+    need("psycopg", why="shardcat[postgres]")
+    if find_binaries() is None:
+        missing("the PostgreSQL server binaries")
     from shardcat import TFRecordWriter, make_example
 
     local = tmp_path / "pg"
@@ -865,7 +857,7 @@ def test_migrate_remote_text_indexes_dry_run_globs_and_errors(s3: Any, tmp_path:
 def test_migrate_tfd_index_stored_beside_its_shards_on_s3(s3: Any, tmp_path: Path) -> None:
     """A tfd-utils pickle uploaded with its shards: its shards are the objects of the
     same name beside it (re-rooted), imported verified as with ``--remap``."""
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     from legacy_fixtures import tfd_tfrecord_index, write_tfrecords
 
     old = tmp_path / "old"
@@ -894,7 +886,7 @@ def test_tfrecord_random_access_on_s3_with_a_tfd_index_file(
     the index local (made over the local copies) or on the store beside the shards:
     its entries imported (verified through the remote source, no re-scan), once; the
     records and entries equal those of the same reader call on the local shards."""
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     import shutil
     import warnings
 
@@ -953,7 +945,7 @@ def test_tfrecord_random_access_on_s3_with_a_tfd_index_file(
 def test_reader_given_a_remote_index_file_that_is_missing_corrupt_or_no_index(
     s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     from legacy_fixtures import write_tfrecords
 
     from shardcat import CatalogError, TFRecordRandomAccess
@@ -983,7 +975,7 @@ def test_tar_random_access_on_s3_with_a_tfd_tar_index_file(s3: Any, tmp_path: Pa
     index's archives placed onto the reader's remote ones by name; a remote archive
     is re-indexed from its data (one streamed read: its headers are not walked with
     a request each), and read as the same call on the local archives reads it."""
-    pytest.importorskip("tfd_utils")
+    need("tfd_utils", why="shardcat[bench]")
     from legacy_fixtures import tfd_tar_index
 
     from shardcat import TarRandomAccess

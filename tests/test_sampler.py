@@ -27,6 +27,7 @@ from shardcat import (
     make_example,
 )
 from shardcat.readers.sampler import blocks
+from shardcat.testing.required import need
 from shardcat.torch import RecordDataset, RecordSampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -363,7 +364,7 @@ def test_dataset_shard_starts_and_getitems(pattern: str) -> None:
 
 
 def test_dataloader_workers_subset_and_persistent(pattern: str) -> None:
-    pytest.importorskip("torch")
+    need("torch", why="shardcat[torch]")
     from torch.utils.data import DataLoader
 
     with TFRecordRandomAccess(pattern) as reader:
@@ -393,8 +394,8 @@ def test_dataloader_workers_subset_and_persistent(pattern: str) -> None:
 
 
 def test_stateful_dataloader_exact_resume(pattern: str) -> None:
-    pytest.importorskip("torch")
-    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    need("torch", why="shardcat[torch]")
+    sdl = need("torchdata.stateful_dataloader", why="shardcat[torch]")
     with TFRecordRandomAccess(pattern) as reader:
         dataset = RecordDataset(reader, transform=lambda ex: reader.to_dict(ex)["i"])
 
@@ -466,7 +467,7 @@ dist.destroy_process_group()
 
 
 def test_gloo_two_processes_killed_then_three(pattern: str, tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
+    need("torch.distributed", why="shardcat[torch]")
     with TFRecordRandomAccess(pattern) as reader:  # the catalog, before the ranks open it
         assert len(reader) == 80
     script = tmp_path / "worker.py"

@@ -22,13 +22,15 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("tensordict")
+from shardcat.testing.required import need
+
+torch = need("torch", why="shardcat[torch]")
+need("tensordict", why="shardcat[torch]")
 
 import numpy as np  # noqa: E402
 
 from shardcat import TensorBlob, TensorDB  # noqa: E402
-from shardcat.errors import ShardcatError, StaleWriterError  # noqa: E402
+from shardcat.errors import ShardcatError, ShardcatWarning, StaleWriterError  # noqa: E402
 from shardcat.storage import lock as storage_lock  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
@@ -1001,7 +1003,7 @@ def test_cache_bounds_mapped_blocks(tmp_path: Path) -> None:
 
 
 def test_tensorblob_directory_is_converted_in_place(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     data = rows(37)
     with tensorblob.TensorBlob.open(
         tmp_path / "b", "w", dtype="float32", shape=(2, 3), block_size=8
@@ -1009,7 +1011,10 @@ def test_tensorblob_directory_is_converted_in_place(tmp_path: Path) -> None:
         b.write(data)
     before = {n: os.stat(tmp_path / "b" / n).st_ino for n in block_files(tmp_path / "b")}
     assert len(before) == 5
-    with TensorBlob.open(tmp_path / "b") as b:
+    with (
+        pytest.warns(ShardcatWarning, match="converting the tensorblob TensorBlob"),
+        TensorBlob.open(tmp_path / "b", "r+") as b,
+    ):
         assert (len(b), b.dtype, b.shape, b.block_size) == (37, "float32", (2, 3), 8)
         assert torch.equal(b[:], data)
         assert torch.equal(b[[36, 0, 17]], data[[36, 0, 17]])
@@ -1023,17 +1028,19 @@ def test_tensorblob_directory_is_converted_in_place(tmp_path: Path) -> None:
 
 
 def test_tensorblob_conversion_recovers_from_being_killed(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     data = rows(9)
     for name in ("before", "after"):
         with tensorblob.TensorBlob.open(tmp_path / name, "w", dtype="float32", shape=(2, 3)) as b:
             b.write(data)
     (tmp_path / "before" / META_FILE).write_bytes(b"")  # killed before its commit
-    with TensorBlob.open(tmp_path / "before") as b:
+    with TensorBlob.open(tmp_path / "before") as b:  # read in place: the JSON is what holds
+        assert torch.equal(b[:], data)
+    with pytest.warns(ShardcatWarning), TensorBlob.open(tmp_path / "before", "r+") as b:
         assert torch.equal(b[:], data)
     conf = (tmp_path / "after" / ".conf").read_bytes()
     stat = (tmp_path / "after" / ".stat").read_bytes()
-    with TensorBlob.open(tmp_path / "after"):
+    with pytest.warns(ShardcatWarning), TensorBlob.open(tmp_path / "after", "r+"):
         pass
     (tmp_path / "after" / ".conf").write_bytes(conf)  # killed after its commit, before cleanup
     (tmp_path / "after" / ".stat").write_bytes(stat)
@@ -1044,7 +1051,7 @@ def test_tensorblob_conversion_recovers_from_being_killed(tmp_path: Path) -> Non
 
 
 def test_tensorblob_directory_with_an_unsupported_dtype_is_left_alone(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     with tensorblob.TensorBlob.open(tmp_path / "c", "w", dtype="complex64", shape=2) as b:
         b.write(torch.ones(3, 2, dtype=torch.complex64))
     with pytest.raises(ValueError, match="cannot be stored"):
@@ -1054,7 +1061,7 @@ def test_tensorblob_directory_with_an_unsupported_dtype_is_left_alone(tmp_path: 
 
 
 def test_tensorblob_blob_extends_a_shardcat_blob(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     with tensorblob.TensorBlob.open(tmp_path / "t", "w", dtype="float32", shape=(2, 3)) as t:
         t.write(rows(9, 100))
         make(tmp_path / "b", 3)
@@ -1067,7 +1074,7 @@ def test_tensorblob_blob_extends_a_shardcat_blob(tmp_path: Path) -> None:
 
 def test_same_results_as_tensorblob(tmp_path: Path) -> None:
     """A random sequence of operations gives the same rows and positions in both."""
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     rng = random.Random(11)
     for trial in range(6):
         opened = [
@@ -1238,7 +1245,7 @@ def readme_examples() -> list[str]:
 
 
 def test_examples_match_the_readme() -> None:
-    pytest.importorskip("tensorblob")
+    need("tensorblob", why="shardcat[bench]")
     examples = readme_examples()
     assert len(examples) == 8  # 6 TensorBlob examples; the 2 TensorDB ones are in test_storage_db
     assert [examples[i] for i in (0, 1, 2, 3, 4, 7)] == BLOB_EXAMPLES
@@ -1309,7 +1316,7 @@ def test_catalog_migrate_converts_tensorblob_directories(tmp_path: Path) -> None
 
     from shardcat.cli import app
 
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     data = rows(21)
     with tensorblob.TensorBlob.open(tmp_path / "b", "w", dtype="float32", shape=(2, 3)) as b:
         b.write(data)

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("tensordict")
+from shardcat.testing.required import need
+
+torch = need("torch", why="shardcat[torch]")
+need("tensordict", why="shardcat[torch]")
 
 from typer.testing import CliRunner  # noqa: E402
 
@@ -34,6 +36,7 @@ from shardcat import (  # noqa: E402
     make_example,
 )
 from shardcat.cli import app  # noqa: E402
+from shardcat.errors import ShardcatWarning  # noqa: E402
 from shardcat.storage import meta as storage_meta  # noqa: E402
 from shardcat.storage import sql_file  # noqa: E402
 from shardcat.storage.meta import META_FILE  # noqa: E402
@@ -386,7 +389,7 @@ def test_extend_without_order_needs_the_same_block_size(tmp_path: Path) -> None:
 
 
 def test_extend_with_a_tensorblob_database(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain) as t:
         t.write(batch(6, 40))
@@ -871,7 +874,7 @@ def test_cli_query_attach(catalog_and_embeddings: dict[str, Path]) -> None:
 
 
 def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ()), "embed": ("float16", (2, 3))}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
         t.write(batch(13))
@@ -884,7 +887,10 @@ def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
         return found
 
     before = inodes()
-    with TensorDB.open(tmp_path / "t") as db:
+    with (
+        pytest.warns(ShardcatWarning, match="converting the tensorblob TensorDB"),
+        TensorDB.open(tmp_path / "t", "r+") as db,
+    ):
         assert (len(db), db.block_size, db.filterable) == (13, 4, ())
         assert db.schema == {
             "price": ("float32", (1,)),
@@ -901,13 +907,13 @@ def test_tensorblob_database_is_converted_in_place(tmp_path: Path) -> None:
 
 
 def test_tensorblob_database_after_a_crash_uses_the_committed_rows(tmp_path: Path) -> None:
-    tensorblob = pytest.importorskip("tensorblob")
+    tensorblob = need("tensorblob", why="shardcat[bench]")
     plain = {"price": ("float32", 1), "label": ("int64", ())}
     with tensorblob.TensorDB.open(tmp_path / "t", "w", schema=plain, block_size=4) as t:
         t.write({"price": batch(10)["price"], "label": batch(10)["label"]})
     # as if killed between writing one field and committing: .stat says 6 rows
     (tmp_path / "t" / ".stat").write_text('{"len":6}')
-    with TensorDB.open(tmp_path / "t", "r+") as db:
+    with pytest.warns(ShardcatWarning), TensorDB.open(tmp_path / "t", "r+") as db:
         assert len(db) == 6
         assert_rows(db[:], {"price": batch(6)["price"], "label": batch(6)["label"]})
     for field in plain:  # blocks past the committed rows were dropped
@@ -955,7 +961,7 @@ DB_EXAMPLES = [CREATE, FILE_LIKE]
 
 
 def test_db_examples_match_the_readme() -> None:
-    pytest.importorskip("tensorblob")
+    need("tensorblob", why="shardcat[bench]")
     from importlib.metadata import metadata
 
     text = metadata("tensorblob").get_payload()  # type: ignore[attr-defined]

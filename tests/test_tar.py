@@ -28,6 +28,7 @@ from shardcat.readers import tar, tar_rules
 from shardcat.readers.formats import Location, detect_format
 from shardcat.readers.source import FileSource
 from shardcat.readers.tar import TarFormat
+from shardcat.testing.required import need
 
 TAR = TarFormat()
 
@@ -313,6 +314,11 @@ def test_sql_fields(tmp_path: Path):
 
 def test_member_field_rules():
     assert tar_rules.member_fields("cls", b" 12\n") == {"cls": 12}
+    notes = tar_rules.FieldNotes()
+    assert tar_rules.member_fields("cls", b"-18446744073709551616", notes) == {
+        "cls": "-18446744073709551616"
+    }
+    assert notes.beyond == [("cls", "-18446744073709551616")]
     assert tar_rules.member_fields("seg.cls", b"x1") == {"seg_cls": "x1"}  # not an integer: text
     assert tar_rules.member_fields("txt", b"42") == {"txt": "42"}  # txt stays text
     assert tar_rules.member_fields("txt", b"\xff\xfe") == {}
@@ -330,6 +336,7 @@ def test_member_field_rules():
         "meta_json_ok": 1,
         "meta_json_f": 0.5,
         "meta_json_o_a_b": 1,
+        "meta_json_big": str(2**70),  # beyond 64 bits: kept as text
     }
     assert tar_rules.member_fields("json", b"[1, 2]") == {}
     assert tar_rules.member_fields("json", b"{broken") == {}
@@ -470,7 +477,7 @@ def test_tar_reader_api(tmp_path: Path):
 
 
 def test_parity_with_tfd_utils(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    tfd_utils = pytest.importorskip("tfd_utils")
+    tfd_utils = need("tfd_utils", why="shardcat[bench]")
     path = tmp_path / "p.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
         add(tf, "dir/", type=tarfile.DIRTYPE)
@@ -525,7 +532,8 @@ def test_wds_index_lines_match_wds2idx(tmp_path: Path):
 
 
 def test_export_index_of_a_tar_dataset(tmp_path: Path):
-    export = pytest.importorskip("shardcat.facade.export")
+    from shardcat.facade import export
+
     path = tmp_path / "data-0.tar"
     write_samples(path)
     with Catalog(tmp_path / "c.sqlite") as cat:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 from peer_suite import imported, peer_env, run_suite, sdist, unpack_tests
 
-pytest.importorskip("torch")
-pytest.importorskip("tensordict")
+from shardcat.testing.required import need
+
+need("torch", why="shardcat[torch]")
+need("tensordict", why="shardcat[torch]")
 
 VERSION = "0.3.0"
 SDIST_SHA256 = "b1d5ef41eff291fd7e63a65a9b37aaabb6e70f1246c22ac19a9c9408e9e84a2f"

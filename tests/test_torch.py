@@ -12,8 +12,9 @@ import pytest
 
 from shardcat import RecordDataset, TFRecordRandomAccess, TFRecordWriter, make_example
 from shardcat.pb2 import Example
+from shardcat.testing.required import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch", why="shardcat[torch]")
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402 - after importorskip
 
 

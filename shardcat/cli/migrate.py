@@ -181,11 +181,14 @@ def migrate(
         catalog_path(catalog)  # the command ends naming the catalog it imported into
     for converted in outcome.converted:
         if converted.kind is None:
-            typer.echo(f"{converted.path}: tensorblob directory, would be converted in place")
+            typer.echo(
+                f"{converted.path}: tensorblob directory, would be converted in place "
+                "(the tensorblob package could no longer open it)"
+            )
         else:
             typer.echo(
                 f"{converted.path}: tensorblob {converted.kind} of {converted.rows:,} rows "
-                "converted in place"
+                "converted in place (the tensorblob package can no longer open it)"
             )
     if outcome.report is None:
         return

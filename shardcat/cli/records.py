@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,25 @@ def _show(data: bytes) -> str:
     return printable(data.decode("utf-8", "backslashreplace"))
 
 
+def _stream(chunks: Iterator[bytes], output: Path | None) -> None:
+    """Write bytes as they are read: to ``output`` (removed if the read fails) or stdout."""
+    if output is None:
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        return
+    total = 0
+    try:
+        with open(output, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                total += len(chunk)
+    except BaseException:
+        output.unlink(missing_ok=True)
+        raise
+    typer.echo(f"wrote {total:,} bytes to {output}", err=True)
+
+
 @handle_errors
 def get(
     dataset: DatasetOrShardsArg,
@@ -34,11 +54,19 @@ def get(
 ) -> None:
     """Write one feature's bytes to stdout (or --output); numbers are printed.
 
+    A tar member is written as it is read (a member of any size is never held
+    in memory whole).
+
     Example: catalog get train rec_000000042 image > img.jpg
     """
-    from shardcat.facade.records import feature_value, file_extension
+    from shardcat.facade.records import feature_chunks, feature_value, file_extension
 
     with open_dataset(catalog, dataset, readonly) as (_, reader):
+        if output is not None or not sys.stdout.isatty():  # a tar member: streamed
+            chunks = feature_chunks(reader, key, feature, index)
+            if chunks is not None:
+                _stream(chunks, output)
+                return
         try:
             value = feature_value(reader, key, feature, index)
         except NoSuchFeatureError as exc:

@@ -52,6 +52,7 @@ from shardcat.catalog.commit import (
 from shardcat.catalog.engine import fork_generation, make_engine
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CorruptRecordError, IngestError, MissingShardError, ShardcatError
+from shardcat.paths import require_regular
 from shardcat.readers import remote, remote_file
 from shardcat.readers.formats import Format, ShardScan, get_format, other_format
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
@@ -194,6 +195,7 @@ def index_claimed(
         return _index_remote(engine, job, shard_id, stored, owner, path, provide, then)
     try:
         st = os.stat(path)
+        require_regular(path, st)  # a FIFO put in a shard's place would block the open
         fp = fingerprint_file(path, st.st_size)
         scanned = None if provide is None else provide(path, st)
         if scanned is None:

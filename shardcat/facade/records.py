@@ -1,10 +1,11 @@
 """Taking records out of a dataset: one feature's value (:func:`feature_value`,
-reading one tar member only), a whole record's features saved as files
-(:func:`extract`), and the file naming they use (:func:`file_extension`,
-:func:`safe_name`)."""
+reading one tar member only; :func:`feature_chunks` streams such a member), a
+whole record's features saved as files (:func:`extract`), and the file naming
+they use (:func:`file_extension`, :func:`safe_name`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from shardcat.readers.reader import Reader
 __all__ = [
     "Extracted",
     "extract",
+    "feature_chunks",
     "feature_value",
     "features_of",
     "file_extension",
@@ -93,6 +95,18 @@ def feature_value(reader: Reader, key: str, feature: str, index: int = 0) -> Any
     if not -len(values) <= index < len(values):
         raise CatalogError(f"index {index} out of range: {feature!r} has {len(values)} values")
     return values[index]
+
+
+def feature_chunks(
+    reader: Reader, key: str, feature: str, index: int = 0
+) -> Iterator[bytes] | None:
+    """Value ``index`` of ``feature`` in pieces as they are read, when it is one
+    member of a record made of parts (tar samples keyed by name): a member of any
+    size is then never held whole. None otherwise, or when the key or member is
+    missing: :func:`feature_value` then reads the value (and says what is missing)."""
+    if index not in (0, -1):
+        return None
+    return reader.member_chunks(key, feature)
 
 
 @dataclass(frozen=True)

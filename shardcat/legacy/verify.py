@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shardcat.errors import CorruptRecordError, ShardIOError
+from shardcat.errors import CorruptRecordError, LegacyIndexError, ShardIOError
 from shardcat.legacy.index import LegacyIndex, LegacyShard
 from shardcat.readers.compressed import compression_of, detect_compression
 from shardcat.readers.formats import Entry, Format, Location, Mismatch, get_format
@@ -78,7 +78,7 @@ def infer_key(
     """The feature holding tfd-utils' keys: read off the first record found,
     ``key`` preferred when several features hold the key."""
     fmt = get_format("tfrecord")
-    for path, (_, shard) in sorted(shards.items()):
+    for path, (index, shard) in sorted(shards.items()):
         if not shard.rows or _compression(path, options) is not None:
             continue
         first = min(shard.rows, key=lambda e: e.offset)
@@ -86,9 +86,18 @@ def infer_key(
         try:
             with shard_to_check(path, None, options.get(STORAGE_OPTIONS)) as source:
                 raw = fmt.read(source, Location(offset, length), False)
-            candidates = _key_candidates(fmt, raw, options, key)
         except (CorruptRecordError, OSError, ShardIOError):
             continue
+        try:
+            candidates = _key_candidates(fmt, raw, options, key)
+        except Exception as exc:  # protobuf's DecodeError: the index cuts the record wrong
+            raise LegacyIndexError(
+                index.path,
+                0,
+                f"entry {key!r} ({length} bytes at byte {offset} of {path}) does not decode "
+                f"as a TFRecord Example ({exc}): the index's offset or length is wrong; "
+                "index the shards from their data instead (catalog ingest)",
+            ) from None
         if candidates:
             return candidates[0]
     return "key"

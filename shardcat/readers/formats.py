@@ -239,6 +239,14 @@ class Format(ABC):
         A format must not keep ``location`` after the call: readers may reuse one
         object for every record of a batch."""
 
+    def read_chunks(
+        self, source: Source, location: Location, verify: bool = False
+    ) -> Iterator[bytes]:
+        """:meth:`read` in pieces as they are read, for payloads too large to hold
+        twice (``catalog get`` writes a tar member so); by default the whole
+        :meth:`read` at once."""
+        return iter((self.read(source, location, verify),))
+
     @abstractmethod
     def decode(self, raw: Any, options: Mapping[str, Any]) -> Any:
         """The user-facing record for the raw payload (``{member: bytes}`` for PARTS)."""

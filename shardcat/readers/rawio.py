@@ -1,7 +1,9 @@
 """The byte source interface (:class:`Source`) and reading bytes through it
-safely, for the format modules: ``pread`` that treats a short read as a
-truncated shard and refuses lengths no read can serve, stream reads that never
-allocate a length read off damaged data, and the lines of text index files.
+safely, for the format modules: ``pread`` of any length (looping over the
+system call), ``pread`` that treats a short read as a truncated shard and
+refuses lengths no read can serve, stream reads that never allocate a length
+read off damaged data, the lines of text index files, and the flags shards
+are opened with (:data:`OPEN_FLAGS`: never blocking).
 
 :class:`Source` is declared here, at the bottom of the readers' imports, so
 that every source (the local file and the checked wrapper in
@@ -12,6 +14,7 @@ importing one another (the one place to import it from).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -19,14 +22,21 @@ from typing import Any
 from shardcat.errors import CorruptRecordError, ShardcatError
 
 __all__ = [
+    "OPEN_FLAGS",
     "READ_CHUNK",
     "Source",
     "index_lines",
+    "pread_all",
     "pread_checked",
     "pread_exact",
     "read_full",
     "unreadable",
 ]
+
+# How shards are opened: read-only, not inherited by exec'd programs, and never
+# blocking (a FIFO put in a shard's place would block a plain open until a writer
+# came; reads of a regular file ignore O_NONBLOCK).
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 # The most bytes one ``read`` asks a stream for: a length read off the data is
 # never handed to a stream (or allocated) as one number; reads grow with the bytes
@@ -64,6 +74,26 @@ class Source(ABC):
     def close(self) -> None:
         """Release what the source holds (default: nothing)."""
         return None
+
+
+def pread_all(fd: int, length: int, offset: int) -> bytes:
+    """``os.pread`` of ``length`` bytes at ``offset``, looping until it has them all
+    or the file ends: one ``pread`` may return fewer (Linux returns at most
+    2,147,479,552 bytes per call). A read that needs more than one call holds the
+    pieces and their join at once, so readers stream members that large instead
+    (:meth:`Format.read_chunks <shardcat.readers.formats.Format.read_chunks>`)."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    done = len(data)
+    while done < length:
+        more = os.pread(fd, length - done, offset + done)
+        if not more:
+            break
+        parts.append(more)
+        done += len(more)
+    return b"".join(parts)
 
 
 def pread_exact(source: Source, offset: int, length: int) -> bytes:

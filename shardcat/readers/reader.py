@@ -233,6 +233,21 @@ class Reader(DatasetView):
         shard_id, offset, length, extents = found
         return self._read(shard_id, Location(offset, length, _extents(extents)))
 
+    @follows_reindex
+    def member_chunks(self, key: Any, feature_name: str) -> Iterator[bytes] | None:
+        """One member of a record made of parts (a tar sample keyed by name) in pieces
+        of at most 1 MiB, read as they are consumed and checked as by
+        :meth:`get_feature`; None when the key or member is missing or records have
+        no parts. For members too large to hold: ``catalog get`` writes them so."""
+        found = None
+        if self._parts and not self._by_position:
+            found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
+        if found is None:
+            return None
+        shard_id, offset, length, extents = found
+        location = Location(offset, length, _extents(extents))
+        return self._fmt.read_chunks(self._source(shard_id), location, self.verify_crc)
+
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
         record = self.get_record(key)

@@ -71,7 +71,7 @@ from shardcat.errors import (
 )
 from shardcat.readers import cache as _cache
 from shardcat.readers import remote_hdfs as _hdfs
-from shardcat.readers.rawio import Source
+from shardcat.readers.rawio import Source, pread_all
 from shardcat.readers.remote_cloud import Changed as _Changed
 from shardcat.readers.remote_cloud import cloud_get, gcs_generation, handles
 from shardcat.readers.remote_get import Ask, Misplaced, Transient
@@ -415,7 +415,7 @@ class RemoteSource(Source):
         from the node-local cached copy)."""
         local = self._local
         if local is not None:
-            return os.pread(local, end - start, start)
+            return pread_all(local, end - start, start)
         return self._checked(start, end)
 
     def _checked(self, start: int, end: int) -> bytes:

@@ -47,7 +47,7 @@ import crc32c as _crc32c
 
 from shardcat.errors import CorruptRecordError, MissingShardError, ShardIOError, StaleShardError
 from shardcat.readers.compressed import open_compressed_source
-from shardcat.readers.rawio import Source
+from shardcat.readers.rawio import OPEN_FLAGS, Source, pread_all
 
 __all__ = [
     "CheckedSource",
@@ -55,6 +55,7 @@ __all__ = [
     "Identity",
     "fingerprint_fd",
     "fingerprint_file",
+    "iter_extents",
     "mismatch",
     "open_file",
     "open_source",
@@ -77,7 +78,7 @@ def fingerprint_fd(fd: int, size: int) -> str:
 
 
 def fingerprint_file(path: str, size: int) -> str:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         return fingerprint_fd(fd, size)
     finally:
@@ -124,7 +125,7 @@ class _Pread(Source):
         self.path = path
 
     def pread(self, length: int, offset: int) -> bytes:
-        return os.pread(self.fd, length, offset)
+        return pread_all(self.fd, length, offset)
 
     def close(self) -> None:
         """The descriptor belongs to the :class:`FileSource` that made this."""
@@ -157,7 +158,7 @@ class FileSource(Source):
         return self._unchecked
 
     def pread(self, length: int, offset: int) -> bytes:
-        data = os.pread(self.fd, length, offset)
+        data = pread_all(self.fd, length, offset)
         if self._seen is not None:  # check() inlined: this is every single read
             st = os.fstat(self.fd)
             if (st.st_mtime_ns, st.st_ctime_ns, st.st_size) != self._seen:
@@ -219,7 +220,7 @@ def open_file(path: str, identity: Identity) -> FileSource:
     :class:`MissingShardError` (deleted), :class:`StaleShardError` (changed) or
     :class:`ShardIOError` (cannot be opened)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise MissingShardError(
             f"{path} no longer exists (deleted or moved after it was indexed); "
@@ -297,7 +298,7 @@ def shard_to_check(
         finally:
             remote.close()
         return
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         yield FileSource(fd, path)
     finally:
@@ -307,24 +308,26 @@ def shard_to_check(
 def read_extents(source: Source, extents: Sequence[Sequence[int]]) -> bytes:
     """The content of a record or member stored in pieces: ``extents`` lists
     ``(offset, length)`` in content order, offset -1 for a run of zeros (a hole
-    of a sparse tar member). Pieces are read 1 MiB at a time, so a length past
-    the end of the file costs only the bytes that exist; a short read is a
-    :class:`CorruptRecordError` naming ``source.path``."""
+    of a sparse tar member); see :func:`iter_extents`."""
+    return b"".join(iter_extents(source, extents))
+
+
+def iter_extents(source: Source, extents: Sequence[Sequence[int]]) -> Iterator[bytes]:
+    """:func:`read_extents` in pieces of at most 1 MiB, as they are read (a hole
+    too), for content too large to hold. A length past the end of the file costs
+    only the bytes that exist; a short read is a :class:`CorruptRecordError`
+    naming ``source.path``."""
     path = source.path
-    parts: list[bytes] = []
     for at, length in extents:
         if at < -1 or length < 0:
             raise CorruptRecordError(path, max(at, 0), f"bad extent ({at}, {length})")
-        if at == -1:
-            parts.append(bytes(length))
-            continue
         done = 0
         while done < length:
-            data = source.pread(min(_CHUNK, length - done), at + done)
+            n = min(_CHUNK, length - done)
+            data = bytes(n) if at == -1 else source.pread(n, at + done)
             if not data:
                 raise CorruptRecordError(
                     path, at, f"truncated: the file ends after {done} of {length} bytes"
                 )
-            parts.append(data)
+            yield data
             done += len(data)
-    return b"".join(parts)

@@ -80,7 +80,7 @@ from shardcat.readers.formats import (
 )
 from shardcat.readers.rawio import Source, pread_exact
 from shardcat.readers.remote import is_url
-from shardcat.readers.source import read_extents
+from shardcat.readers.source import iter_extents, read_extents
 from shardcat.readers.tar_headers import (
     BLOCK,
     REGULAR,
@@ -100,7 +100,7 @@ from shardcat.readers.tar_legacy import legacy_samples
 from shardcat.readers.tar_rules import (
     DEFAULT_GROUPING,
     GROUPINGS,
-    Clashes,
+    FieldNotes,
     check_grouping,
     grouping_of,
     member_fields,
@@ -230,9 +230,9 @@ def _scan_cursor(
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
-    clashes = Clashes()
+    notes = FieldNotes()  # warned about at the end
     runs = (
-        (sample, {feature: member_fields(feature, raw, clashes) for feature, raw in data.items()})
+        (sample, {feature: member_fields(feature, raw, notes) for feature, raw in data.items()})
         for sample, data in _samples(cur, path, grouping, want, members)
     )
     found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
@@ -245,7 +245,7 @@ def _scan_cursor(
             fields,
             row_list,
         )
-    clashes.warn(path)
+    notes.warn(path)
 
 
 def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -264,72 +264,82 @@ def iter_samples(path: str, grouping: str = "tfd") -> Iterator[tuple[str, dict[s
 
 
 def _read_member(source: Source, offset: int, length: int, verify: bool) -> bytes:
-    """The bytes of the member whose data starts at ``offset``.
-
-    With ``verify``, the header block right before the data must be a valid
-    header of a regular file whose size field is ``length`` (or 0, when a
-    pax header carries the size).
-    """
-    path = source.path
+    """The bytes of the member whose data starts at ``offset`` (with ``verify``,
+    its header first: :func:`_check_header`)."""
     if verify:
-        if offset < BLOCK:
-            raise CorruptRecordError(path, offset, "member data cannot start before byte 512")
-        header = pread_exact(source, offset - BLOCK, BLOCK)
-        if not checksum_ok(header):
-            raise CorruptRecordError(
-                path, offset - BLOCK, "bad tar header checksum before member data (stale shard?)"
-            )
-        if header[156:157] not in REGULAR:
-            raise CorruptRecordError(
-                path, offset - BLOCK, "header before member data is not a regular file"
-            )
-        size = parse_number(header[124:136], path, offset - BLOCK, "size")
-        if size not in (0, length):
-            raise CorruptRecordError(
-                path,
-                offset - BLOCK,
-                f"header says {size} bytes, the catalog {length} (stale shard?)",
-            )
+        _check_header(source, offset, length)
     data = source.pread(length, offset)
     if len(data) != length:
-        raise CorruptRecordError(path, offset, f"truncated member: {len(data)} of {length} bytes")
+        raise CorruptRecordError(
+            source.path, offset, f"truncated member: {len(data)} of {length} bytes"
+        )
     return data
+
+
+def _check_header(source: Source, offset: int, length: int) -> None:
+    """The header block right before the data at ``offset`` must be a valid header
+    of a regular file whose size field is ``length`` (or 0, when a pax header
+    carries the size)."""
+    path = source.path
+    if offset < BLOCK:
+        raise CorruptRecordError(path, offset, "member data cannot start before byte 512")
+    header = pread_exact(source, offset - BLOCK, BLOCK)
+    if not checksum_ok(header):
+        raise CorruptRecordError(
+            path, offset - BLOCK, "bad tar header checksum before member data (stale shard?)"
+        )
+    if header[156:157] not in REGULAR:
+        raise CorruptRecordError(
+            path, offset - BLOCK, "header before member data is not a regular file"
+        )
+    size = parse_number(header[124:136], path, offset - BLOCK, "size")
+    if size not in (0, length):
+        raise CorruptRecordError(
+            path,
+            offset - BLOCK,
+            f"header says {size} bytes, the catalog {length} (stale shard?)",
+        )
 
 
 def _assemble(source: Source, extents: Sequence[Sequence[int]], verify: bool) -> bytes:
     """The content of a sparse member from its :data:`Extents`: each data piece
-    read with ``source.pread(length, offset)``, holes as zeros.
+    read with ``source.pread(length, offset)``, holes as zeros (with ``verify``,
+    its pieces first: :func:`_check_pieces`).
 
     A short read is a truncated shard; pieces are read 1 MiB at a time, so a
-    length past the end of the file costs only the bytes that exist. With
-    ``verify``, the data pieces must follow each other in the archive (as
-    every GNU sparse format stores them), and what comes after the last one,
-    rounded up to a block, must be the next tar header, the end-of-archive
-    zeros or the end of the file (a shard that changed since it was indexed
-    usually fails that).
+    length past the end of the file costs only the bytes that exist.
     """
     data = read_extents(source, extents)
     if verify:
-        path = source.path
-        end: int | None = None  # where the last data piece ends in the archive
-        for at, length in extents:
-            if at == -1:
-                continue
-            if end is not None and at != end:
-                raise CorruptRecordError(
-                    path,
-                    at,
-                    f"sparse member data at byte {at} does not follow the piece before ({end})",
-                )
-            end = at + length
-        if end is not None:
-            after = padded(end)
-            block = source.pread(BLOCK, after)
-            if block and (len(block) < BLOCK or (block != ZERO and not checksum_ok(block))):
-                raise CorruptRecordError(
-                    path, after, "no tar header after sparse member data (stale shard?)"
-                )
+        _check_pieces(source, extents)
     return data
+
+
+def _check_pieces(source: Source, extents: Sequence[Sequence[int]]) -> None:
+    """The data pieces of a sparse member must follow each other in the archive (as
+    every GNU sparse format stores them), and what comes after the last one,
+    rounded up to a block, must be the next tar header, the end-of-archive zeros
+    or the end of the file (a shard that changed since it was indexed usually
+    fails that)."""
+    path = source.path
+    end: int | None = None  # where the last data piece ends in the archive
+    for at, length in extents:
+        if at == -1:
+            continue
+        if end is not None and at != end:
+            raise CorruptRecordError(
+                path,
+                at,
+                f"sparse member data at byte {at} does not follow the piece before ({end})",
+            )
+        end = at + length
+    if end is not None:
+        after = padded(end)
+        block = source.pread(BLOCK, after)
+        if block and (len(block) < BLOCK or (block != ZERO and not checksum_ok(block))):
+            raise CorruptRecordError(
+                path, after, "no tar header after sparse member data (stale shard?)"
+            )
 
 
 # -- the format ----------------------------------------------------------------
@@ -406,6 +416,19 @@ class TarFormat(Format):
         if location.extents is not None:
             return _assemble(source, location.extents, verify)
         return _read_member(source, location.offset, location.length, verify)
+
+    def read_chunks(
+        self, source: Source, location: Location, verify: bool = False
+    ) -> Iterator[bytes]:
+        """:meth:`read` in pieces of at most 1 MiB as they are read (the checks of
+        ``verify`` first), for members too large to hold."""
+        extents = location.extents
+        if verify:
+            if extents is None:
+                _check_header(source, location.offset, location.length)
+            else:
+                _check_pieces(source, extents)
+        return iter_extents(source, extents or ((location.offset, location.length),))
 
     def decode(self, raw: Any, options: Mapping[str, Any]) -> dict[str, bytes]:
         """A sample is ``{feature: bytes}`` already."""

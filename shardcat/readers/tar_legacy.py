@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardcat.readers.formats import Entry, Mismatch
+from shardcat.readers.rawio import OPEN_FLAGS, pread_all
 from shardcat.readers.tar_headers import BLOCK, Member, iter_members, padded
 from shardcat.readers.tar_rules import split_key
 
@@ -26,7 +27,7 @@ class _PreadCursor:
         self.fd, self.size, self.pos = fd, size, pos
 
     def read(self, size: int) -> bytes:
-        data = os.pread(self.fd, size, self.pos)
+        data = pread_all(self.fd, size, self.pos)
         self.pos += len(data)
         return data
 
@@ -89,7 +90,7 @@ def legacy_samples(
     rows.sort(key=lambda r: r[3])
     headers: list[int] = []
     checked: set[int] = set()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, OPEN_FLAGS)
     try:
         end = 0
         for i, (key, ext, name, offset, length) in enumerate(rows):

@@ -9,15 +9,17 @@ that module) and the SQL fields members give.
   ``MAX_TEXT_FIELD`` (256) bytes of UTF-8; the value is the text stripped of
   surrounding whitespace. For ``INT_EXTENSIONS`` (``cls``, ``cls2``,
   ``class``, ``count``, ``index``, ``inx``, ``id`` — the extensions
-  WebDataset decodes as integers) a decimal integer is stored as an integer.
+  WebDataset decodes as integers) a decimal integer is stored as an integer
+  (beyond 64 bits: as its text, and the scan warns once per shard).
   The column is named after the feature (``cls``, ``seg.cls`` -> ``seg_cls``).
 - ``.json`` members of at most ``MAX_JSON_MEMBER`` (4 MiB) holding an
   object: each top-level scalar becomes ``<feature>_<key>`` (``json_width``),
   and each scalar inside a top-level object ``<feature>_<key>_<subkey>``
   (``json_image_width`` for SA-1B's ``{"image": {"width": ...}}``); deeper
-  values and lists are not fields. Booleans are stored as 0/1, strings only
-  up to 256 bytes, null and non-finite numbers not at all; at most
-  ``MAX_JSON_FIELDS`` (64) fields per member. Characters other than
+  values and lists are not fields. Booleans are stored as 0/1, integers beyond
+  64 bits as their text (as above), strings only up to 256 bytes, null and
+  non-finite numbers not at all; at most ``MAX_JSON_FIELDS`` (64) fields per
+  member. Characters other than
   letters, digits and ``_`` in names become ``_``. Two values of one member
   that make one name (``{"image": {"width": 5}}`` and ``"image_width": 99``
   are both ``json_image_width``; ``"a-b"`` and ``"a_b"`` both ``json_a_b``):
@@ -46,7 +48,7 @@ __all__ = [
     "MAX_JSON_MEMBER",
     "MAX_TEXT_FIELD",
     "TEXT_EXTENSIONS",
-    "Clashes",
+    "FieldNotes",
     "check_grouping",
     "grouping_of",
     "member_fields",
@@ -120,7 +122,7 @@ def _json_scalar(value: Any) -> Scalar | None:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else None
+        return _integer(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):
@@ -128,28 +130,49 @@ def _json_scalar(value: Any) -> Scalar | None:
     return None
 
 
-class Clashes:
-    """The field names two values of one ``.json`` member made, as a shard's scan
-    meets them (see the module docstring): name -> the JSON names of the value kept
-    and of the first one not."""
+def _integer(value: int) -> int | str:
+    """An integer as it is stored: itself within 64 bits, else its decimal text
+    (SQLite and PostgreSQL integers hold no more)."""
+    return value if -(2**63) <= value < 2**63 else str(value)
+
+
+class FieldNotes:
+    """What a shard's scan notes about its fields as it meets them, for one warning
+    each at its end (see the module docstring): ``clashes``, the field names two
+    values of one ``.json`` member made (name -> the JSON names of the value kept
+    and of the first one not), and ``beyond``, the integers beyond 64 bits kept as
+    text (field, text)."""
 
     def __init__(self) -> None:
-        self.found: dict[str, tuple[str, str]] = {}
+        self.clashes: dict[str, tuple[str, str]] = {}
+        self.beyond: list[tuple[str, str]] = []
 
     def warn(self, path: str) -> None:
-        """One :class:`ShardcatWarning` per name, naming the shard at ``path``."""
-        for name, (kept, other) in self.found.items():
+        """One :class:`ShardcatWarning` per clashing name and one for the integers
+        beyond 64 bits, naming the shard at ``path``."""
+        for name, (kept, other) in self.clashes.items():
             warnings.warn(
                 f"{path}: .json values {kept!r} and {other!r} both make the field {name}: "
                 "each member keeps its first (the other is not a field)",
                 ShardcatWarning,
                 stacklevel=2,
             )
+        if self.beyond:
+            names = ", ".join(sorted({name for name, _ in self.beyond}))
+            n, (name, text) = len(self.beyond), self.beyond[0]
+            warnings.warn(
+                f"{path}: {n} value{'s' if n > 1 else ''} beyond 64-bit integers kept as "
+                f"text (fields {names}; e.g. {name} = {text}); a field that already holds "
+                "integers in the catalog stores them as rounded REALs",
+                ShardcatWarning,
+                stacklevel=2,
+            )
 
 
-def member_fields(feature: str, data: bytes, clashes: Clashes | None = None) -> dict[str, Scalar]:
+def member_fields(feature: str, data: bytes, notes: FieldNotes | None = None) -> dict[str, Scalar]:
     """The SQL fields one member contributes (see the module docstring); two values
-    of a ``.json`` member that make one name are noted in ``clashes``."""
+    of a ``.json`` member that make one name, and integers beyond 64 bits (kept as
+    text), are noted in ``notes``."""
     ext = feature.rsplit(".", 1)[-1].lower()
     out: dict[str, Scalar] = {}
     if ext == "json":
@@ -169,9 +192,11 @@ def member_fields(feature: str, data: bytes, clashes: Clashes | None = None) -> 
                 name = _field_name(feature, key) if sub is None else _field_name(feature, key, sub)
                 source = str(key) if sub is None else f"{key}.{sub}"
                 if name in out:
-                    if clashes is not None:
-                        clashes.found.setdefault(name, (given[name], source))
+                    if notes is not None:
+                        notes.clashes.setdefault(name, (given[name], source))
                     continue
+                if isinstance(scalar, str) and type(inner) is int and notes is not None:
+                    notes.beyond.append((name, scalar))
                 out[name], given[name] = scalar, source
                 if len(out) >= MAX_JSON_FIELDS:
                     return out
@@ -181,5 +206,10 @@ def member_fields(feature: str, data: bytes, clashes: Clashes | None = None) -> 
     except UnicodeDecodeError:
         return out
     name = _field_name(feature)
-    out[name] = int(text) if ext in INT_EXTENSIONS and _INT_TEXT.match(text) else text
+    if ext not in INT_EXTENSIONS or not _INT_TEXT.match(text):
+        out[name] = text
+        return out
+    out[name] = value = _integer(int(text))
+    if isinstance(value, str) and notes is not None:
+        notes.beyond.append((name, value))
     return out

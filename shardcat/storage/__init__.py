@@ -42,6 +42,7 @@ def _missing(name: str, error: ImportError) -> type:
         "__init__": fail,
         "open": classmethod(fail),
         "unlink": classmethod(fail),
+        "_convert": classmethod(fail),
     }
     return type(name, (), namespace)
 
@@ -87,13 +88,14 @@ def is_tensorblob_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def convert_tensorblob(path: str | os.PathLike[str]) -> tuple[str, int]:
-    """Convert a tensorblob directory to SQLite metadata in place (no block is copied).
+    """Convert a tensorblob directory to SQLite metadata in place (no block is copied;
+    the tensorblob package can no longer open it afterwards): returns (class name, rows).
 
-    What opening it would do, without using it: returns (class name, rows).
+    What opening it with a write mode does, without the warning.
     """
     from shardcat.storage.convert import tensorblob_kind
     from shardcat.storage.meta import KINDS
 
-    cls = __getattr__(KINDS[tensorblob_kind(json.loads((Path(path) / ".conf").read_text()))])
-    with cls.open(os.fspath(path), "r+") as storage:
-        return cls.__name__, len(storage)
+    directory = Path(path).expanduser().resolve()
+    cls = __getattr__(KINDS[tensorblob_kind(json.loads((directory / ".conf").read_text()))])
+    return cls.__name__, cls._convert(directory)

@@ -16,14 +16,14 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from shardcat.errors import StorageTypeError, StorageValueError
+from shardcat.errors import ShardcatWarning, StorageTypeError, StorageValueError
 from shardcat.storage.column import (
     BlockColumn,
     default_max_cached_blocks,
     parse_dtype,
     parse_shape,
 )
-from shardcat.storage.convert import import_tensorblob
+from shardcat.storage.convert import import_tensorblob, read_tensorblob
 from shardcat.storage.meta import KINDS, META_FILE, FieldSpec, Layout, Metadata, probe
 
 __all__ = ["Chunk", "Storage", "check_mode"]
@@ -38,9 +38,9 @@ def check_mode(mode: str) -> None:
     """tensorblob's mode rules: one of r/w/a, at most one '+', nothing else."""
     chars = set(mode)
     if chars - set("raw+") or len(mode) > len(chars):
-        raise ValueError(f"Invalid mode: {mode}")
+        raise StorageValueError(f"Invalid mode: {mode}")
     if sum(c in "raw" for c in mode) != 1 or mode.count("+") > 1:
-        raise ValueError(
+        raise StorageValueError(
             f"Must have exactly one of read/write/append mode and at most one plus: {mode}"
         )
 
@@ -70,7 +70,7 @@ class Storage:
         self._meta = meta
         self._max_cached_arg = max_cached_blocks
         if max_cached_blocks is not None and max_cached_blocks < 0:
-            raise ValueError(f"max_cached_blocks must be positive, got {max_cached_blocks}")
+            raise StorageValueError(f"max_cached_blocks must be positive, got {max_cached_blocks}")
         # None or 0 means the default (as in tensorblob); a TensorDB's default is
         # shared out among its fields, an explicit number applies to each field.
         per_field = max_cached_blocks or max(default_max_cached_blocks() // len(meta.fields), 16)
@@ -114,8 +114,7 @@ class Storage:
             if meta is None:  # a creation or conversion that was killed before it committed
                 state = probe(path, ignore_metadata=True)
         if state == "tensorblob":
-            import_tensorblob(path, cls.kind, _check_field)
-            meta = Metadata(path, writable=writable)
+            meta = cls._tensorblob(path, mode)
         if meta is None:
             if state == "foreign" and "w" in mode:
                 raise FileExistsError(
@@ -127,7 +126,7 @@ class Storage:
             meta = Metadata.create(path, layout())  # missing, or an empty directory
         elif meta.kind != cls.kind:
             meta.close()
-            raise ValueError(f"{str(path)!r} holds a {KINDS[meta.kind]}, not a {name}")
+            raise StorageValueError(f"{str(path)!r} holds a {KINDS[meta.kind]}, not a {name}")
         try:
             storage = cls(path, mode, meta, max_cached_blocks)
             if "w" in mode and meta.length:
@@ -136,6 +135,33 @@ class Storage:
             meta.close()
             raise
         return storage
+
+    @classmethod
+    def _tensorblob(cls, path: Path, mode: str) -> Metadata:
+        """The metadata of a directory written by the tensorblob package: read where it
+        is for mode ``r`` (kept in memory; nothing on disk changes), else converted in
+        place (:func:`~shardcat.storage.convert.import_tensorblob`), with a warning
+        saying so: the tensorblob package can no longer open it afterwards."""
+        if mode == "r":
+            return Metadata.in_memory(path, read_tensorblob(path, cls.kind, _check_field).fill)
+        warnings.warn(
+            f"converting the tensorblob {KINDS[cls.kind]} at {str(path)!r} to shardcat "
+            f"storage in place (mode {mode!r} writes): its .conf/.stat JSON files are "
+            f"replaced by {META_FILE}, so the tensorblob package can no longer open it; "
+            "open it with mode 'r' to read it without converting",
+            ShardcatWarning,
+            stacklevel=4,
+        )
+        import_tensorblob(path, cls.kind, _check_field)
+        return Metadata(path, writable=True)
+
+    @classmethod
+    def _convert(cls, directory: Path) -> int:
+        """Convert the tensorblob directory ``directory`` in place, without a warning
+        (``catalog migrate``, which says so itself); returns its row count."""
+        import_tensorblob(directory, cls.kind, _check_field)
+        with cls._open(directory, "r", None, cls._no_layout) as storage:
+            return len(storage)
 
     @classmethod
     def _unlink(cls, filename: str | os.PathLike[str]) -> bool:
@@ -150,9 +176,9 @@ class Storage:
                 if meta is not None:
                     meta.close()
                     if meta.kind != cls.kind:
-                        raise ValueError(f"it holds a {KINDS[meta.kind]}")
+                        raise StorageValueError(f"it holds a {KINDS[meta.kind]}")
             elif state not in ("tensorblob", "empty"):
-                raise ValueError(f"not a {KINDS[cls.kind]} directory")
+                raise StorageValueError(f"not a {KINDS[cls.kind]} directory")
             shutil.rmtree(path)
         except (OSError, ValueError) as exc:
             warnings.warn(f"Failed to unlink {cls.noun} at {str(path)!r}: {exc}", stacklevel=3)
@@ -189,7 +215,7 @@ class Storage:
         elif whence == io.SEEK_END:
             target = len(self) + pos
         else:
-            raise ValueError(f"Invalid whence: {whence!r}")
+            raise StorageValueError(f"Invalid whence: {whence!r}")
         self._pos = max(min(target, len(self)), 0)
         return self._pos
 
@@ -213,7 +239,7 @@ class Storage:
         """
         self._check_writable()
         if pos is not None and pos < 0:
-            raise ValueError(f"Truncate position must be non-negative, got {pos}!")
+            raise StorageValueError(f"Truncate position must be non-negative, got {pos}!")
         self.seek(pos if pos is not None else self.tell())
         self._truncate_at(self._pos)
         return self._pos
@@ -247,7 +273,7 @@ class Storage:
 
     def __getstate__(self) -> dict[str, Any]:
         if self._writable:
-            raise TypeError(
+            raise StorageTypeError(
                 f"cannot pickle a {KINDS[self.kind]} open for writing (mode {self.mode!r}); "
                 "pickle one opened with mode 'r'"
             )

@@ -34,8 +34,10 @@ class TensorBlob(Storage):
     commit, and a killed writer leaves exactly the rows of its last commit
     (overwritten rows too: they are written to copies of their blocks). One
     writer at a time: a second open for writing raises ``StorageBusyError`` (a ``BlockingIOError``).
-    A directory written by the tensorblob package (``.conf``/``.stat``) is
-    converted in place on first open; its block files are kept as they are.
+    A directory written by the tensorblob package (``.conf``/``.stat``) is read
+    where it is by mode ``r`` (nothing in it changes), and converted in place by
+    a write mode, with a warning (its block files are kept as they are; the
+    tensorblob package can no longer open it).
     """
 
     kind = "blob"
@@ -77,12 +79,12 @@ class TensorBlob(Storage):
 
         def layout() -> Layout:
             if dtype is None or shape is None:
-                raise ValueError(
+                raise StorageValueError(
                     "Arguments ``dtype`` and ``shape`` are required for new blob; "
                     f"got: {dtype!r} and {shape!r}"
                 )
             if not isinstance(block_size, int) or block_size < 1:
-                raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+                raise StorageValueError(f"block_size must be a positive int, got {block_size!r}")
             spec = FieldSpec(BLOB_FIELD, parse_dtype(dtype), parse_shape(shape), ".")
             return Layout("blob", block_size, (spec,))
 

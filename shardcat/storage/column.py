@@ -1,4 +1,5 @@
-"""One field's rows in fixed-size memory-mapped block files, with an LRU of mappings."""
+"""One field's rows in fixed-size memory-mapped block files, with an LRU of mappings;
+the checks of a field's dtype and shape, and of a TensorDB schema."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ except ImportError as exc:  # pragma: no cover - exercised without torch install
         "pip install 'shardcat[torch]'"
     ) from exc
 
-from shardcat.errors import StorageShapeError, StorageTypeError
-from shardcat.storage.meta import FieldSpec, Metadata
+from shardcat.errors import StorageShapeError, StorageTypeError, StorageValueError
+from shardcat.storage.meta import FieldSpec, Layout, Metadata
 
 __all__ = [
     "DTYPES",
     "BlockColumn",
+    "db_layout",
     "default_max_cached_blocks",
     "parse_dtype",
     "parse_shape",
@@ -55,13 +57,13 @@ def parse_dtype(dtype: Any) -> str:
     if isinstance(dtype, str):
         found = getattr(torch, dtype, None)
         if not isinstance(found, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+            raise StorageValueError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
         dtype = found
     elif not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be str or torch.dtype, got {type(dtype).__name__!r}")
+        raise StorageTypeError(f"dtype must be str or torch.dtype, got {type(dtype).__name__!r}")
     name = str(dtype).rpartition(".")[2]
     if name not in DTYPES:
-        raise ValueError(f"dtype {name} cannot be stored; supported: {', '.join(DTYPES)}")
+        raise StorageValueError(f"dtype {name} cannot be stored; supported: {', '.join(DTYPES)}")
     return name
 
 
@@ -74,10 +76,70 @@ def parse_shape(shape: Any) -> tuple[int, ...]:
             else tuple(operator.index(d) for d in shape)
         )
     except TypeError:
-        raise ValueError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+        raise StorageValueError(
+            f"shape must be an int or a sequence of ints, got {shape!r}"
+        ) from None
     if not all(d > 0 for d in dims):
-        raise ValueError(f"shape must have positive dimensions, got {shape!r}")
+        raise StorageValueError(f"shape must have positive dimensions, got {shape!r}")
     return dims
+
+
+_RESERVED = {"position", "key", "rowid", "oid", "_rowid_"}
+_SQL_OPTIONS = {"filter", "index"}
+
+
+def _field_spec(name: Any, spec: Any) -> FieldSpec:
+    """One TensorDB schema entry ``name: (dtype, shape[, options])``, checked."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or "/" in name
+        or os.sep in name
+        or (os.altsep and os.altsep in name)
+        or "\0" in name
+    ):
+        raise StorageValueError(f"Invalid field name: {name!r}")
+    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+        raise StorageValueError(
+            f"field {name!r}: expected (dtype, shape) or (dtype, shape, options)"
+        )
+    dtype, shape = parse_dtype(spec[0]), parse_shape(spec[1])
+    options = dict(spec[2]) if len(spec) == 3 else {}
+    unknown = set(options) - _SQL_OPTIONS
+    if unknown:
+        raise StorageValueError(
+            f"field {name!r}: unknown options {sorted(unknown)}; use 'filter' or 'index'"
+        )
+    sql = "index" if options.get("index") else "filter" if options.get("filter") else None
+    if sql is not None:
+        if shape not in ((), (1,)):
+            raise StorageValueError(
+                f"field {name!r} has rows of shape {shape}: only fields with one value "
+                "per row (shape () or (1,)) can be filtered with SQL"
+            )
+        if name.lower() in _RESERVED:
+            raise StorageValueError(
+                f"field {name!r} cannot be filterable: the name is taken in SQL"
+            )
+    return FieldSpec(name, dtype, shape, name, sql)
+
+
+def db_layout(schema: Any, block_size: int) -> Layout:
+    """The layout of a new TensorDB from ``TensorDB.open``'s ``schema`` and ``block_size``."""
+    if schema is None:
+        raise StorageValueError("Argument ``schema`` is required for new database!")
+    if not isinstance(schema, Mapping) or not schema:
+        raise StorageValueError(
+            "Schema must be a non-empty dict mapping field names to (dtype, shape)!"
+        )
+    if not isinstance(block_size, int) or block_size < 1:
+        raise StorageValueError(f"block_size must be a positive int, got {block_size!r}")
+    fields = tuple(_field_spec(name, spec) for name, spec in schema.items())
+    lowered = [f.name.lower() for f in fields if f.sql]
+    if len(set(lowered)) != len(lowered):
+        raise StorageValueError("filterable field names must differ in more than letter case")
+    return Layout("db", block_size, fields)
 
 
 @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,14 +14,18 @@ import torch
 
 from shardcat.catalog.bulk import value_groups
 from shardcat.catalog.query import QueryResult, run_readonly
-from shardcat.errors import DuplicateKeyError, KeyNotFoundError, StorageValueError
+from shardcat.errors import (
+    CatalogError,
+    DuplicateKeyError,
+    KeyNotFoundError,
+    StorageTypeError,
+    StorageValueError,
+)
 from shardcat.storage.base import Chunk, Storage
-from shardcat.storage.column import parse_dtype, parse_shape
+from shardcat.storage.column import db_layout, parse_dtype, parse_shape
 from shardcat.storage.meta import (
     CREATE_KEY_INDEX,
     KEY_INDEX,
-    FieldSpec,
-    Layout,
     Metadata,
     create_index,
     index_name,
@@ -29,55 +34,8 @@ from shardcat.storage.meta import (
 
 __all__ = ["TensorColumn", "TensorDB"]
 
-_RESERVED = {"position", "key", "rowid", "oid", "_rowid_"}
+_NO_COLUMN = re.compile(r"no such column: (\S+)")
 BULK_ROWS = 100_000  # appends this large rebuild the SQL indexes instead of updating them
-_SQL_OPTIONS = {"filter", "index"}
-
-
-def _field_spec(name: Any, spec: Any) -> FieldSpec:
-    if (
-        not isinstance(name, str)
-        or not name
-        or name.startswith(".")
-        or "/" in name
-        or os.sep in name
-        or (os.altsep and os.altsep in name)
-        or "\0" in name
-    ):
-        raise ValueError(f"Invalid field name: {name!r}")
-    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
-        raise ValueError(f"field {name!r}: expected (dtype, shape) or (dtype, shape, options)")
-    dtype, shape = parse_dtype(spec[0]), parse_shape(spec[1])
-    options = dict(spec[2]) if len(spec) == 3 else {}
-    unknown = set(options) - _SQL_OPTIONS
-    if unknown:
-        raise ValueError(
-            f"field {name!r}: unknown options {sorted(unknown)}; use 'filter' or 'index'"
-        )
-    sql = "index" if options.get("index") else "filter" if options.get("filter") else None
-    if sql is not None:
-        if shape not in ((), (1,)):
-            raise ValueError(
-                f"field {name!r} has rows of shape {shape}: only fields with one value "
-                "per row (shape () or (1,)) can be filtered with SQL"
-            )
-        if name.lower() in _RESERVED:
-            raise ValueError(f"field {name!r} cannot be filterable: the name is taken in SQL")
-    return FieldSpec(name, dtype, shape, name, sql)
-
-
-def _layout(schema: Any, block_size: int) -> Layout:
-    if schema is None:
-        raise ValueError("Argument ``schema`` is required for new database!")
-    if not isinstance(schema, Mapping) or not schema:
-        raise ValueError("Schema must be a non-empty dict mapping field names to (dtype, shape)!")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    fields = tuple(_field_spec(name, spec) for name, spec in schema.items())
-    lowered = [f.name.lower() for f in fields if f.sql]
-    if len(set(lowered)) != len(lowered):
-        raise ValueError("filterable field names must differ in more than letter case")
-    return Layout("db", block_size, fields)
 
 
 class TensorColumn:
@@ -173,7 +131,7 @@ class TensorDB(Storage):
         Modes, ``block_size`` and ``max_cached_blocks`` (per field) as in
         :meth:`TensorBlob.open`.
         """
-        return cls._open(filename, mode, max_cached_blocks, lambda: _layout(schema, block_size))
+        return cls._open(filename, mode, max_cached_blocks, lambda: db_layout(schema, block_size))
 
     @classmethod
     def unlink(cls, filename: str | os.PathLike[str]) -> bool:
@@ -189,7 +147,7 @@ class TensorDB(Storage):
             fields = (fields,)
         unknown = [f for f in fields if f not in self._columns]
         if unknown:
-            raise KeyError(f"no field {unknown[0]!r} (fields: {', '.join(self._fields)})")
+            raise KeyNotFoundError(f"no field {unknown[0]!r} (fields: {', '.join(self._fields)})")
         return tuple(fields)
 
     def __getitem__(self, idx: Any) -> dict[str, torch.Tensor]:
@@ -231,20 +189,20 @@ class TensorDB(Storage):
         """
         self._check_writable()
         if not isinstance(rows, Mapping):
-            raise TypeError(
+            raise StorageTypeError(
                 f"Rows must be a dict mapping field names to tensors, got {type(rows).__name__!r}!"
             )
         missing = sorted(self._columns.keys() - rows.keys())
         extra = sorted(rows.keys() - self._columns.keys())
         if missing or extra:
-            raise ValueError(
+            raise StorageValueError(
                 "Dense writes require exactly the schema fields; "
                 f"missing: {missing!r}, unexpected: {extra!r}"
             )
         data = {name: self._columns[name].as_rows(rows[name]) for name in self._fields}
         counts = {name: len(t) for name, t in data.items()}
         if len(set(counts.values())) != 1:
-            raise ValueError(f"All fields must have the same row count; got: {counts!r}")
+            raise StorageValueError(f"All fields must have the same row count; got: {counts!r}")
         n = next(iter(counts.values()))
         if keys is not None:
             keys = _check_keys(keys, n)
@@ -342,9 +300,7 @@ class TensorDB(Storage):
         # no ORDER BY: SQLite would rather scan the table in position order than
         # use an index on the condition and sort; sorting here is linear when the
         # rows come out in order anyway
-        result = run_readonly(
-            self._meta.readonly_conn, f"SELECT position FROM rows WHERE ({condition})", params
-        )
+        result = self._run(f"SELECT position FROM rows WHERE ({condition})", params)
         positions = [row[0] for row in result]
         positions.sort()
         return positions
@@ -354,7 +310,28 @@ class TensorDB(Storage):
     ) -> QueryResult:
         """Run one read-only SELECT over this database's ``rows`` table (flushing first)."""
         self._sync()
-        return run_readonly(self._meta.readonly_conn, sql, params)
+        return self._run(sql, params)
+
+    def _run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None) -> QueryResult:
+        """:func:`run_readonly` on the ``rows`` table; a field that is not in SQL says so."""
+        try:
+            return run_readonly(self._meta.readonly_conn, sql, params)
+        except CatalogError as exc:
+            found = _NO_COLUMN.search(str(exc))
+            name = None if found is None else found.group(1).rpartition(".")[2].strip('"`[]')
+            if name not in self._columns or name in self.filterable:
+                raise
+            origin = (
+                " (a database written by the tensorblob package has none)"
+                if self._meta.imported_from == "tensorblob"
+                else ""
+            )
+            raise CatalogError(
+                f"field {name!r} is not in SQL: only fields declared filterable when the "
+                "database was created are, with (dtype, shape, {'filter': True}) or "
+                f"{{'index': True}} in its schema{origin}; to filter on it, copy the rows "
+                "into a new TensorDB whose schema declares it: new.extend(db, maintain_order=True)"
+            ) from None
 
     def _sync(self) -> None:
         """Before SQL reads: commit this object's unflushed writes, so the SQL rows show them."""
@@ -575,13 +552,13 @@ def _union(spans: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
 
 def _check_keys(keys: Sequence[str], n: int) -> list[str]:
     if isinstance(keys, str):
-        raise TypeError("keys must be a sequence of str, one per row (not one str)")
+        raise StorageTypeError("keys must be a sequence of str, one per row (not one str)")
     keys = list(keys)
     if len(keys) != n:
-        raise ValueError(f"{len(keys)} keys for {n} rows")
+        raise StorageValueError(f"{len(keys)} keys for {n} rows")
     for key in keys:
         if not isinstance(key, str):
-            raise TypeError(f"keys must be str, got {type(key).__name__!r}")
+            raise StorageTypeError(f"keys must be str, got {type(key).__name__!r}")
     if len(set(keys)) != n:
         seen: set[str] = set()
         for key in keys:

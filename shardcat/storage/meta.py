@@ -42,7 +42,8 @@ One writer at a time: a writable open takes an exclusive ``flock`` on the
 directory, held until it closes (:mod:`shardcat.storage.lock`; commits also
 check ``version``, for filesystems without ``flock``). Converting a
 tensorblob directory's JSON metadata into this file is
-:mod:`shardcat.storage.convert`.
+:mod:`shardcat.storage.convert`; a read-only open of such a directory builds
+the same tables in memory instead (:meth:`Metadata.in_memory`).
 
 The plain ``sqlite3`` module is used rather than SQLAlchemy Core (which owns
 the catalog's schema): this file is SQLite-only by nature (it sits beside
@@ -67,7 +68,7 @@ from pathlib import Path
 
 from shardcat.catalog.engine import configure_writer, connect_readonly, fork_generation
 from shardcat.catalog.processes import alive, owner_id
-from shardcat.errors import SchemaVersionError, StaleWriterError
+from shardcat.errors import SchemaVersionError, StaleWriterError, StorageValueError
 from shardcat.storage import lock
 
 __all__ = [
@@ -175,6 +176,16 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def _in_memory(fill: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
+    """A new in-memory database written by ``fill(conn)``, then read-only (``query_only``)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    conn.execute("BEGIN")
+    fill(conn)
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
 def probe(directory: Path, *, ignore_metadata: bool = False) -> str:
     """What lives at ``directory``, from the file names alone.
 
@@ -215,11 +226,18 @@ class Metadata:
     """The open metadata of one storage directory (one SQLite connection)."""
 
     def __init__(
-        self, directory: Path, *, writable: bool, conn: sqlite3.Connection | None = None
+        self,
+        directory: Path,
+        *,
+        writable: bool,
+        conn: sqlite3.Connection | None = None,
+        fill: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         self.directory = directory
         self.path = directory / META_FILE
         self.writable = writable
+        # set: the metadata lives in memory, written by fill(conn) (a read in place)
+        self._fill = fill
         self._conn = conn
         self._generation = -1 if conn is None else fork_generation()
         self._ro: sqlite3.Connection | None = None
@@ -241,7 +259,9 @@ class Metadata:
             raise
         except sqlite3.DatabaseError as exc:
             self.close()
-            raise ValueError(f"{self.path} is not shardcat storage metadata: {exc}") from None
+            raise StorageValueError(
+                f"{self.path} is not shardcat storage metadata: {exc}"
+            ) from None
         if "schema_version" not in meta:
             self.close()
             raise _Uncommitted
@@ -277,6 +297,13 @@ class Metadata:
         except _Uncommitted:
             return None
 
+    @classmethod
+    def in_memory(cls, directory: Path, fill: Callable[[sqlite3.Connection], None]) -> Metadata:
+        """Read-only metadata of ``directory`` kept in memory, nothing written to disk:
+        ``fill(conn)`` writes it into an empty in-memory database (each process builds
+        its own). How a directory written by the tensorblob package is read in place."""
+        return cls(directory, writable=False, fill=fill)
+
     # -- creation ----------------------------------------------------------------
 
     @classmethod
@@ -303,13 +330,18 @@ class Metadata:
         """This process's connection (read-write when writable; reopened after fork)."""
         if self._conn is None or self._generation != fork_generation():
             # one inherited through fork is dropped, never used or closed here
-            self._conn = _connect(self.path) if self.writable else connect_readonly(self.path)
+            if self._fill is not None:
+                self._conn = _in_memory(self._fill)
+            else:
+                self._conn = _connect(self.path) if self.writable else connect_readonly(self.path)
             self._generation = fork_generation()
         return self._conn
 
     @property
     def readonly_conn(self) -> sqlite3.Connection:
         """A connection that cannot write, for user SQL (``where``, ``query``)."""
+        if self._fill is not None:  # in memory: the one connection, read-only already
+            return self.conn
         if self._ro is None or self._ro_generation != fork_generation():
             self._ro = connect_readonly(self.path)
             self._ro_generation = fork_generation()

@@ -8,12 +8,16 @@ place) and re-ingests them; reader processes read random keys (single reads
 and ``get_many`` batches) and count what they get:
 
 - ``ok``: a version's exact bytes of the key asked for;
-- ``stale``: a :class:`~shardcat.StaleShardError` (the file changed and its
-  re-index had not committed yet: a clear error, allowed);
+- ``stale``: a :class:`~shardcat.StaleShardError`, ``error``: another
+  :class:`~shardcat.ShardcatError` (allowed where the writer explains it);
+- ``unexplained``: such an error although the shard it names was neither being
+  rewritten when the read began nor rewritten or re-ingested while it ran (the
+  writer keeps a counter per shard, odd from its rewrite to its re-ingest's commit);
 - ``wrong``: any other bytes; ``missing``: None or ``KeyError`` for a key every
-  version holds; ``other``: any other exception. All three must stay 0.
+  version holds; ``other``: an exception that is not a ShardcatError. These four
+  must stay 0.
 
-``tests/test_churn.py`` runs it for a few seconds; ``python -m benchmarks.churn``
+``tests/test_churn.py`` runs a few re-ingests; ``python -m benchmarks.churn``
 runs it for as long as asked (a million reads and more).
 """
 
@@ -28,6 +32,7 @@ import tarfile
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,29 +99,69 @@ def write_version(directory: Path, fmt: str, shard: int, version: int, in_place:
         os.replace(scratch, path)
 
 
-def _reader(catalog: str, fmt: str, shards: int, until: float, seed: int, queue: Any) -> None:
-    from shardcat import Catalog, StaleShardError
+class _Shards:
+    """What the writer is doing, shared with the readers: one counter per shard, odd
+    while the shard is being rewritten and its re-ingest has not committed."""
+
+    def __init__(self, ctx: Any, shards: int) -> None:
+        self.epochs = ctx.Array("q", shards)
+        self.done = ctx.Event()
+
+    def now(self) -> list[int]:
+        with self.epochs.get_lock():
+            return list(self.epochs)
+
+    def bump(self, shards: list[int]) -> None:
+        with self.epochs.get_lock():
+            for shard in shards:
+                self.epochs[shard] += 1
+
+
+def _explained(exc: Exception, before: list[int], after: list[int]) -> bool:
+    """Whether an error of a read by key is the writer's doing: the shard it names
+    (an error naming none is not explained) was being rewritten when the read
+    began, or was rewritten or re-ingested while it ran."""
+    path = str(getattr(exc, "path", None) or "")
+    named = [i for i in range(len(before)) if f"part-{i:02d}." in path]
+    return any(before[i] % 2 or after[i] != before[i] for i in named)
+
+
+def _read(reader: Any, batch: list[str]) -> list[Any]:
+    if len(batch) == 1:
+        return [reader.get_feature(batch[0], "bin")]
+    return [reader.features(r)["bin"][0] for r in reader.get_many(batch)]
+
+
+def _reader(catalog: str, shards: _Shards, min_reads: int, seed: int, queue: Any) -> None:
+    from shardcat import ShardcatError, StaleShardError
 
     counts: Counter[str] = Counter()
     examples: list[str] = []
     rng = random.Random(seed)
-    keys = [k for s in range(shards) for k in _keys(s)]
+    keys = [k for s in range(len(shards.epochs)) for k in _keys(s)]
+    reads = 0
     try:
+        from shardcat import Catalog
+
         with Catalog(catalog, readonly=True) as cat, cat.dataset("churn") as reader:
-            while time.monotonic() < until:
+            while not (shards.done.is_set() and reads >= min_reads):
                 batch = rng.sample(keys, 8) if rng.random() < 0.2 else [rng.choice(keys)]
+                reads += len(batch)
+                before = shards.now()
                 try:
-                    if len(batch) == 1:
-                        got = [reader.get_feature(batch[0], "bin")]
-                    else:
-                        records = reader.get_many(batch)
-                        got = [reader.features(r)["bin"][0] for r in records]
-                except StaleShardError:
-                    counts["stale"] += len(batch)
-                    continue
-                except KeyError as exc:
+                    got = _read(reader, batch)
+                except KeyError as exc:  # KeyNotFoundError: every version holds every key
                     counts["missing"] += len(batch)
-                    examples.append(f"missing: {exc}")
+                    examples.append(f"missing: {exc!r}")
+                    continue
+                except ShardcatError as exc:
+                    kind = "stale" if isinstance(exc, StaleShardError) else "error"
+                    counts[kind] += len(batch)
+                    if not _explained(exc, before, shards.now()):
+                        counts["unexplained"] += len(batch)
+                        examples.append(f"unexplained {type(exc).__name__}: {exc}")
+                    elif kind == "error":
+                        examples.append(f"{type(exc).__name__}: {exc}")
                     continue
                 for key, data in zip(batch, got, strict=True):
                     named = None if data is None else _parse(data)
@@ -128,23 +173,28 @@ def _reader(catalog: str, fmt: str, shards: int, until: float, seed: int, queue:
                         examples.append(f"wrong: {key} -> {data[:40]!r}")
                     else:
                         counts["ok"] += 1
-    except Exception:  # reported to the parent, never swallowed
+    except Exception:  # not a ShardcatError: reported to the parent, never swallowed
         counts["other"] += 1
         examples.append(traceback.format_exc())
     queue.put((dict(counts), examples[:5]))
 
 
-def _writer(catalog: str, directory: str, fmt: str, shards: int, until: float, queue: Any) -> None:
+def _writer(
+    catalog: str, directory: str, fmt: str, shards: _Shards, stop: _Stop, queue: Any
+) -> None:
     from shardcat import Catalog
 
     rng = random.Random(99)
     version = 1
     rounds = 0
     problems: list[str] = []
+    count = len(shards.epochs)
     try:
         with Catalog(catalog) as cat:
-            while time.monotonic() < until:
-                for shard in rng.sample(range(shards), min(2, shards)):
+            while not stop.reached(rounds):
+                chosen = rng.sample(range(count), min(2, count))
+                shards.bump(chosen)  # odd: rewritten, not yet re-ingested
+                for shard in chosen:
                     write_version(Path(directory), fmt, shard, version, in_place=rng.random() < 0.3)
                 version += 1
                 cat.ingest(
@@ -153,10 +203,26 @@ def _writer(catalog: str, directory: str, fmt: str, shards: int, until: float, q
                     format=fmt,
                     workers=1,
                 ).close()
+                shards.bump(chosen)  # even: committed
                 rounds += 1
     except Exception:
         problems.append(traceback.format_exc())
+    finally:
+        shards.done.set()
     queue.put(({"reingests": rounds}, problems))
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """When the writer stops: after ``rounds`` re-ingests, or at ``until``."""
+
+    rounds: int | None
+    until: float | None
+
+    def reached(self, rounds: int) -> bool:
+        if self.rounds is not None and rounds >= self.rounds:
+            return True
+        return self.until is not None and time.monotonic() >= self.until
 
 
 def run(
@@ -164,13 +230,18 @@ def run(
     *,
     fmt: str = "tar",
     shards: int = 4,
-    seconds: float = 3.0,
+    seconds: float | None = None,
+    rounds: int | None = None,
     readers: int = 2,
+    min_reads: int = 0,
 ) -> dict[str, Any]:
-    """Run the churn for ``seconds``; returns the summed counts, ``reingests`` and
-    up to a few ``examples`` of anything that went wrong."""
+    """Run the churn: the writer re-ingests ``rounds`` times (or for ``seconds``), the
+    readers read until it is done and each has read ``min_reads`` records; returns
+    the summed counts, ``reads``, ``reingests`` and up to a few ``examples``."""
     from shardcat import Catalog
 
+    if rounds is None and seconds is None:
+        raise ValueError("give rounds or seconds")
     where = Path(directory)
     where.mkdir(parents=True, exist_ok=True)
     for shard in range(shards):
@@ -181,10 +252,11 @@ def run(
         cat.ingest(pattern, "churn", format=fmt, workers=1).close()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    until = time.monotonic() + seconds
-    procs = [ctx.Process(target=_writer, args=(catalog, str(where), fmt, shards, until, queue))]
+    state = _Shards(ctx, shards)
+    stop = _Stop(rounds, None if seconds is None else time.monotonic() + seconds)
+    procs = [ctx.Process(target=_writer, args=(catalog, str(where), fmt, state, stop, queue))]
     procs += [
-        ctx.Process(target=_reader, args=(catalog, fmt, shards, until, seed, queue))
+        ctx.Process(target=_reader, args=(catalog, state, min_reads, seed, queue))
         for seed in range(readers)
     ]
     for p in procs:
@@ -192,15 +264,14 @@ def run(
     totals: Counter[str] = Counter()
     examples: list[str] = []
     for _ in procs:
-        counts, found = queue.get(timeout=seconds + 120)
+        counts, found = queue.get(timeout=(seconds or 0) + 600)
         totals.update(counts)
         examples += found
     for p in procs:
         p.join(60)
-    out: dict[str, Any] = {
-        k: totals.get(k, 0) for k in ("ok", "stale", "wrong", "missing", "other")
-    }
-    out["reads"] = out["ok"] + out["stale"] + out["wrong"] + out["missing"]
+    kinds = ("ok", "stale", "error", "unexplained", "wrong", "missing", "other")
+    out: dict[str, Any] = {k: totals.get(k, 0) for k in kinds}
+    out["reads"] = sum(out[k] for k in ("ok", "stale", "error", "wrong", "missing"))
     out["reingests"] = totals.get("reingests", 0)
     out["examples"] = examples
     return out

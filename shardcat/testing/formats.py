@@ -58,6 +58,7 @@ from shardcat.readers.formats import (
     known_formats,
 )
 from shardcat.readers.source import FileSource
+from shardcat.testing.required import need
 
 __all__ = ["BIG_RECORDS", "COMPRESSORS", "RECORDS", "FormatContract", "Records"]
 
@@ -176,7 +177,7 @@ class FormatContract:
 
     def compressed_copy(self, path: Path, compression: str) -> Path:
         ending, compress, module = COMPRESSORS[compression]
-        pytest.importorskip(module, reason="install shardcat[compressed]")
+        need(module, why="shardcat[compressed]")
         target = path.with_name(path.name + ending)
         target.write_bytes(compress(path.read_bytes()))
         return target
