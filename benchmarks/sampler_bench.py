@@ -1,7 +1,8 @@
 """Training-loop read throughput (issue 15): samples/s through a ``DataLoader`` over a
 1M-record dataset, with ``RecordSampler`` (sequential, ``"block"``, ``"full"``) vs
 torch's ``DistributedSampler`` over the same ``RecordDataset``, and vs tfd-utils'
-reader wrapped in a map-style dataset, at ``num_workers`` 0 and 2.
+reader wrapped in a map-style dataset, at ``num_workers`` 0 and 2; every read is
+checked (the default), and ``RecordSampler block`` also runs with ``verify=False``.
 
 Every contender is one rank of 4 (``num_replicas=4, rank=1``), batch 256, and
 reads ``--samples`` samples per timed run; items are the decoded record's
@@ -78,11 +79,16 @@ class TfdDataset:
         return label(self.reader.get_record(key_of("sequential", i).decode()))
 
 
-def contenders(reader: Any, tfd: TfdDataset, samples: int) -> dict[str, Callable[[], int]]:
+def contenders(
+    reader: Any, unchecked: Any, tfd: TfdDataset, samples: int
+) -> dict[str, Callable[[], int]]:
+    """``unchecked``: the same dataset's reader with ``verify=False`` (trusting the
+    bytes; ``reader`` checks every read, the default)."""
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
     ours = RecordDataset(reader, transform=label)
+    trusted = RecordDataset(unchecked, transform=label)
     assert [ours[i] for i in (0, 7, RECORDS - 1)] == [tfd[i] for i in (0, 7, RECORDS - 1)]
     runs: dict[str, Callable[[], int]] = {}
     epoch = [0]
@@ -116,6 +122,8 @@ def contenders(reader: Any, tfd: TfdDataset, samples: int) -> dict[str, Callable
                 )
             dist = DistributedSampler(dataset, WORLD, RANK, shuffle=True, seed=1)  # type: ignore[arg-type]
             runs[f"{prefix}DistributedSampler, w={workers}"] = run(dataset, dist, workers)
+        block = RecordSampler(trusted, WORLD, RANK, seed=1, shuffle="block")
+        runs[f"RecordSampler block verify=False, w={workers}"] = run(trusted, block, workers)
     return runs
 
 
@@ -170,8 +178,12 @@ def main() -> None:
         with open(path, "rb") as f:
             while f.read(8 << 20):
                 pass
-    with Catalog(catalog, readonly=True) as cat, cat.dataset("d") as reader:
-        runs = contenders(reader, tfd, args.samples)
+    with (
+        Catalog(catalog, readonly=True) as cat,
+        cat.dataset("d") as reader,
+        cat.dataset("d", verify=False) as unchecked,
+    ):
+        runs = contenders(reader, unchecked, tfd, args.samples)
         times: dict[str, list[float]] = {name: [] for name in runs}
         names = list(runs)
         for name in names:  # once untimed: forks, caches, the first order

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog.processes import end_with_parent, stopping_on_signals
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
 from shardcat.paths import PathsLike, resolve_paths
 from shardcat.readers import remote, remote_file, tfrecord
@@ -225,7 +226,12 @@ def convert_tars(
         raise CatalogError(f"two archives would both be converted to {dup}")
     results: list[ConvertResult] = []
     if workers > 1 and len(jobs) > 1:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        with (
+            stopping_on_signals(),  # SIGTERM/SIGHUP stop the workers (and their children)
+            multiprocessing.get_context("fork").Pool(
+                min(workers, len(jobs)), initializer=end_with_parent, initargs=(os.getpid(),)
+            ) as pool,
+        ):
             for result in pool.imap(_convert_one, jobs):
                 results.append(result)
                 if progress is not None:

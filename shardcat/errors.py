@@ -109,10 +109,13 @@ class CorruptRecordError(ShardcatError, ValueError):
 
     Carries the shard ``path`` and the byte ``offset`` of the bad record. (With the
     message alone, as torch's DataLoader rebuilds a worker's error: neither.)
+    ``key``: the key of the catalog's record there, where the caller looked it up
+    (``verify`` does), else None.
     """
 
     path: str | None
     offset: int | None
+    key: str | None = None
 
     def __init__(self, path: str, offset: int | None = None, problem: str | None = None) -> None:
         if offset is None and problem is None:

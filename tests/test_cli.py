@@ -221,10 +221,14 @@ def test_verify_reports_each_bad_record(tmp_path: Path):
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     result = run("verify", "s", "-c", catalog, ok=False)
     assert result.exit_code == 1
-    assert f"{shard}: at byte {offsets[20]}: data CRC mismatch" in result.output
-    assert f"{shard}: at byte {offsets[22]}: data CRC mismatch" in result.output
+    # each named by its key, looked up in the catalog (issue 27)
+    assert f"{shard}: at byte {offsets[20]} (key 'k20'): data CRC mismatch" in result.output
+    assert f"{shard}: at byte {offsets[22]} (key 'k22'): data CRC mismatch" in result.output
     problems = json.loads(run("verify", "s", "-c", catalog, "--json", ok=False).stdout)
-    assert [p["offset"] for p in problems] == [offsets[20], offsets[22]]
+    assert [(p["offset"], p["key"]) for p in problems] == [
+        (offsets[20], "k20"),
+        (offsets[22], "k22"),
+    ]
 
 
 def test_ingest_corrupt_shard_fails_but_keeps_others(tmp_path: Path):

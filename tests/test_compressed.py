@@ -110,7 +110,7 @@ def test_compressed_tar_reads_like_the_plain_one(
         members = conn.execute(
             'SELECT name, "offset", length FROM shardcat_members ORDER BY 2'
         ).fetchall()
-        assert members == [m for e in plain_entries for m in e.members]
+        assert members == [m[:3] for e in plain_entries for m in e.members]
 
 
 @pytest.mark.parametrize("flag", ["-czf", "-cjf"])

@@ -312,6 +312,7 @@ def test_ingest_json_summary(tmp_path: Path):
         "shards": 2,
         "indexed_now": 10,
         "duplicates_dropped": 0,
+        "bad_records": 0,
         "catalog": str(cat),
     }
 

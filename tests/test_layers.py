@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardcat"
 MAX_LINES = 620  # "~600": a module past this is doing more than one job
 
 # readers/ modules that combine store and formats (the rest are formats and sources)
-READERS_ON_THE_STORE = {"reader", "view", "index", "pool", "torch"}
+READERS_ON_THE_STORE = {"reader", "view", "verify", "index", "pool", "torch"}
 
 
 def module_name(path: Path) -> str:

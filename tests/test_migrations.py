@@ -5,17 +5,27 @@ with every lookup unchanged."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
+import os
 import sqlite3
+import subprocess
+import sys
 import tarfile
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from shardcat import Catalog, SchemaVersionError
+from shardcat import Catalog, CatalogError, SchemaVersionError
 from shardcat.catalog import versions as migrations
+from shardcat.cli import app
+from shardcat.errors import ShardcatWarning
 from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.testing.required import missing
 
 # The catalog tables exactly as shardcat's schema version 1 created them (frozen:
 # a change to these tables needs a new version and a migration step).
@@ -122,13 +132,42 @@ V5_FIELDS = (
 V5_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
 
+def downgrade_to_v7(db: Path) -> None:
+    """What a version-7 catalog is: no ``shardcat_bad_records`` table (issue 27)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE shardcat_bad_records")
+        conn.execute("UPDATE shardcat_meta SET value = '7' WHERE name = 'schema_version'")
+    conn.close()
+
+
+def downgrade_to_v6(db: Path) -> None:
+    """What a version-6 catalog of the same data is: no ``crc`` column (the checks of
+    version 7) in the records tables and members, version 6."""
+    downgrade_to_v7(db)
+    with sqlite3.connect(db) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND (name LIKE 'shardcat_records_%' OR name = 'shardcat_members')"
+            )
+        ]
+        for table in tables:
+            conn.execute(f'ALTER TABLE "{table}" DROP COLUMN crc')
+        conn.execute("UPDATE shardcat_meta SET value = '6' WHERE name = 'schema_version'")
+    conn.close()
+
+
 def downgrade_to_v5(db: Path) -> None:
     """What a version-5 catalog of the same data is: one ``shardcat_records`` table
     keyed by (dataset, key) with a unique (shard, ordinal) index, field values in
-    ``shardcat_fields_<id>``, the views over them, version 5."""
+    ``shardcat_fields_<id>``, the views over them, version 5, no ``catalog_meta``
+    marker (it came later)."""
+    downgrade_to_v6(db)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute("BEGIN")
+        conn.execute("DROP TABLE IF EXISTS catalog_meta")
         for (view,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'"):
             conn.execute(f'DROP VIEW "{view}"')
         conn.execute(V5_RECORDS)
@@ -258,6 +297,13 @@ def downgrade_to_v1(db: Path) -> None:
         conn.execute("UPDATE catalog_meta SET value = '1' WHERE name = 'schema_version'")
 
 
+def marker(db: Path) -> str:
+    """The schema version in ``catalog_meta``, where shardcats before version 4 read it."""
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT value FROM catalog_meta WHERE name = 'schema_version'")
+        return str(row.fetchone()[0])
+
+
 def schema_shape(db: Path) -> dict[str, object]:
     """Every table's columns (name, type, not null, default, pk), indexes and foreign
     keys, and every view's SQL: what an upgrade must make equal to a fresh catalog
@@ -323,7 +369,8 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     with sqlite3.connect(v1_catalog) as conn:
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
-    assert migrations.SCHEMA_VERSION == 6  # 6: one records table per dataset (issue 12)
+    # 7: each record's check (issue 26); 8: bad records set aside (issue 27)
+    assert migrations.SCHEMA_VERSION == 8
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"
@@ -364,7 +411,8 @@ def test_upgrade_from_version_3_renames_the_catalog_s_tables(tmp_path: Path):
     with Catalog(db):  # opening for writing upgrades
         pass
     assert schema_shape(db) == schema_shape(fresh)
-    assert not {"shards", "records", "catalog_meta"} & set(catalog_objects(db))
+    assert not {"shards", "records"} & set(catalog_objects(db))
+    assert marker(db) == str(migrations.SCHEMA_VERSION)  # what older shardcats read
     assert lookups(db) == expected
 
 
@@ -386,7 +434,7 @@ def test_upgrade_from_version_4_adds_the_record_locations(tmp_path: Path):
             "SELECT count(*) FROM shardcat_records_1 WHERE extents IS NOT NULL OR item IS NOT NULL"
         ).fetchone() == (0,)
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
-        assert version.fetchone() == ("6",)
+        assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
 
 
 def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: Path):
@@ -426,4 +474,152 @@ def test_upgrade_from_version_5_gives_each_dataset_its_records_table(tmp_path: P
         )
         assert "USING COVERING INDEX shardcat_records_1_v" in plan
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
-        assert version.fetchone() == ("6",)
+        assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
+
+
+# -- upgrades say what they do; older shardcats refuse what they cannot read (issue 27) ----
+
+
+def _notice(db: Path, found: int) -> str:
+    return (
+        f"upgraded the catalog {db} from schema version {found} to {migrations.SCHEMA_VERSION}: "
+        "older shardcat versions can no longer open it (they refuse it as too new)"
+    )
+
+
+def test_read_only_opens_never_upgrade(v1_catalog: Path) -> None:
+    gc.collect()  # the fixture's sqlite3 connections: their close checkpoints the file
+    before = v1_catalog.read_bytes()
+    with pytest.raises(SchemaVersionError, match="has catalog schema version 1"):
+        Catalog(v1_catalog, readonly=True)
+    for command in (["datasets"], ["query", "SELECT 1"], ["verify", "tf"]):
+        result = CliRunner().invoke(app, [*command, "-c", str(v1_catalog)])
+        assert result.exit_code == 1
+        assert "has catalog schema version 1" in result.stderr
+    assert v1_catalog.read_bytes() == before
+    assert marker(v1_catalog) == "1"
+
+
+def test_an_upgrade_says_so_once(v1_catalog: Path) -> None:
+    with pytest.warns(ShardcatWarning) as said:
+        Catalog(v1_catalog).close()
+    assert [str(w.message) for w in said] == [_notice(v1_catalog, 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Catalog(v1_catalog).close()  # up to date: nothing to say
+
+
+def test_an_upgrade_by_a_command_is_one_line(v1_catalog: Path) -> None:
+    shard = v1_catalog.parent / "a.tfrecord"
+    result = CliRunner().invoke(app, ["ingest", str(shard), "-d", "tf", "-c", str(v1_catalog)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("upgraded the catalog") == 1
+    assert f"warning: {_notice(v1_catalog, 1)}\n" in result.stderr
+    result = CliRunner().invoke(app, ["ingest", str(shard), "-d", "tf", "-c", str(v1_catalog)])
+    assert "upgraded" not in result.stderr
+
+
+def test_upgrade_gives_version_1_floats_their_float32_spelling(tmp_path: Path) -> None:
+    """Version 1 stored a float32 field widened (``0.3401091396808624``); the upgrade
+    stores it as an ingest does today (``0.34010914``), so SQL finds it by its value."""
+    directory = tmp_path / "v1"
+    directory.mkdir()
+    scores = [0.34010914, 0.5, 2.0, 1e-30, -7.25e-3]
+    with TFRecordWriter(directory / "s.tfrecord") as w:
+        for i, score in enumerate(scores):
+            w.write(make_example({"key": f"r{i}", "score": score, "label": i}))
+    db = directory / "catalog.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(directory / "s.tfrecord", "t").close()
+        fresh = cat.query("SELECT key, score FROM t ORDER BY position")
+    downgrade_to_v1(db)
+    with sqlite3.connect(db) as conn:  # what version 1 wrote: the float32 as a double
+        (idx,) = conn.execute("SELECT idx FROM fields WHERE name = 'score'").fetchone()
+        for i, score in enumerate(scores):
+            conn.execute(
+                f"UPDATE fields_1 SET v{idx} = ? WHERE ordinal = ?", (float(np.float32(score)), i)
+            )
+        widened = conn.execute(f"SELECT v{idx} FROM fields_1 ORDER BY ordinal").fetchall()
+    assert widened[0] == (0.3401091396808624,)
+    with pytest.warns(ShardcatWarning, match="from schema version 1"), Catalog(db) as cat:
+        assert cat.query("SELECT key, score FROM t ORDER BY position") == fresh
+        assert cat.query("SELECT key FROM t WHERE score = 0.34010914") == [("r0",)]
+        assert cat.query("SELECT key FROM t WHERE score = -0.00725") == [("r4",)]
+
+
+# The last shardcat before the catalog's tables took the shardcat_ prefix (schema
+# version 3): it reads the schema version from catalog_meta only.
+PRE_RENAME = "4e5088c90d716418e09efe00941397df7d6022c4"
+
+
+@pytest.fixture(scope="module")
+def pre_rename_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """That shardcat's package, from this repository's history."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", PRE_RENAME, "shardcat"], capture_output=True
+    )
+    if archive.returncode != 0:
+        missing(f"the git history (commit {PRE_RENAME}): {archive.stderr!r}")
+    where = tmp_path_factory.mktemp("pre_rename")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
+        tf.extractall(where, filter="data")
+    return where
+
+
+def test_older_shardcats_refuse_an_upgraded_or_new_catalog(
+    pre_rename_build: Path, tmp_path: Path
+) -> None:
+    """Shardcats before the rename look for ``catalog_meta`` only: without the marker
+    they took an upgraded catalog for an empty one and wrote their own tables into
+    it. With it they refuse it as too new, and leave it as it is."""
+    upgraded = build(tmp_path / "v1")
+    downgrade_to_v1(upgraded)
+    with pytest.warns(ShardcatWarning):
+        Catalog(upgraded).close()
+    created = build(tmp_path / "new")
+    env = {**os.environ, "PYTHONPATH": str(pre_rename_build)}
+    env.pop("SHARDCAT_CATALOG", None)
+    for db in (upgraded, created):
+        assert marker(db) == str(migrations.SCHEMA_VERSION)
+        before = schema_rows(db)
+        refused = (
+            f"{db} has catalog schema version {migrations.SCHEMA_VERSION}, but this shardcat "
+            "only knows versions up to 3: upgrade shardcat (pip install -U shardcat) to open it"
+        )
+        shard = str(db.parent / "a.tfrecord")
+        for command in (["datasets"], ["ingest", shard, "-d", "other"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "shardcat", *command, "-c", str(db)],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {refused}\n")
+        library = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from shardcat import Catalog; Catalog(sys.argv[1])",
+                str(db),
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert library.returncode == 1
+        assert library.stderr.splitlines()[-1] == f"shardcat.errors.SchemaVersionError: {refused}"
+        assert schema_rows(db) == before
+
+
+def test_no_dataset_takes_the_marker_s_name(tmp_path: Path) -> None:
+    db = build(tmp_path / "cat")
+    with (
+        Catalog(db) as cat,
+        pytest.raises(CatalogError, match="invalid dataset name 'Catalog_Meta'"),
+    ):
+        cat.ingest(tmp_path / "cat" / "a.tfrecord", "Catalog_Meta")

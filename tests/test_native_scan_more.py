@@ -126,7 +126,7 @@ def test_recordio_compressed_is_refused(tmp_path: Path) -> None:
 def test_recordio_empty_and_collisions(tmp_path: Path) -> None:
     empty = tmp_path / "e.rec"
     empty.write_bytes(b"")
-    assert same(REC, empty, {}) == Columns([], [], [])
+    assert same(REC, empty, {}) == Columns([], [], [], checks=[])
     path = write_rec(tmp_path / "k.rec", [pack(IRHeader(0, 1.0, 0, 0), b"x")] * 3, ["a", "b", "a"])
     for options in REC_OPTIONS:
         same(REC, path, options)

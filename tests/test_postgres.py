@@ -16,6 +16,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import checked
 import pytest
 from features import payloads
 
@@ -23,7 +24,9 @@ from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_ex
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.pb2 import Example
+from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, postgres_server
 from shardcat.testing.required import missing, need
@@ -306,10 +309,10 @@ def test_cli_with_a_server_url(tmp_path, pg_url):
     assert done.exit_code == 0 and "nothing to fold" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["migrate", "--upgrade", "-c", secret])
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output and "postgresql://shardcat:***@" in done.output
     done = runner.invoke(app, ["migrate", "--upgrade"], env={"SHARDCAT_CATALOG": secret})
-    assert done.exit_code == 0 and "schema version 6 (up to date)" in done.output
+    assert done.exit_code == 0 and f"schema version {SCHEMA_VERSION} (up to date)" in done.output
     assert "hunter2" not in done.output
     done = runner.invoke(app, ["query", "SELECT count(*) AS n FROM t", "-c", pg_url, "--json"])
     assert done.exit_code == 0, done.output
@@ -511,6 +514,45 @@ def test_migrate_a_tfd_utils_index_into_a_server_catalog(tmp_path, pg_url):
         assert len(reader) == 120 and reader.get_feature("r1_7", "label") == 0
         paths = [p for (p,) in cat.query("SELECT path FROM shardcat_shards")]
         assert len(paths) == 3 and all(os.path.isabs(p) for p in paths)
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio"])
+def test_reads_through_a_server_catalog_are_checked(tmp_path, pg_url, kind):
+    """The checks live in the server's tables too: a record damaged past the
+    fingerprint is refused by every read path; a moved offset as well."""
+    d = checked.write(kind, tmp_path / "data")
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(d.path), "d", workers=1).close()
+        with cat.dataset("d") as reader:
+            assert reader.get_raw(d.key) == d.good
+        d.damage()
+        with cat.dataset("d") as reader:
+            checked.every_read_refuses(reader, d)
+            assert [(p.path, p.offset) for p in reader.verify()] == [(str(d.path), d.offset)]
+
+
+def test_bad_records_set_aside_on_a_server(tmp_path, pg_url):
+    from tests.damage import flip_keeping_mtime
+    from tests.test_bad_records import write_tfrecord
+
+    path = tmp_path / "a.tfrecord"
+    truth = write_tfrecord(path, 6)
+    pristine = path.read_bytes()
+    flip_keeping_mtime(path, truth["r4"][0] + HEADER + truth["r4"][1].index(bytes([4]) * 50))
+    with Catalog(pg_url) as cat:
+        with cat.ingest(path, "d", on_bad_record="skip", workers=2) as reader:
+            assert sorted(reader.get_keys()) == ["r0", "r1", "r2", "r3", "r5"]
+            assert reader.get_raw("r5") == truth["r5"][1]
+        (found,) = cat.bad_records("d")
+        assert (found.shard, found.offset, found.reason, found.key) == (
+            str(path),
+            truth["r4"][0],
+            "data CRC mismatch",
+            "r4",
+        )
+        path.write_bytes(pristine)
+        cat.ingest(path, "d", workers=1).close()
+        assert cat.bad_records("d") == []
 
 
 def test_names_refused_as_on_sqlite_and_nul_errors_name_the_record(tmp_path, pg_url):

@@ -543,7 +543,10 @@ def test_same_size_rewrite_with_restored_mtime_is_stale(
     # Opening by glob re-indexes the changed shard; its CRC fails, the rest stays.
     with pytest.raises(IngestError) as failed:
         TFRecordRandomAccess(pattern)
-    assert str(failed.value) == f"{victim.path}: at byte {victim.offset}: data CRC mismatch"
+    assert str(failed.value) == (
+        f"{victim.path}: at byte {victim.offset}: data CRC mismatch "
+        "(on_bad_record='skip' indexes the other records)"
+    )
     with Catalog(catalog_path) as catalog, catalog.dataset("part") as plain:
         assert catalog.info("part").failed_shards == 1
         assert len(plain) == 70 - 17
@@ -570,7 +573,7 @@ def test_verify_crc(tmp_path: Path) -> None:
     flip_keeping_mtime(path, offsets[20] + HEADER + raw.index(images[20]) + 10)
     before = shard_rows(directory / "shardcat.sqlite")
 
-    with TFRecordRandomAccess(path, verify_crc=True) as reader:
+    with TFRecordRandomAccess(path) as reader:  # reads are checked by default
         for read in (
             lambda: reader.get_record("r20"),
             lambda: reader.get_raw("r20"),
@@ -582,7 +585,10 @@ def test_verify_crc(tmp_path: Path) -> None:
                 read()
             assert isinstance(err.value, ValueError)
             assert (err.value.path, err.value.offset) == (path, offsets[20])
-            assert str(err.value) == f"{path}: at byte {offsets[20]}: data CRC mismatch"
+            assert str(err.value).startswith(
+                f"{path}: at byte {offsets[20]}: record 'r20': the bytes read are not the "
+                "record the catalog indexed (CRC32C "
+            )
         for i in (0, 19, 21, 39):
             assert reader.get_feature(f"r{i}", "image") == images[i]
         problems = reader.verify()

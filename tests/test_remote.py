@@ -30,6 +30,7 @@ from shardcat.testing.required import need
 
 boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")
 
+import checked  # noqa: E402 - after the extras are checked
 from remote_shards import forked_reads_equal, sample_tar, small_shard, write_shards  # noqa: E402 - after the extras are checked
 
 from shardcat.testing.servers import RangeServer, S3Server  # noqa: E402 - after the extras are checked
@@ -597,5 +598,29 @@ def test_secrets_in_a_shard_url_never_reach_an_error_message(
         for out in outputs:
             assert out.exit_code != 0 and isinstance(out.exception, SystemExit), out.output
             assert "s3cr3t" not in out.output and "x.tfrecord" in out.output, out.output
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "tar", "recordio"])
+def test_a_remote_shard_damaged_in_place_is_refused_by_every_read_path(
+    catalogs: Any, tmp_path: Path, kind: str
+) -> None:
+    """Bit rot on the server (same size, same Last-Modified, past the fingerprint's
+    head and tail): the headers cannot tell, the stored check of each record can."""
+    root = tmp_path / "www"
+    d = checked.write(kind, root)
+    server = RangeServer(str(root), etags=False, conditions=False)
+    server.start()
+    try:
+        cat = catalogs(tmp_path / "c.sqlite")
+        url = f"{server.url}/{d.path.name}"  # type: ignore[union-attr]
+        reader = cat.ingest(url, "r")
+        assert reader.get_raw(d.key) == d.good
+        reader.close()
+        d.damage()
+        d.path = url
+        with cat.dataset("r") as fresh:
+            checked.every_read_refuses(fresh, d)
     finally:
         server.stop()

@@ -138,20 +138,7 @@ def test_batched_reads_of_a_lying_server_are_right_or_errors(
     assert len(served["server"].counter.gets()) == 1  # the batch's ranges: one request
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(
-            m,
-            marks=pytest.mark.xfail(
-                reason="needs the stored per-record check (issue 26 item 1)", strict=False
-            ),
-        )
-        if m in UNTOLD
-        else m
-        for m in LIES
-    ],
-)
+@pytest.mark.parametrize("mode", list(LIES))
 @pytest.mark.parametrize("fmt", ["tfrecord", "tar"])
 def test_single_reads_of_a_lying_server_are_right_or_errors(
     served: dict[str, Any], fmt: str, mode: str
@@ -159,9 +146,9 @@ def test_single_reads_of_a_lying_server_are_right_or_errors(
     """Single reads ask for the payload only: what the headers tell is proven
     (Content-Range present, naming a range that holds the bytes asked, of the
     object's size; a 200 is the whole object); bytes the headers cannot tell
-    apart (``shifted``, ``garbage-200``) are the stored per-record check's to catch."""
+    apart (``shifted``, ``garbage-200``) are caught by the stored per-record check."""
     reads = TF_SINGLE if fmt == "tfrecord" else TAR_SINGLE
-    _check(_outcomes(served, fmt, mode, reads), mode, untold="either")
+    _check(_outcomes(served, fmt, mode, reads), mode, untold="error")
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import crc32c
 import pytest
 from damage import flip_keeping_mtime
 
@@ -287,9 +288,10 @@ def test_entry_spans_and_member_offsets(tmp_path: Path):
         assert e.offset == offsets[f"{e.key}.{e.members[0][0]}"][0] - 512
         last_off, last_size = offsets[f"{e.key}.{e.members[-1][0]}"]
         assert e.offset + e.length == last_off + last_size
-        for feature, off, size in e.members:
-            assert (off, size) == offsets[f"{e.key}.{feature}"]
+        for feature, off, size, extents, check in e.members:
+            assert (off, size, extents) == (*offsets[f"{e.key}.{feature}"], None)
             assert len(contents[f"{e.key}.{feature}"]) == size
+            assert check == crc32c.crc32c(contents[f"{e.key}.{feature}"])  # the member's check
 
 
 def test_sql_fields(tmp_path: Path):

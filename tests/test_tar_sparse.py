@@ -15,6 +15,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from shardcat import Catalog, CorruptRecordError
@@ -147,12 +148,13 @@ def check_entries(entries: list[Entry], archive: Path, shape: str, source: objec
     assert sorted(s1) == ["bin", "json", "txt"]
     for feature in ("json", "txt"):
         info, data = expected[f"s1.{feature}"]
-        assert s1[feature] == (feature, info.offset_data, info.size)
+        assert s1[feature] == (feature, info.offset_data, info.size, None, crc32c.crc32c(data))
         assert TAR.read(source, Location(info.offset_data, info.size), verify=True) == data
     info, data = expected["s1.bin"]
     assert info.issparse()
-    feature, data_offset, real_size, extents = s1["bin"]
+    feature, data_offset, real_size, extents, check = s1["bin"]
     assert (feature, data_offset, real_size) == ("bin", info.offset_data, info.size)
+    assert check == crc32c.crc32c(data)  # the check of the member's content, holes included
     assert real_size == len(data) == SHAPES[shape][0]
     assert isinstance(extents, tuple)
     assert sum(length for _, length in extents) == real_size
@@ -166,7 +168,13 @@ def check_entries(entries: list[Entry], archive: Path, shape: str, source: objec
     assert entries[0].fields == {"json_width": 7, "txt": "a caption"}
     assert entries[0].offset + entries[0].length == at  # to the end of the stored data
     info2, two = expected["s2.txt"]
-    assert rows(entries[1])["txt"] == ("txt", info2.offset_data, info2.size)
+    assert rows(entries[1])["txt"] == (
+        "txt",
+        info2.offset_data,
+        info2.size,
+        None,
+        crc32c.crc32c(two),
+    )
     assert TAR.read(source, Location(info2.offset_data, info2.size)) == two == b"two"
 
 
@@ -401,8 +409,8 @@ def test_hand_written_pax_maps_read_as_tarfile_reads_them(tmp_path: Path):
         info, data = oracle(path)["s1.bin"]
         assert data == content
         (entry,) = TAR.scan(str(path), {})
-        _, data_offset, real_size, extents = rows(entry)["bin"]
-        assert (data_offset, real_size) == (info.offset_data, info.size)
+        _, data_offset, real_size, extents, check = rows(entry)["bin"]
+        assert (data_offset, real_size, check) == (info.offset_data, info.size, crc32c.crc32c(data))
         with PreadSource(path) as source:
             assert TAR.read(source, sparse(extents), verify=True) == content
 

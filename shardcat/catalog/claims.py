@@ -15,20 +15,28 @@ rows another claimer holds.
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections.abc import Container
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
 from shardcat.catalog import schema
-from shardcat.catalog.processes import is_dead, owner_id
+from shardcat.catalog.engine import BUSY_TIMEOUT_MS
+from shardcat.catalog.processes import holder, is_dead, owner_id
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
+from shardcat.errors import CatalogError, ShardcatWarning
 
 __all__ = [
     "CLAIM_LOST",
     "DEFAULT_LEASE",
+    "NAME_HOLDERS_AFTER",
+    "Waiting",
     "claim_next",
+    "give_back",
+    "held_by_others",
     "open_shards",
     "owner_id",
     "release",
@@ -36,6 +44,8 @@ __all__ = [
 ]
 
 DEFAULT_LEASE = 600.0
+NAME_HOLDERS_AFTER = 1.0  # a wait for other processes' shards longer than this is named
+GIVE_BACK_WAIT = 2.0  # how long a stopped ingest waits to give its claims back
 CLAIM_LOST = "claim lost to another process"
 
 
@@ -119,6 +129,37 @@ def release(
             recompute_positions(conn, dataset_id)
 
 
+def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BACK_WAIT) -> None:
+    """The claims a stopped ingest leaves back to ``pending``: those ``owner`` holds
+    and those of its workers, gone by now (every claim of a dead process on this
+    host). Waits at most ``wait`` seconds for the write lock (SQLite), then leaves
+    them: a dead process's claim is taken over at once anyway."""
+    s = schema.shards
+    with engine.connect() as conn:
+        raw: Any = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+        if raw is not None:  # (on the DBAPI connection: a statement here would begin)
+            raw.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        with conn.begin():
+            rows = conn.execute(
+                select(s.c.id, s.c.claim_owner, s.c.claimed_at).where(
+                    s.c.dataset_id == dataset_id, s.c.state == "indexing"
+                )
+            ).all()
+            ids = [
+                r.id
+                for r in rows
+                if r.claim_owner == owner or is_dead(r.claim_owner, r.claimed_at, math.inf)
+            ]
+            if ids:
+                conn.execute(
+                    update(s)
+                    .where(s.c.id.in_(ids), s.c.state == "indexing")
+                    .values(state="pending", claim_owner=None, claimed_at=None)
+                )
+        if raw is not None:
+            raw.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+
 def open_shards(engine: Engine, dataset_id: int) -> int:
     """How many shards are still pending or being indexed."""
     s = schema.shards
@@ -130,3 +171,63 @@ def open_shards(engine: Engine, dataset_id: int) -> int:
                 )
             ).scalar_one()
         )
+
+
+def held_by_others(engine: Engine, dataset_id: int, lease: float) -> dict[str, int]:
+    """The live claims on the dataset's shards: how many each holder (``host:pid``)
+    has, most first (claims of dead processes are left out: they are taken over)."""
+    s = schema.shards
+    with engine.connect().execution_options(immediate=False) as conn:
+        rows = conn.execute(
+            select(s.c.claim_owner, s.c.claimed_at).where(
+                s.c.dataset_id == dataset_id, s.c.state == "indexing"
+            )
+        ).all()
+    held: dict[str, int] = {}
+    for r in rows:
+        if not is_dead(r.claim_owner, r.claimed_at, lease):
+            who = holder(r.claim_owner)
+            held[who] = held.get(who, 0) + 1
+    return dict(sorted(held.items(), key=lambda item: -item[1]))
+
+
+class Waiting:
+    """This ingest's wait for shards that other processes hold: after
+    :data:`NAME_HOLDERS_AFTER` seconds a :class:`ShardcatWarning` names them
+    (``waiting for 3 shards held by host:pid``; again when they change), and
+    after ``timeout`` seconds the wait ends with a :class:`CatalogError`."""
+
+    def __init__(
+        self, engine: Engine, dataset_id: int, lease: float, timeout: float | None
+    ) -> None:
+        self.engine, self.dataset_id, self.lease = engine, dataset_id, lease
+        self.timeout = timeout
+        self.started: float | None = None
+        self.named = ""
+
+    def still(self) -> None:
+        """Called on each poll while the wait lasts (``started`` None: a new wait)."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        waited = now - self.started
+        if waited < NAME_HOLDERS_AFTER and (self.timeout is None or waited < self.timeout):
+            return
+        held = held_by_others(self.engine, self.dataset_id, self.lease)
+        what = ", ".join(
+            f"{n} shard{'s' if n > 1 else ''} held by {owner}" for owner, n in held.items()
+        )
+        if self.timeout is not None and waited >= self.timeout:
+            raise CatalogError(
+                f"gave up after waiting {self.timeout:g} s (wait_timeout=) for "
+                f"{what or 'shards other processes hold'}; run the same ingest again "
+                "once they are done, or stop them"
+            )
+        if what and what != self.named:
+            self.named = what
+            warnings.warn(
+                f"waiting for {what} (another ingest of this dataset; a process that "
+                "ends gives its shards to this one; wait_timeout= bounds the wait)",
+                ShardcatWarning,
+                stacklevel=2,
+            )

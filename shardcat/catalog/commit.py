@@ -10,6 +10,10 @@ recomputes positions, so a reader never sees half a shard.
 **Duplicate keys** (``on_duplicate``): ``error`` fails the shard; ``first`` /
 ``last`` keep one record per key in position order (shard path, then record
 order); the records dropped that way are counted (:data:`~shardcat.catalog.sync.DROPPED`).
+
+**Bad records** (``on_bad_record="skip"``): the records the scan set aside
+(``Batch.bad``) replace the shard's earlier ones in ``bad_records`` in the same
+transaction; a good re-index leaves none.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE
-from shardcat.catalog.names import DUPLICATE_POLICIES
+from shardcat.catalog.names import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 from shardcat.errors import CatalogError, DuplicateKeyError
 
 __all__ = [
+    "BAD_RECORD_POLICIES",
     "DUPLICATE_POLICIES",
     "Batch",
     "IngestJob",
@@ -59,6 +64,9 @@ class Batch(Protocol):
     members: list[tuple[Any, ...]]
     extents: list[Any] | None
     items: list[int | None] | None
+    checks: list[int | None] | None
+    #: records the scan set aside (``offset``, ``length``, ``reason``, ``key`` each)
+    bad: list[Any]
 
     def __len__(self) -> int: ...
 
@@ -88,6 +96,8 @@ class IngestJob:
     #: the format says every record is one byte range: readers look up offset and
     #: length only, so a record with extents or an item would be read wrong
     one_range: bool = False
+    #: ``raise`` (a bad record fails its shard) or ``skip`` (set aside: see ``Batch.bad``)
+    on_bad_record: str = "raise"
 
 
 def catalog_error(catalog: str, exc: SQLAlchemyError) -> CatalogError:
@@ -244,6 +254,8 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
         ]
     if items:
         columns["item"] = items
+    if batch.checks is not None:  # each record's check (schema version 7)
+        columns["crc"] = batch.checks
     if job.options.get("fields", True):  # without fields the records have no field columns
         types = dict(job.field_types)
         for name in sorted(batch.fields):  # new columns in name order, whatever the scan's
@@ -268,6 +280,25 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
         # page cache they spill to the WAL before the commit and are read back
         conn.exec_driver_sql(f"PRAGMA cache_size = -{COMMIT_CACHE_KIB}")
     insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
+
+
+def insert_bad_records(conn: Connection, shard_id: int, bad: Sequence[Any]) -> None:
+    """The records the shard's scan set aside (``offset``, ``length``, ``reason``,
+    ``key`` each); PostgreSQL text cannot hold NUL: such a key is not kept."""
+    server = conn.dialect.name == "postgresql"
+    conn.execute(
+        schema.bad_records.insert(),
+        [
+            {
+                "shard_id": shard_id,
+                "offset": b.offset,
+                "length": b.length,
+                "reason": b.reason.replace("\x00", "\\x00"),
+                "key": None if server and b.key and "\x00" in b.key else b.key,
+            }
+            for b in bad
+        ],
+    )
 
 
 def _refuse_nul(conn: Connection, job: IngestJob, stored: str, batch: Batch) -> None:
@@ -335,12 +366,16 @@ def commit_shard(
             "offset": [m[2] for m in members],
             "length": [m[3] for m in members],
         }
-        if any(len(m) > 4 for m in members):  # pieces of sparse members (see schema)
+        if any(len(m) > 4 and m[4] for m in members):  # pieces of sparse members
             columns["extents"] = [
                 json.dumps([list(p) for p in m[4]]) if len(m) > 4 and m[4] else None
                 for m in members
             ]
+        if any(len(m) > 5 for m in members):  # each member's check (schema version 7)
+            columns["crc"] = [m[5] if len(m) > 5 else None for m in members]
         insert_columns(conn, schema.members.name, columns)
+    if batch.bad:  # set aside by the scan (schema version 8); cleared above with the rest
+        insert_bad_records(conn, shard_id, batch.bad)
     s = schema.shards
     conn.execute(
         update(s)

@@ -5,10 +5,12 @@ one cached point query, no SQLAlchemy in the way).
 
 The single lookups by key and by position (:class:`RecordStatements`) are also
 run as they are by the readers' hot path, without a function call around them.
-Record rows are ``(batch index, shard_id, ordinal, offset, length, extents,
-item)``, plus the key where asked for: the location of the record as the
-format's scan gave it (``extents`` JSON text or None; both left out for
-formats whose records are one byte range, see :class:`RecordStatements`).
+Record rows are ``(batch index, shard_id, ordinal, offset, length, crc,
+extents, item)``, plus the key where asked for: the location of the record as
+the format's scan gave it (``extents`` JSON text or None; both left out for
+formats whose records are one byte range, see :class:`RecordStatements`) and
+its check (``crc``, schema version 7; None for rows indexed before), which
+every read compares the bytes with.
 Batches are one query per batch: the items go in as one JSON array and
 ``CROSS JOIN`` makes SQLite loop over it and look each item up (instead of
 scanning the records), in sorted order for B-tree locality (2-3x faster than
@@ -64,13 +66,13 @@ class ReadConnection(Protocol):
 @dataclass(frozen=True)
 class RecordStatements:
     """The record lookups of one dataset (its records table is in the text). Rows are
-    ``(batch index, shard_id[, ordinal], offset, length[, extents, item][, key])``:
+    ``(batch index, shard_id[, ordinal], offset, length, crc[, extents, item][, key])``:
     ``ordinal`` only for formats whose records have parts (their members are
     found by it), ``extents`` and ``item`` only where records may have them
     (every column a row carries costs the hot path about as much as the point
     query's own search). ``offset`` is the column the location starts at.
     ``one``: the single lookup by key of datasets of one-range records,
-    ``(shard_id, offset, length)`` only: every read by key runs it."""
+    ``(shard_id, offset, length, crc)`` only: every read by key runs it."""
 
     offset: int
     one: str
@@ -82,6 +84,7 @@ class RecordStatements:
     members_by_key: str
     keys_of_shard: str
     records_of_shard: str
+    members_of_shard: str
     page_of_records: str
     page_of_members: str
     members_at: str
@@ -112,12 +115,12 @@ def statements(
     location = (
         "r.shard_id"
         + (", r.ordinal" if parts else "")
-        + ', r."offset", r.length'
+        + ', r."offset", r.length, r.crc'
         + ("" if one_range else ", r.extents, r.item")
     )
     return RecordStatements(
         offset=3 if parts else 2,
-        one=f'SELECT shard_id, "offset", length FROM {t} WHERE key = ?',
+        one=f'SELECT shard_id, "offset", length, crc FROM {t} WHERE key = ?',
         by_key=f"SELECT 0, {location} FROM {t} r WHERE key = ?",
         at=f"SELECT 0, {location}, key FROM {t} r WHERE shard_id = ? AND ordinal = ?",
         many_by_key=(f"SELECT {index}, {location} FROM {items} {join} {t} r ON r.key = {item_key}"),
@@ -126,7 +129,7 @@ def statements(
             f"ON r.shard_id = {item_at[0]} AND r.ordinal = {item_at[1]}"
         ),
         member_by_key=(
-            f'SELECT r.shard_id, m."offset", m.length, m.extents FROM {t} r '
+            f'SELECT r.shard_id, m."offset", m.length, m.extents, m.crc FROM {t} r '
             "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
             "WHERE r.key = ? AND m.name = ?"
         ),
@@ -137,7 +140,13 @@ def statements(
         ),
         keys_of_shard=f"SELECT key FROM {t} WHERE shard_id = ? ORDER BY ordinal",
         records_of_shard=(
-            f'SELECT "offset", length, extents, item FROM {t} WHERE shard_id = ? ORDER BY "offset"'
+            f'SELECT "offset", length, extents, item, crc, key FROM {t} WHERE shard_id = ? '
+            'ORDER BY "offset"'
+        ),
+        members_of_shard=(
+            f'SELECT m."offset", m.length, m.extents, NULL, m.crc, r.key FROM shardcat_members m '
+            f"JOIN {t} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+            'WHERE m.shard_id = ? ORDER BY m."offset"'
         ),
         page_of_records=(
             f'SELECT ordinal, key, "offset", length FROM {t} '
@@ -150,9 +159,9 @@ def statements(
             'ORDER BY m.ordinal, m."offset"'
         ),
         # members of records (formats whose records have parts):
-        # (batch index, name, offset, length, extents), in file order
+        # (batch index, name, offset, length, extents, crc), in file order
         members_at=(
-            f'SELECT {index}, m.name, m."offset", m.length, m.extents FROM {items} '
+            f'SELECT {index}, m.name, m."offset", m.length, m.extents, m.crc FROM {items} '
             f"{join} shardcat_members m ON m.shard_id = {item_at[0]} "
             f'AND m.ordinal = {item_at[1]} ORDER BY m."offset"'
         ),
@@ -169,10 +178,6 @@ _OPTIONS = "SELECT options FROM shardcat_datasets WHERE id = ?"
 _SEEK_INDEX = (
     "SELECT i.data FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = i.shard_id "
     "WHERE i.shard_id = ? AND s.generation = ?"
-)
-_MEMBERS_OF_SHARD = (
-    'SELECT "offset", length, extents, NULL FROM shardcat_members WHERE shard_id = ? '
-    'ORDER BY "offset"'
 )
 
 
@@ -207,17 +212,17 @@ def records_at(
 def members_at(
     conn: ReadConnection, sql: RecordStatements, pairs: Sequence[tuple[int, int]]
 ) -> list[Row]:
-    """``(batch index, name, offset, length, extents)`` of the members of the records
-    at ``(shard_id, ordinal)`` pairs, in file order."""
+    """``(batch index, name, offset, length, extents, crc)`` of the members of the
+    records at ``(shard_id, ordinal)`` pairs, in file order."""
     rows: list[Row] = conn.execute(sql.members_at, (json.dumps(list(pairs)),)).fetchall()
     return rows
 
 
 def member_by_key(
     conn: ReadConnection, sql: RecordStatements, key: str, name: str
-) -> tuple[int, int, int, str | None] | None:
-    """``(shard_id, offset, length, extents)`` of one member of one record, or None."""
-    row: tuple[int, int, int, str | None] | None = conn.execute(
+) -> tuple[int, int, int, str | None, int | None] | None:
+    """``(shard_id, offset, length, extents, crc)`` of one member of one record, or None."""
+    row: tuple[int, int, int, str | None, int | None] | None = conn.execute(
         sql.member_by_key, (key, name)
     ).fetchone()
     return row
@@ -261,10 +266,10 @@ def keys_of_shard(conn: ReadConnection, sql: RecordStatements, shard_id: int) ->
 def records_of_shard(
     conn: ReadConnection, sql: RecordStatements, shard_id: int, parts: bool
 ) -> list[Row]:
-    """``(offset, length, extents, item)`` of every record of a shard (of every member,
-    for formats whose records have parts), in file order."""
+    """``(offset, length, extents, item, crc, key)`` of every record of a shard (of
+    every member, for formats whose records have parts), in file order."""
     rows: list[Row] = conn.execute(
-        _MEMBERS_OF_SHARD if parts else sql.records_of_shard, (shard_id,)
+        sql.members_of_shard if parts else sql.records_of_shard, (shard_id,)
     ).fetchall()
     return rows
 

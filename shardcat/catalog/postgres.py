@@ -39,6 +39,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
+from shardcat.catalog.processes import interruption
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -222,7 +223,7 @@ def run_readonly(
                 f"query exceeded its time limit of {timeout:g} s; "
                 "pass --timeout/timeout= to allow more"
             ) from None
-        raise KeyboardInterrupt from None
+        raise interruption() from None  # Ctrl-C, or SIGTERM/SIGHUP: what came
     except psycopg.errors.ReadOnlySqlTransaction:
         raise CatalogError(
             "query failed: the catalog is read-only here: only SELECT statements are allowed"

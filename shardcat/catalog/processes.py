@@ -1,4 +1,5 @@
-"""Process liveness: who owns a claim or a lock, and whether that owner is gone.
+"""Process liveness and lifetime: who owns a claim or a lock, whether that owner is
+gone, and how shardcat's worker processes end.
 
 One helper for every place that must tell a live owner from a dead one (the
 catalog's shard claims, the storage's pending block files). An owner is the
@@ -11,17 +12,40 @@ or when its pid now belongs to another process (a different start time: pid
 reuse). An owner on another host cannot be asked: it is dead once its claim is
 older than ``lease`` seconds, or at once when the claim has no time.
 
+Lifetime: while shardcat works (an ingest, a conversion), SIGTERM and SIGHUP
+stop it as Ctrl-C does (:func:`stopping_on_signals` raises :class:`Stopped`, a
+``KeyboardInterrupt``, so every cleanup runs and claims are given back), and
+its forked workers end with it, also when it is killed outright
+(:func:`end_with_parent`).
+
 Only the standard library is used here: storage imports it without the
 catalog's SQL layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["alive", "is_dead", "owner_id"]
+__all__ = [
+    "STOP_SIGNALS",
+    "Stopped",
+    "alive",
+    "end_with_parent",
+    "holder",
+    "interruption",
+    "is_dead",
+    "owner_id",
+    "stopping_on_signals",
+    "stops_held",
+]
 
 _UNKNOWN = ("?", "")  # no /proc (start time not known), or an owner written without one
 _OWNER: dict[int, str] = {}  # pid -> owner_id() (a forked child has another pid)
@@ -83,6 +107,12 @@ def is_dead(owner: str | None, claimed_at: float | None, lease: float) -> bool:
     return _local_is_dead(pid, started)
 
 
+def holder(owner: str) -> str:
+    """An owner as people name a process: ``host:pid``."""
+    host, pid, _ = _parse(owner)
+    return f"{host}:{pid if pid is not None else '?'}"
+
+
 def alive(owner: str | None) -> bool:
     """Whether ``owner`` is a live process of this host (another host's never counts as alive).
 
@@ -91,3 +121,150 @@ def alive(owner: str | None) -> bool:
     claim without a time is in :func:`is_dead`.
     """
     return not is_dead(owner, None, 0.0)
+
+
+# -- lifetime ----------------------------------------------------------------------
+
+#: The signals that stop shardcat's work as Ctrl-C (SIGINT) does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCH_SECONDS = 0.5
+_AGAIN_SECONDS = 0.05
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived (``signum``): the work stops as on Ctrl-C.
+
+    ``exit_code`` is the shell's code for that signal (143, 129).
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_stopped_by: list[int] = []  # the stop signals that arrived (see interruption())
+_held: list[int] = []  # the stop signals that came while held (see stops_held())
+_holding = threading.local()
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    _stopped_by.append(signum)
+    if getattr(_holding, "depth", 0):
+        _held.append(signum)
+        return
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """A stop signal that comes in here is raised at its end instead (around a fork:
+    a stop between the fork and noting the child would leave a worker nobody stops)."""
+    _holding.depth = getattr(_holding, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _holding.depth -= 1
+        if not _holding.depth and _held:
+            signum = _held[-1]
+            _held.clear()
+            raise Stopped(signum)
+
+
+def interruption() -> KeyboardInterrupt:
+    """The interruption to raise where one was swallowed (sqlite3 drops what its
+    callbacks raise): :class:`Stopped` when a stop signal arrived, else Ctrl-C's."""
+    return Stopped(_stopped_by[-1]) if _stopped_by else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
+    """For the duration, SIGTERM and SIGHUP raise :class:`Stopped` in this process
+    (as SIGINT raises ``KeyboardInterrupt``), so the work unwinds: workers stopped,
+    claims given back. Only signals left at their default are taken, and only in
+    the main thread (a program's own handlers stay as they are).
+
+    ``exit_after``: a :class:`Stopped` of a signal taken here ends the process once
+    it has unwound to here, as that signal would have at once (``SystemExit``
+    with 128 + the signal number). Without it, the :class:`Stopped` goes on.
+    """
+    taken = []
+    if threading.current_thread() is threading.main_thread():
+        taken = [s for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_DFL]
+    if not taken:
+        yield
+        return
+    for sig in taken:
+        signal.signal(sig, _raise_stopped)
+    _stopped_by.clear()
+    hook = sys.unraisablehook
+
+    def swallowed(unraisable: Any) -> None:
+        # Raised where Python cannot raise (a __del__, a GC callback): delivered again
+        # in a moment, from another thread, once this code is left
+        if isinstance(unraisable.exc_value, Stopped):
+            again = threading.Timer(
+                _AGAIN_SECONDS, os.kill, (os.getpid(), unraisable.exc_value.signum)
+            )
+            again.daemon = True
+            again.start()
+        else:
+            hook(unraisable)
+
+    sys.unraisablehook = swallowed
+    try:
+        yield
+    except Stopped as exc:
+        if exit_after and exc.signum in taken:
+            raise SystemExit(exc.exit_code) from exc
+        raise
+    finally:
+        sys.unraisablehook = hook
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _exit_on(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Ask Linux to send ``signum`` to this process when its parent ends."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes  # (in forked workers only: not on the import path of every command)
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_WATCH_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def end_with_parent(parent: int) -> None:
+    """In a worker forked by process ``parent``: SIGINT, SIGTERM and SIGHUP end it
+    with ``SystemExit`` (128 + the signal: its cleanups run, no traceback; the
+    parent gives its claims back; a signal the parent ignored stays ignored), and
+    so does the end of its parent, however it ended (SIGKILL too): Linux sends
+    SIGTERM then (``PR_SET_PDEATHSIG``), elsewhere a thread watching the parent's
+    pid does. A parent gone already ends it at once."""
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup, background jobs: kept
+            signal.signal(sig, _exit_on)
+    if not _parent_death_signal(signal.SIGTERM):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    _holding.depth = 0  # (forked while its parent held stops)
+    if _held:  # stopped already, between the fork and here
+        raise SystemExit(128 + _held[-1])
+    if os.getppid() != parent:
+        raise SystemExit(128 + signal.SIGTERM)

@@ -13,6 +13,7 @@ from typing import Any
 
 from shardcat.catalog import schema
 from shardcat.catalog.names import DEFAULT_QUERY_TIMEOUT
+from shardcat.catalog.processes import interruption
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -87,7 +88,7 @@ class _Guard:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.denied_function: str | None = None
         self.timed_out = False
-        self.interrupted = False
+        self.interrupted: KeyboardInterrupt | None = None  # (SIGTERM's too: a subclass)
 
     def authorize(self, action: int, _arg1: Any, arg2: Any, *_rest: Any) -> int:
         try:
@@ -98,8 +99,8 @@ class _Guard:
                     self.denied_function = str(arg2)
                 return sqlite3.SQLITE_DENY
             return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
-        except KeyboardInterrupt:  # sqlite3 would swallow it: remember it
-            self.interrupted = True
+        except KeyboardInterrupt as exc:  # sqlite3 would swallow it: remember it
+            self.interrupted = exc
             return sqlite3.SQLITE_DENY
 
     def progress(self) -> int:
@@ -111,8 +112,8 @@ class _Guard:
                 self.timed_out = True
                 return 1
             return 0
-        except KeyboardInterrupt:
-            self.interrupted = True
+        except KeyboardInterrupt as exc:
+            self.interrupted = exc
             return 1
 
 
@@ -167,10 +168,10 @@ def _query_error(guard: _Guard, exc: sqlite3.DatabaseError) -> BaseException:
             f"query exceeded its time limit of {guard.timeout:g} s; "
             "pass --timeout/timeout= to allow more"
         )
-    if guard.interrupted or message == "interrupted":
+    if guard.interrupted is not None or message == "interrupted":
         # "interrupted" without a timeout: Ctrl-C came at the progress handler's
         # very first instruction, before its try, and sqlite3 swallowed it there.
-        return KeyboardInterrupt()
+        return guard.interrupted or interruption()
     if guard.denied_function is not None and "not authorized" in message:
         return CatalogError(
             f"query failed: function {guard.denied_function}() is not allowed in a "

@@ -231,7 +231,7 @@ def _copy_shard(
     columns: list[tuple[int, int]] | None,
 ) -> None:
     """One shard's rows from the donor's into ``dataset_id``: its shard row (file
-    identity and ``indexed_at`` kept), records, members, seek points and, when
+    identity and ``indexed_at`` kept), records, members, seek points, bad records and, when
     ``columns`` is not None (a dataset with fields), its field rows."""
     s = schema.shards
     inserted = conn.execute(
@@ -261,20 +261,25 @@ def _copy_shard(
     statements = (
         (
             f"INSERT INTO {schema.records_table_name(dataset_id)} "
-            f'(shard_id, ordinal, key, "offset", length, extents, item{target}) '
-            f'SELECT ?, ordinal, {key}, "offset", length, extents, item{source} '
+            f'(shard_id, ordinal, key, "offset", length, extents, item, crc{target}) '
+            f'SELECT ?, ordinal, {key}, "offset", length, extents, item, crc{source} '
             f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
             (new_id, new_id, row.id) if by_position else (new_id, row.id),
         ),
         (
-            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents) '
-            'SELECT ?, ordinal, name, "offset", length, extents FROM shardcat_members WHERE '
-            "shard_id = ?",
+            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents, '
+            'crc) SELECT ?, ordinal, name, "offset", length, extents, crc FROM shardcat_members '
+            "WHERE shard_id = ?",
             (new_id, row.id),
         ),
         (
             "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
             "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
+            (new_id, row.id),
+        ),
+        (
+            'INSERT INTO shardcat_bad_records (shard_id, "offset", length, reason, key) '
+            'SELECT ?, "offset", length, reason, key FROM shardcat_bad_records WHERE shard_id = ?',
             (new_id, row.id),
         ),
     )

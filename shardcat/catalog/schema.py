@@ -27,20 +27,29 @@ dataset, named after the dataset, may take any other name.
   5; NULL for one plain range): a location the format describes as several
   byte ranges (JSON ``[[offset, length], ...]``) and/or as one record inside
   those bytes (chunk + index formats: the row of a Parquet row group). The
-  catalog stores them as the scan gave them and never interprets them. A
+  catalog stores them as the scan gave them and never interprets them.
+  ``crc`` (schema version 7): the record's check, the CRC32C of the payload
+  its format reads (see :mod:`shardcat.readers.checks`), compared by every
+  read; NULL for records indexed before version 7 (reads then check their
+  framing) and formats whose scan gives none. A
   dataset's first ingest builds the key index once its rows are in (a sort,
   not a random insert per row); until then the dataset has no key index.
 - ``members``: per-feature byte ranges of records stored as several parts
   (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
   one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
   up the member's content in order, ``offset`` -1 for a run of zeros (sparse
-  tar members).
+  tar members). ``crc`` (schema version 7): the member's check, as a record's.
 - ``fields``: the scalar field columns of each dataset (feature name, view
   column, SQL type, ``idx`` of its column ``v<idx>`` in ``records_<id>``),
   exposed with the key and position through a view named after the dataset.
 - ``seek_indexes`` (schema version 2): seek points into the decompressed
   stream of each gzip/bz2-compressed shard; record and member offsets of
   compressed shards are decompressed-stream offsets.
+- ``bad_records`` (schema version 8): the records an ingest with
+  ``on_bad_record="skip"`` set aside instead of failing their shard: shard,
+  byte offset, the bytes set aside (NULL when unknown), the reason, the key when
+  it could be read. They are not records (no key index, no position); written
+  with the shard's records, gone with them (a later good re-index clears them).
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -127,6 +136,7 @@ members = Table(
     Column("offset", BigInteger, nullable=False),
     Column("length", BigInteger, nullable=False),
     Column("extents", Text),  # schema version 3
+    Column("crc", BigInteger),  # schema version 7
     PrimaryKeyConstraint("shard_id", "ordinal", "name"),
     sqlite_with_rowid=False,
 )
@@ -145,6 +155,21 @@ seek_indexes = Table(
     ),
     Column("kind", String(32), nullable=False),  # "zran" (gzip) or "bz2-blocks"
     Column("data", LargeBinary, nullable=False),
+)
+
+# Schema version 7: records set aside by an ingest with on_bad_record="skip" (committed
+# in the transaction that commits the shard's records; see catalog/commit.py).
+bad_records = Table(
+    "shardcat_bad_records",
+    metadata,
+    Column(
+        "shard_id", Integer, ForeignKey("shardcat_shards.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("offset", BigInteger, nullable=False),
+    Column("length", BigInteger),  # the bytes set aside from offset; NULL: unknown
+    Column("reason", Text, nullable=False),
+    Column("key", Text),  # NULL: not readable
+    PrimaryKeyConstraint("shard_id", "offset"),
 )
 
 fields = Table(
@@ -194,8 +219,18 @@ def key_index_name(dataset_id: int) -> str:
     return f"{PREFIX}records_{dataset_id}_key"
 
 
+# The table where catalogs before version 4 kept their schema version; kept as the
+# marker older shardcats read (see :mod:`shardcat.catalog.versions`).
+OLD_META = "catalog_meta"
+
+
 def is_dataset_name(name: str) -> bool:
     """Whether a dataset's view may be called ``name``: a plain identifier outside the
-    catalog's own namespace (``shardcat_*``) and SQLite's (``sqlite_*``)."""
+    catalog's own namespace (``shardcat_*``, :data:`OLD_META`) and SQLite's
+    (``sqlite_*``)."""
     lower = name.lower()
-    return bool(IDENTIFIER.match(name)) and not lower.startswith((PREFIX, "sqlite_"))
+    return (
+        bool(IDENTIFIER.match(name))
+        and not lower.startswith((PREFIX, "sqlite_"))
+        and lower != OLD_META
+    )

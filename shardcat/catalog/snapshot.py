@@ -55,8 +55,8 @@ BATCH = 20_000
 # read-only to the snapshot's connection) instead of through Python: ~10x faster.
 FAST_SQLITE = True
 _META = ("snapshot_of", "snapshot_at", "snapshot_datasets")
-_RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item")
-_MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents")
+_RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item", "crc")
+_MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents", "crc")
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,10 @@ def _copy_dataset(
     seeks = src.execute(select(k).where(k.c.shard_id.in_(shard_ids))).mappings().all()
     if seeks:
         dst.execute(k.insert(), [{**r, "data": bytes(r["data"])} for r in seeks])
+    b = schema.bad_records  # records set aside at ingest: verify and stats list them
+    bad = src.execute(select(b).where(b.c.shard_id.in_(shard_ids))).mappings().all()
+    if bad:
+        dst.execute(b.insert(), [dict(r) for r in bad])
 
     return DatasetCopy(
         name,

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, postgres, reuse, schema, tables
+from shardcat.catalog import datasets, postgres, reuse, schema, tables, versions
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.datasets import DatasetInfo, describe
@@ -73,7 +73,7 @@ def check_name(name: str) -> None:
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
             f"with a digit, nor with {schema.PREFIX} or sqlite_, the catalog's and "
-            "SQLite's own names)"
+            f"SQLite's own names, nor {schema.OLD_META})"
         )
 
 
@@ -241,7 +241,8 @@ class Store:
                     if version is None or version < SCHEMA_VERSION:
                         conn.execution_options(immediate=True)
                         with conn.begin():
-                            ensure_schema(conn, str(self.path))
+                            found = ensure_schema(conn, str(self.path))
+                        versions.say_upgraded(str(self.path), found)  # once committed
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:

@@ -80,6 +80,7 @@ def clear_shards(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) ->
     ids = list(shard_ids)
     conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(ids)))
     conn.execute(delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(ids)))
+    conn.execute(delete(schema.bad_records).where(schema.bad_records.c.shard_id.in_(ids)))
     table = schema.records_table_name(dataset_id)
     conn.exec_driver_sql(
         f"DELETE FROM {table} WHERE shard_id IN ({', '.join(str(int(i)) for i in ids)})"

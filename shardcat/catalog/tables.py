@@ -3,9 +3,9 @@ SQL view named after each dataset.
 
 A dataset's records live in ``shardcat_records_<dataset id>`` (schema version
 6): ``shard_id, ordinal`` (the record; the primary key), ``key``, ``offset``,
-``length``, ``extents``, ``item``, and one column ``v<idx>`` per scalar field,
-so feature names never have to be valid column names. The view renames them
-to the feature names::
+``length``, ``extents``, ``item``, ``crc`` (its check, version 7), and one
+column ``v<idx>`` per scalar field, so feature names never have to be valid
+column names. The view renames them to the feature names::
 
     CREATE VIEW train AS
     SELECT r.key AS key,
@@ -84,7 +84,7 @@ def create_records_table(conn: Connection, dataset_id: int, key_index: bool = Tr
     conn.exec_driver_sql(
         f"CREATE TABLE {table} (shard_id INTEGER NOT NULL {shard}, ordinal BIGINT NOT NULL, "
         'key TEXT NOT NULL, "offset" BIGINT NOT NULL, length BIGINT NOT NULL, extents TEXT, '
-        f"item BIGINT, PRIMARY KEY (shard_id, ordinal)){rowid}"
+        f"item BIGINT, crc BIGINT, PRIMARY KEY (shard_id, ordinal)){rowid}"
     )
     if key_index:
         create_key_index(conn, dataset_id)

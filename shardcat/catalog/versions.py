@@ -4,10 +4,16 @@
 in ``shardcat_meta`` (``catalog_meta`` before version 4). Opening an older
 catalog runs every step from its version up to ``SCHEMA_VERSION`` — each step
 and its version bump inside the same transaction, so an interrupted upgrade
-leaves the catalog at a whole version.
+leaves the catalog at a whole version — and says so once
+(:func:`say_upgraded`: older shardcats can no longer open it).
 A catalog newer than the library is refused with :class:`SchemaVersionError`.
 :func:`upgrade` (``catalog migrate --upgrade``) does the same without opening
 anything else, e.g. before a read-only open (which never upgrades).
+
+Every version written is also written to ``catalog_meta`` (the marker): the
+shardcats before version 4 read their version there only, so without it they
+would take an upgraded catalog for an empty one and add their own tables to it;
+with it they refuse it as too new, as every later shardcat does.
 
 Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
 :mod:`shardcat.legacy`.
@@ -16,18 +22,28 @@ Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Connection, inspect, select, text
+from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspect, select, text
 
 from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.engine import make_engine
-from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
 
-__all__ = ["SCHEMA_VERSION", "STEPS", "ensure_schema", "read_version", "too_new", "upgrade"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "STEPS",
+    "ensure_schema",
+    "read_version",
+    "say_upgraded",
+    "too_new",
+    "upgrade",
+]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 
 def _add_seek_indexes(conn: Connection) -> None:
@@ -56,11 +72,48 @@ def _add_versions(conn: Connection) -> None:
     ):
         conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column}"))
     conn.execute(text("UPDATE shards SET generation = 1 WHERE state = 'ready'"))
+    _shortest_floats(conn)
+
+
+def _float32_shortest(value: float) -> float:
+    """A float32 widened to a double as the shortest decimal of that float32 (numpy's
+    shortest repr, what ``float32_shortest`` stores today); any other value as it is."""
+    import numpy as np  # (only upgrades from version 2 need it)
+
+    f32 = np.float32(value)
+    if float(f32) != value or value.is_integer() or not np.isfinite(f32):
+        return value
+    return float(str(f32))
+
+
+def _shortest_floats(conn: Connection) -> None:
+    """(2 -> 3) TFRecord float fields written before float32 values were stored as
+    their shortest decimal (version 1 and the first version-2 builds kept
+    ``0.3401091396808624`` for the float32 ``0.34010914``): rewritten as today's
+    ingest stores them, so ``WHERE score = 0.34010914`` finds them. Values that
+    are no float32 (already shortest) stay as they are."""
+    columns = conn.execute(
+        text(
+            "SELECT f.dataset_id, f.idx FROM fields f JOIN datasets d ON d.id = f.dataset_id "
+            "WHERE f.sql_type = 'real' AND d.format = 'tfrecord'"
+        )
+    ).all()
+    if not columns:
+        return
+    dbapi: Any = conn.connection.driver_connection  # versions 1-3 were SQLite only
+    dbapi.create_function("shardcat_f32", 1, _float32_shortest, deterministic=True)
+    for dataset_id, idx in columns:
+        conn.execute(
+            text(
+                f'UPDATE "fields_{dataset_id}" SET v{idx} = shardcat_f32(v{idx}) '
+                f"WHERE typeof(v{idx}) = 'real'"
+            )
+        )
 
 
 # The catalog's tables before version 4, which gave them the ``shardcat_`` prefix.
 OLD_NAMES = ("catalog_meta", "datasets", "shards", "records", "members", "seek_indexes", "fields")
-OLD_META = "catalog_meta"
+OLD_META = schema.OLD_META
 
 
 def _prefix_names(conn: Connection) -> None:
@@ -143,6 +196,27 @@ def _records_per_dataset(conn: Connection) -> None:
         tables.create_view(conn, dataset_id, name)
 
 
+def _add_checks(conn: Connection) -> None:
+    """6 -> 7: each record's and member's check, ``crc`` (the CRC32C of its payload,
+    see :mod:`~shardcat.catalog.schema`), in every dataset's records table and in
+    ``shardcat_members``. NULL for every row indexed before: reads check those by
+    their framing until the shard is re-ingested. (A records table made by step
+    5 -> 6 of this library has the column already.)"""
+    names = [schema.members.name] + [
+        schema.records_table_name(r[0]) for r in conn.execute(select(schema.datasets.c.id))
+    ]
+    inspector = inspect(conn)
+    for name in names:
+        if "crc" not in {c["name"] for c in inspector.get_columns(name)}:
+            conn.execute(text(f'ALTER TABLE "{name}" ADD COLUMN crc BIGINT'))
+
+
+def _add_bad_records(conn: Connection) -> None:
+    """7 -> 8: the ``shardcat_bad_records`` table (records an ingest with
+    ``on_bad_record="skip"`` set aside). Earlier versions set none aside: empty."""
+    schema.bad_records.create(conn)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Callable[[Connection], None]] = {
     1: _add_seek_indexes,
@@ -150,6 +224,8 @@ STEPS: dict[int, Callable[[Connection], None]] = {
     3: _prefix_names,
     4: _add_locations,
     5: _records_per_dataset,
+    6: _add_checks,
+    7: _add_bad_records,
 }
 
 
@@ -174,8 +250,16 @@ def read_version(conn: Connection) -> int | None:
     return None if value is None else int(value)
 
 
-def _write_version(conn: Connection, version: int) -> None:
-    table = _meta_table(conn)
+# The marker: ``catalog_meta`` as the shardcats before version 4 created it.
+_MARKER = Table(
+    OLD_META,
+    MetaData(),
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+
+def _set_version(conn: Connection, table: str, version: int) -> None:
     updated = conn.execute(
         text(f"UPDATE {table} SET value = :v WHERE name = 'schema_version'"), {"v": str(version)}
     )
@@ -183,6 +267,32 @@ def _write_version(conn: Connection, version: int) -> None:
         conn.execute(
             text(f"INSERT INTO {table} (name, value) VALUES ('schema_version', :v)"),
             {"v": str(version)},
+        )
+
+
+def _write_version(conn: Connection, version: int) -> None:
+    """Record ``version`` in the meta table, and in the marker (see the module
+    docstring) once the meta table is no longer ``catalog_meta`` itself."""
+    table = _meta_table(conn) or schema.catalog_meta.name
+    _set_version(conn, table, version)
+    if table == OLD_META or conn.dialect.name != "sqlite":  # (no older build ran on a server)
+        return
+    if OLD_META in inspect(conn).get_view_names():
+        return  # a dataset took the name (allowed before the marker): no marker there
+    _MARKER.create(conn, checkfirst=True)
+    _set_version(conn, OLD_META, version)
+
+
+def say_upgraded(where: str, found: int) -> None:
+    """After an open upgraded the catalog at ``where`` from version ``found`` (and
+    committed): one :class:`ShardcatWarning` saying so (nothing when ``found`` is 0,
+    a new catalog, or already :data:`SCHEMA_VERSION`)."""
+    if 0 < found < SCHEMA_VERSION:
+        warnings.warn(
+            f"upgraded the catalog {where} from schema version {found} to {SCHEMA_VERSION}: "
+            "older shardcat versions can no longer open it (they refuse it as too new)",
+            ShardcatWarning,
+            stacklevel=4,
         )
 
 

@@ -12,7 +12,6 @@ import re
 import signal
 import sqlite3
 import sys
-import threading
 import traceback
 import unicodedata
 import warnings
@@ -94,8 +93,11 @@ def open_catalog(
 _CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bon_duplicate='first' or 'last'"), "--on-duplicate first or last"),
     (re.compile(r"\bon_duplicate must be\b"), "--on-duplicate must be"),
+    (re.compile(r"\(on_bad_record='skip' indexes"), "(catalog ingest --on-bad-record skip indexes"),
+    (re.compile(r"\bon_bad_record must be\b"), "--on-bad-record must be"),
     (re.compile(r"\bpass format= "), "pass --format "),
     (re.compile(r"--timeout/timeout="), "--timeout"),
+    (re.compile(r"\bwait_timeout="), "--wait-timeout"),
     (re.compile(r"\(overwrite=True / --force "), "(--force "),
     (re.compile(r"\bwith key=None\b"), "with --by-position"),
     (re.compile(r"^index (-?\d+) out of range: "), r"--index \1 out of range: "),
@@ -141,32 +143,6 @@ def _describe(exc: Exception) -> str:
 
 
 @contextlib.contextmanager
-def _ctrl_c_stops_workers_quietly() -> Iterator[None]:
-    """Ctrl-C reaches every process of the terminal's foreground group. This
-    process gets ``KeyboardInterrupt`` (and stops its worker processes); a worker
-    forked from it (ingest, convert) just exits with code 130, running its
-    cleanups, instead of printing a traceback of its own."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield  # SIGINT ignored (a background job) or handled by someone else
-        return
-    parent = os.getpid()
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if os.getpid() == parent:
-            raise KeyboardInterrupt
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@contextlib.contextmanager
 def _plain_warnings() -> Iterator[None]:
     """shardcat's warnings as one line ``warning: ...`` on stderr (no source line)."""
     with warnings.catch_warnings():
@@ -182,10 +158,10 @@ def _plain_warnings() -> Iterator[None]:
         yield
 
 
-def _fail(message: str, code: int) -> typer.Exit:
+def _fail(message: str, code: int, prefix: str = "error: ") -> typer.Exit:
     if _debug:
         traceback.print_exc()
-    typer.echo(f"error: {message}" if code != 130 else message, err=True)
+    typer.echo(prefix + message, err=True)
     return typer.Exit(code)
 
 
@@ -217,8 +193,9 @@ def handle_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> Any
     """Run a command: every failure is one line ``error: ...`` on stderr and exit
     code 1 (a traceback only with ``--debug`` / ``$SHARDCAT_DEBUG``); Ctrl-C prints
     ``interrupted`` (commands whose work survives an interruption say how to
-    finish it) and exits with 130. A command that did not get ``--catalog``
-    ends with a line naming the catalog it used.
+    finish it) and exits with 130; SIGTERM and SIGHUP do the same (``stopped by
+    SIGTERM...``) and exit with 143 and 129. A command that did not get
+    ``--catalog`` ends with a line naming the catalog it used.
 
     Use as ``@handle_errors`` or ``@handle_errors(interrupted="...")``.
     """
@@ -226,17 +203,25 @@ def handle_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> Any
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from shardcat.catalog.processes import Stopped, stopping_on_signals
+
             _now.catalog = _now.note = None
             try:
-                with _ctrl_c_stops_workers_quietly(), _plain_warnings():
+                with stopping_on_signals(exit_after=False), _plain_warnings():
                     result = command(*args, **kwargs)
             except typer.Exit:  # a report with its own exit code (verify, migrate)
                 _announce()
                 raise
             except (typer.Abort, typer.TyperException):
                 raise
+            except Stopped as stop:
+                said = f"stopped by {signal.Signals(stop.signum).name}"
+                line = said + interrupted.removeprefix(INTERRUPTED)
+                if not interrupted.startswith(INTERRUPTED):
+                    line = f"{said}: {interrupted}"
+                raise _fail(line, stop.exit_code, prefix="") from None
             except KeyboardInterrupt:
-                raise _fail(interrupted, 130) from None
+                raise _fail(interrupted, 130, prefix="") from None
             except BrokenPipeError as exc:  # `catalog query ... | head`: stop, quietly
                 if exc.filename is not None:
                     raise _fail(_describe(exc), 1) from None

@@ -65,7 +65,7 @@ def stats(
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Record counts per shard of one dataset."""
+    """Record counts per shard of one dataset (and the bad records set aside at ingest)."""
     with open_dataset(catalog, dataset, readonly) as (cat, reader):
         result = reader.get_stats()
         origin = cat.snapshot_info()
@@ -76,16 +76,19 @@ def stats(
         return
     from rich.table import Table
 
+    bad = result["bad_records_per_file"]
+    aside = f", {result['bad_records']:,} bad records set aside" if bad else ""
     table = Table(
         "shard",
         "records",
+        *(["set aside"] if bad else []),
         title=cell(
             f"{reader.dataset}: {result['total_records']:,} records in "
-            f"{result['total_files']} shards"
+            f"{result['total_files']} shards{aside}"
         ),
     )
     for name, n in result["records_per_file"].items():
-        table.add_row(cell(name), f"{n:,}")
+        table.add_row(cell(name), f"{n:,}", *([f"{bad.get(name, 0):,}"] if bad else []))
     print_table(table)
 
 

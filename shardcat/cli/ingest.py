@@ -22,6 +22,7 @@ from shardcat.cli.options import (
     CatalogOpt,
     DatasetArg,
     JsonOpt,
+    OnBadRecordOpt,
     OnDuplicateOpt,
     StorageOpt,
     WorkersOpt,
@@ -67,12 +68,22 @@ def ingest(
         bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
     ] = False,
     on_duplicate: OnDuplicateOpt = "error",
+    on_bad_record: OnBadRecordOpt = "raise",
     rescan: Annotated[bool, typer.Option(help="Re-index unchanged shards too.")] = False,
     grouping: Annotated[
         str | None,
         typer.Option(
             help="tar: how members form samples: webdataset (default; split at the first "
             "dot of the basename) or tfd (at the last dot, as tfd-utils)."
+        ),
+    ] = None,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-timeout",
+            metavar="SECONDS",
+            help="Give up after waiting this long for shards other live processes are "
+            "indexing (default: wait; the wait names them).",
         ),
     ] = None,
     storage_option: StorageOpt = None,
@@ -91,7 +102,8 @@ def ingest(
     Several processes may ingest the same files at once; each shard is
     indexed once. The catalog (as for every command: --catalog, else
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
-    Interrupted (Ctrl-C), the same command run again finishes the work.
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP: exit code 130, 143, 129), the same
+    command run again finishes the work; workers always end with it.
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
@@ -115,7 +127,9 @@ def ingest(
         workers=workers,
         on_duplicate=on_duplicate,
         rescan=rescan,
+        wait_timeout=wait_timeout,
         grouping=grouping,
+        on_bad_record=on_bad_record,
         options={"storage_options": storage_options(storage_option)} if storage_option else {},
     )
     shards = {"total": 0}
@@ -145,6 +159,12 @@ def ingest(
         typer.echo(
             f"{summary.duplicates_dropped:,} records with duplicate keys dropped "
             f"(--on-duplicate {on_duplicate})",
+            err=True,
+        )
+    if summary.bad_records:
+        typer.echo(
+            f"{summary.bad_records:,} bad records set aside (catalog verify "
+            f"{summary.dataset} lists them)",
             err=True,
         )
 

@@ -102,8 +102,8 @@ def migrate(
     sample: Annotated[
         int,
         typer.Option(
-            help="Entries re-read per shard to verify it (the first, the last and evenly spaced "
-            "ones; 0: all of them)."
+            help="Entries re-read per remote shard to verify it (the first, the last and evenly "
+            "spaced ones; 0: all of them). Every entry of a local shard is re-read."
         ),
     ] = DEFAULT_SAMPLE,
     workers: WorkersOpt = None,
@@ -123,7 +123,7 @@ def migrate(
     <stem>.tar_index, ...; loaded with a restricted unpickler that refuses
     anything but plain data), MXNet/DALI .idx files beside .rec shards, and
     DALI/vahidk tfrecord2idx offset files. Every shard is checked against its
-    file (size, and a sample of records re-read) before it is imported; a
+    file (size, and its records re-read, keys confirmed) before it is imported; a
     shard that does not match is re-indexed from its data. SQL fields are not
     in legacy indexes: --fields fills them by re-reading the data. Each
     legacy index becomes one dataset, named after it and found by the reader
@@ -143,7 +143,11 @@ def migrate(
         done = tasks.upgrade_catalog(catalog)
         typer.echo(
             f"{done.path}: schema version {done.now}"
-            + (f" (upgraded from {done.found})" if 0 < done.found < done.now else " (up to date)")
+            + (
+                f" (upgraded from {done.found}: older shardcat versions can no longer open it)"
+                if 0 < done.found < done.now
+                else " (up to date)"
+            )
         )
         return
     if not paths:

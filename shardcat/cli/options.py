@@ -19,6 +19,7 @@ __all__ = [
     "DatasetOrShardsArg",
     "JsonOpt",
     "KeyArg",
+    "OnBadRecordOpt",
     "OnDuplicateOpt",
     "ReadModeOpt",
     "StorageOpt",
@@ -63,6 +64,13 @@ ReadModeOpt = Annotated[
         "--immutable: no locks and no -shm file, for a catalog nothing writes (e.g. a "
         "snapshot on a read-only or network filesystem); refused while its -wal file "
         "holds commits not yet in the main file (see `catalog checkpoint`).",
+    ),
+]
+OnBadRecordOpt = Annotated[
+    str,
+    typer.Option(
+        help="A damaged record: raise (fail its shard) | skip (index the shard's other "
+        "records, set the bad one aside: catalog verify and stats list them)."
     ),
 ]
 OnDuplicateOpt = Annotated[

@@ -16,9 +16,11 @@ def verify(
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
 ) -> None:
-    """Re-read every record of a dataset checking framing and CRCs.
+    """Re-read every record of a dataset checking framing, CRCs and each record's
+    stored check.
 
-    Reports each bad record with its file and byte offset; exit code 1 if any.
+    Reports each bad record with its file, byte offset and key; exit code 1 if
+    any. Records set aside at ingest (--on-bad-record skip) are listed too.
     """
     from shardcat.facade import tasks
 
@@ -35,13 +37,38 @@ def verify(
     if origin is not None:
         typer.echo(f"{cat.path}: {origin.describe()}", err=True)
     if json:
-        print_json([{"path": p.path, "offset": p.offset, "problem": p.problem} for p in problems])
+        print_json(
+            [
+                {"path": p.path, "offset": p.offset, "key": p.key, "problem": p.problem}
+                for p in problems
+            ]
+            + [
+                {
+                    "path": b.shard,
+                    "offset": b.offset,
+                    "key": b.key,
+                    "problem": b.reason,
+                    "set_aside": True,
+                }
+                for b in result.set_aside
+            ]
+        )
     else:
         for p in problems:
-            typer.echo(masked(f"{p.path}: at byte {p.offset}: {p.problem}"))
-        typer.echo(f"{dataset}: {result.records:,} records checked, {len(problems)} bad", err=True)
+            typer.echo(masked(f"{p.path}: at byte {p.offset}{_key(p.key)}: {p.problem}"))
+        for b in result.set_aside:
+            where = f"{b.shard}: at byte {b.offset}{_key(b.key)}"
+            typer.echo(masked(f"{where}: set aside at ingest: {b.reason}"))
+        aside = f", {len(result.set_aside)} set aside at ingest" if result.set_aside else ""
+        typer.echo(
+            f"{dataset}: {result.records:,} records checked, {len(problems)} bad{aside}", err=True
+        )
     if problems:
         raise typer.Exit(1)
+
+
+def _key(key: str | None) -> str:
+    return "" if key is None else f" (key {key!r})"
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from shardcat.catalog import reuse
 from shardcat.catalog import snapshot as snapshots
+from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
+from shardcat.catalog.processes import stopping_on_signals
 from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
 from shardcat.catalog.store import Store
-from shardcat.catalog.sync import DROPPED, stored_path
+from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade.ingest import (
@@ -138,6 +141,8 @@ class Catalog(Store):
         on_duplicate: str = "error",
         rescan: bool = False,
         lease: float = DEFAULT_LEASE,
+        on_bad_record: str = "raise",
+        wait_timeout: float | None = None,
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -163,6 +168,10 @@ class Catalog(Store):
         format options (they override the arguments above).
         ``on_duplicate``: ``error`` (default), or keep the ``first``/``last``
         record in position order. ``rescan``: re-index unchanged shards too.
+        ``on_bad_record``: ``raise`` (default: a damaged record fails its shard,
+        whose other records are then not indexed) or ``skip``: every good record
+        of a damaged (uncompressed) shard is indexed, each bad one set aside
+        (:meth:`bad_records`); the scan resynchronises after damaged framing.
         These are one :class:`~shardcat.facade.options.IngestOptions`
         (:meth:`ingest_with` takes it as it is).
         ``provided`` maps absolute shard paths to functions giving their
@@ -170,7 +179,13 @@ class Catalog(Store):
         indexes this way; see :data:`~shardcat.facade.ingest.ProvideEntries`).
         ``progress(outcome, total_shards)`` is called after every shard this
         process indexed. Other processes ingesting the same dataset at the
-        same time share the work; every shard is indexed once.
+        same time share the work; every shard is indexed once. A wait for
+        shards that other live processes hold is named in a
+        :class:`~shardcat.ShardcatWarning` and ends after ``wait_timeout``
+        seconds with a :class:`CatalogError` (None: no limit).
+        SIGTERM and SIGHUP (when this program leaves them at their default) stop
+        the ingest as Ctrl-C does: the workers end, their shards are given back,
+        and the process then exits with 128 + the signal number (143, 129).
         ``storage_options``: for URLs (``s3://``, ``https://``...: see
         :mod:`shardcat.readers.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
@@ -190,6 +205,8 @@ class Catalog(Store):
             on_duplicate=on_duplicate,
             rescan=rescan,
             lease=lease,
+            on_bad_record=on_bad_record,
+            wait_timeout=wait_timeout,
         )
         return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
 
@@ -269,6 +286,7 @@ class Catalog(Store):
             opts.on_duplicate,
             opts.lease,
             fmt.ONE_RANGE,
+            opts.on_bad_record,
         )
         n_workers = (
             opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
@@ -280,7 +298,10 @@ class Catalog(Store):
             else {stored_path(p, self.directory): f for p, f in provided.items()}
         )
         try:
-            outcomes = run_ingest(engine, job, max(1, n_workers), callback, by_stored)
+            with stopping_on_signals():
+                outcomes = run_ingest(
+                    engine, job, max(1, n_workers), callback, by_stored, opts.wait_timeout
+                )
         except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
             raise catalog_error(str(self.path), exc) from None
         self.reader_connection()  # end any read snapshot: see what was just committed
@@ -302,9 +323,11 @@ class Catalog(Store):
         ``max_depth``, ``pattern``, ...)."""
         return legacy_import.migrate(paths, catalog=self, open_catalog=type(self), **options)
 
-    def dataset(self, name: str, *, verify_crc: bool = False) -> Reader:
-        """A reader over the dataset ``name`` (no re-indexing happens)."""
-        return Reader(self, name, verify_crc=verify_crc)
+    def dataset(self, name: str, *, verify: bool = True, verify_crc: bool | None = None) -> Reader:
+        """A reader over the dataset ``name`` (no re-indexing happens). Every read is
+        checked against the catalog; ``verify=False`` trusts the bytes (``verify_crc``
+        is its older name)."""
+        return Reader(self, name, verify=verify, verify_crc=verify_crc)
 
     def query(
         self,
@@ -352,11 +375,27 @@ class Catalog(Store):
         """Which catalog this snapshot was taken of and when (None: not a snapshot)."""
         return snapshots.provenance(self.reader_connection())
 
+    def bad_records(self, name: str) -> list[SetAside]:
+        """The records of dataset ``name``'s shards that an ingest with
+        ``on_bad_record="skip"`` set aside (by shard, then byte offset): each a
+        :class:`~shardcat.catalog.bad_records.SetAside` (``shard``, the file's path;
+        ``offset``, ``length``, ``reason``, ``key``). They are not records of the
+        dataset: no key, position or sampler reaches them. A good re-index of
+        their shard clears them."""
+        dataset_id = self.dataset_row(name)[0]
+        return [
+            replace(found, shard=absolute_path(found.shard, self.directory))
+            for found in bad_records_of(self.reader_connection(), dataset_id)
+        ]
+
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
-        """Re-read every record of ``name`` checking framing and checksums.
+        """Re-read every record of ``name`` checking framing, checksums and the check
+        the catalog stores of each.
 
         Returns a list of :class:`CorruptRecordError` (one per bad record or
-        stale shard); an empty list means every byte checked out.
+        stale shard, ``key`` naming the record); an empty list means every byte
+        checked out. Records set aside at ingest are not re-read (see
+        :meth:`bad_records`).
         """
         with self.dataset(name) as reader:
             return reader.verify(progress)

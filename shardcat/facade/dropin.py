@@ -98,7 +98,7 @@ class _PathReader(Reader):
         index_file: str | os.PathLike[str] | None,
         dataset: str | None,
         readonly: bool,
-        verify_crc: bool,
+        verify: bool,
         file_pool_size: int,
     ) -> None:
         """What every path-taking reader does: find the catalog (location rule),
@@ -126,7 +126,7 @@ class _PathReader(Reader):
                 self,
                 catalog,
                 name,
-                verify_crc=verify_crc,
+                verify=verify,
                 file_pool_size=file_pool_size,
                 owns_catalog=True,
             )
@@ -158,8 +158,9 @@ class TFRecordReader(_PathReader):
     warning says how many were dropped; ``get_stats()["duplicates_dropped"]``).
     New: ``dataset`` names the dataset, ``key_by_position`` keys records
     ``"0".."n-1"``, ``on_duplicate`` (``"last"``, ``"first"`` or ``"error"``),
-    ``verify_crc`` checks CRCs on every read, ``readonly`` never writes the
-    catalog (it must be indexed already).
+    ``verify=False`` trusts the bytes (reads are checked by default; see
+    :class:`~shardcat.readers.reader.Reader`; ``verify_crc`` is its older
+    name), ``readonly`` never writes the catalog (it must be indexed already).
     """
 
     def __init__(
@@ -177,7 +178,8 @@ class TFRecordReader(_PathReader):
         dataset: str | None = None,
         key_by_position: bool = False,
         on_duplicate: str = "last",
-        verify_crc: bool = False,
+        verify: bool = True,
+        verify_crc: bool | None = None,
         readonly: bool = False,
     ) -> None:
         del progress_interval, use_pread, eager_open_workers  # tfd-utils knobs with no effect here
@@ -193,7 +195,7 @@ class TFRecordReader(_PathReader):
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
-            verify_crc=verify_crc,
+            verify=verify if verify_crc is None else verify_crc,
             file_pool_size=file_pool_size,
         )
 
@@ -230,6 +232,7 @@ class RecordIOReader(_PathReader):
         key_by_position: bool = False,
         header: bool | None = None,
         on_duplicate: str = "error",
+        verify: bool = True,
         readonly: bool = False,
     ) -> None:
         options: dict[str, Any] = {"key": None if key_by_position else "key"}
@@ -246,7 +249,7 @@ class RecordIOReader(_PathReader):
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
-            verify_crc=False,
+            verify=verify,
             file_pool_size=file_pool_size,
         )
 
@@ -273,8 +276,8 @@ class TarReader(_PathReader):
     dropped; ``get_stats()["duplicates_dropped"]``). ``progress_interval``
     and ``use_multiprocessing=False`` (one indexing process) are accepted for
     compatibility. New: ``dataset``, ``key_by_position``, ``on_duplicate``
-    (``"last"``, ``"first"`` or ``"error"``), ``verify`` (check each
-    member's tar header on read) and ``readonly``.
+    (``"last"``, ``"first"`` or ``"error"``), ``verify=False`` (trust the
+    bytes: reads are checked by default) and ``readonly``.
     """
 
     def __init__(
@@ -290,7 +293,7 @@ class TarReader(_PathReader):
         grouping: str = "tfd",
         key_by_position: bool = False,
         on_duplicate: str = "last",
-        verify: bool = False,
+        verify: bool = True,
         readonly: bool = False,
     ) -> None:
         del progress_interval  # tfd-utils knob with no effect here
@@ -305,7 +308,7 @@ class TarReader(_PathReader):
             index_file=index_file,
             dataset=dataset,
             readonly=readonly,
-            verify_crc=verify,
+            verify=verify,
             file_pool_size=file_pool_size,
         )
 

@@ -35,7 +35,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from shardcat.catalog import postgres
 from shardcat.catalog.claims import (
     CLAIM_LOST,
+    Waiting,
     claim_next,
+    give_back,
     open_shards,
     owner_id,
     release,
@@ -50,11 +52,25 @@ from shardcat.catalog.commit import (
     finish_key_index,
 )
 from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.catalog.processes import end_with_parent, stops_held
 from shardcat.catalog.sync import absolute_path, stored_path
-from shardcat.errors import CorruptRecordError, IngestError, MissingShardError, ShardcatError
+from shardcat.errors import (
+    CorruptRecordError,
+    IngestError,
+    LegacyIndexError,
+    MissingShardError,
+    ShardcatError,
+)
 from shardcat.paths import require_regular
 from shardcat.readers import remote, remote_file
-from shardcat.readers.formats import Format, ShardScan, get_format, other_format
+from shardcat.readers.formats import (
+    BAD_RECORDS,
+    BadRecord,
+    Format,
+    ShardScan,
+    get_format,
+    other_format,
+)
 from shardcat.readers.source import Identity, fingerprint_file, mismatch
 from shardcat.readers.view import STORAGE_OPTIONS
 
@@ -68,6 +84,9 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
+#: what a shard's error adds when a bad record failed it (the library's spelling)
+SKIP_HINT = " (on_bad_record='skip' indexes the other records)"
+STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -173,6 +192,17 @@ def _writer_turn() -> Iterator[None]:
         yield
 
 
+def scan_shard(fmt: Format, path: str, job: IngestJob) -> ShardScan:
+    """The scan of the shard at ``path``; with ``on_bad_record="skip"`` its bad
+    records are set aside (``columns.bad``) where the format can go on after them."""
+    if job.on_bad_record != "skip":
+        return fmt.scan_shard(path, job.options)
+    bad: list[BadRecord] = []
+    scanned = fmt.scan_shard(path, {**job.options, BAD_RECORDS: bad})
+    scanned.columns.bad = bad
+    return scanned
+
+
 def index_claimed(
     engine: Engine,
     job: IngestJob,
@@ -199,7 +229,7 @@ def index_claimed(
         fp = fingerprint_file(path, st.st_size)
         scanned = None if provide is None else provide(path, st)
         if scanned is None:
-            scanned = fmt.scan_shard(path, job.options)  # plain or compressed (+ seek points)
+            scanned = scan_shard(fmt, path, job)  # plain or compressed (+ seek points)
         after = os.stat(path)
         if (after.st_size, after.st_mtime_ns, after.st_ino) != (
             st.st_size,
@@ -262,15 +292,26 @@ def _failed(
 ) -> ShardOutcome:
     """How the indexing of a claimed shard that raised ``exc`` ends: the shard failed
     (a :class:`ShardcatError` or ``OSError``, its message naming ``name``, the path or
-    URL, with ``renames`` (local copy -> what it is a copy of) applied in order), or
+    URL, with ``renames`` (local copy -> what it is a copy of) applied in order; a bad
+    record's says that ``on_bad_record="skip"`` indexes the others), or
     given back (anything else: the catalog's own failure is a :class:`CatalogError`,
-    the rest is re-raised)."""
+    the rest is re-raised). A stop (a signal, Ctrl-C) is re-raised at once, without
+    touching the catalog again: :func:`run_ingest` gives the claims back."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        raise exc  # stopped: no more catalog work here (see run_ingest)
     if isinstance(exc, (ShardcatError, OSError)):
         message = str(exc)
         for local, shown in renames:
             message = message.replace(local, shown)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
             message = f"{name}: {exc.strerror or exc}"
+        elif (
+            isinstance(exc, CorruptRecordError)
+            and exc.offset is not None  # a bad record (not a file of another format)
+            and not isinstance(exc, LegacyIndexError)
+            and job.on_bad_record == "raise"
+        ):
+            message += SKIP_HINT
         release(engine, job.dataset_id, shard_id, owner, failed=message)
         return ShardOutcome(stored, 0, message)
     try:
@@ -357,7 +398,7 @@ def _index_remote(
             storage = job.options.get(STORAGE_OPTIONS)
             copy = local_copy(url, storage, fmt=fmt, format_options=job.options)
             with copy as (tmp, info), _warnings_naming(tmp, url):
-                scanned = fmt.scan_shard(tmp, job.options)
+                scanned = scan_shard(fmt, tmp, job)
         return _commit_scan(
             engine,
             job,
@@ -388,15 +429,18 @@ def _warnings_naming(local: str, url: str) -> Iterator[None]:
         warnings.warn(str(w.message).replace(local, url), w.category, stacklevel=3)
 
 
-def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
+def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
     """A forked worker: claim and index shards until none is claimable, sending
     ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
     ``("error", exception)``). The next claim follows each commit in the same turn
     at the write lock, so this worker scans its next shard while the other commits
-    (claiming after the other's commit left it idle for that commit)."""
+    (claiming after the other's commit left it idle for that commit). A signal, or
+    the end of ``parent``, ends it quietly, its claim given back
+    (:func:`~shardcat.catalog.processes.end_with_parent`)."""
     global _turns
     _turns = turns
     try:
+        end_with_parent(parent)
         engine = _engine(job.catalog)
         owner = owner_id()
         following: list[Any] = [_UNSET]
@@ -415,6 +459,8 @@ def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
                 with _writer_turn():
                     claim()
         out.send(("end", None))
+    except SystemExit:  # stopped (by the parent, or its end): the parent gives the claims back
+        raise
     except BaseException as exc:
         try:
             out.send(("error", exc))
@@ -427,9 +473,10 @@ def _work_all(job: IngestJob, turns: Any, out: Any) -> None:
 
 def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
     """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
-    re-raises the first worker's error (the others are stopped, as their claims are
-    taken over by the next ingest). A worker that dies leaves its claim to the
-    caller's next round."""
+    re-raises the first worker's error (the others are stopped and give their
+    claims back; one that does not within :data:`STOP_SECONDS` is killed, its claim
+    taken over at once by the next ingest). A worker that dies leaves its claim to
+    the caller's next round."""
     ctx = multiprocessing.get_context("fork")
     # a server catalog takes concurrent writers: no turns there
     turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
@@ -438,11 +485,14 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     try:
         for _ in range(count):
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work_all, args=(job, turns, writer), daemon=True)
-            proc.start()
+            proc = ctx.Process(
+                target=_work_all, args=(job, turns, writer, os.getpid()), daemon=True
+            )
+            with stops_held():  # a stop comes once the worker is noted, to be stopped
+                proc.start()
+                procs.append(proc)
+                live.append(reader)
             writer.close()
-            procs.append(proc)
-            live.append(reader)
         while live:
             waited: list[Any] = multiprocessing.connection.wait(live)
             for ready in waited:
@@ -463,7 +513,11 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
         for proc in procs:
             if proc.is_alive() and live:
                 proc.terminate()
-            proc.join()
+        for proc in procs:
+            proc.join(STOP_SECONDS)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
 
 
 def _work_one(job: IngestJob) -> ShardOutcome | None:
@@ -483,6 +537,7 @@ def run_ingest(
     workers: int,
     progress: Callable[[ShardOutcome], None] | None = None,
     provided: Mapping[str, ProvideEntries] | None = None,
+    wait_timeout: float | None = None,
 ) -> list[ShardOutcome]:
     """Index every pending shard of the dataset, sharing the work with any other
     process doing the same; returns once no shard is pending or being indexed.
@@ -490,6 +545,9 @@ def run_ingest(
     ``provided`` maps stored shard paths to where their entries come from
     instead of a scan: those shards are claimed and committed first, in this
     process; the rest are scanned by ``workers`` processes as usual.
+    A wait for shards that live processes hold is named (see
+    :class:`~shardcat.catalog.claims.Waiting`)
+    and given up after ``wait_timeout`` seconds (None: no limit).
     """
     outcomes: list[ShardOutcome] = []
     defer_key_index(engine, job.dataset_id)  # a first ingest builds it after the rows
@@ -508,8 +566,11 @@ def run_ingest(
             shard_id, stored = claimed
             note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     try:
-        _share_work(engine, job, workers, note, outcomes)
+        waiting = Waiting(engine, job.dataset_id, job.lease, wait_timeout)
+        _share_work(engine, job, workers, note, outcomes, waiting)
     except BaseException:
+        with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
+            give_back(engine, job.dataset_id, owner_id())  # claims and its workers' back
         _close_engines()
         try:
             finish_key_index(engine, job)  # whatever is in, the next ingest goes on from
@@ -534,6 +595,7 @@ def _share_work(
     workers: int,
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
+    waiting: Waiting,
 ) -> None:
     """Claim and index shards, here or in forked workers, until none is open."""
     idle = False
@@ -548,8 +610,11 @@ def _share_work(
         else:
             note(_work_one(job))
         idle = len(outcomes) == done
-        if idle:
-            time.sleep(POLL_SECONDS)  # other processes hold the remaining claims
+        if idle:  # other processes hold the remaining claims
+            waiting.still()
+            time.sleep(POLL_SECONDS)
+        else:
+            waiting.started = None
 
 
 def raise_for_failures(outcomes: Iterable[ShardOutcome]) -> None:

@@ -435,9 +435,9 @@ def migrate(
     fresh ingest); False imports without them; None (default): as the dataset
     was ingested before, else False. ``key``: the key feature of tfd-utils
     TFRecord indexes (default: as the dataset was ingested before, else read
-    off the records). ``sample``:
-    entries re-read per shard (0: all). ``workers``: processes re-indexing
-    shards. ``on_duplicate``: as for :meth:`Catalog.ingest`.
+    off the records). ``sample``: entries re-read per remote shard (0: all;
+    every entry of a local shard is). ``workers``: processes re-indexing shards.
+    ``on_duplicate``: as for :meth:`Catalog.ingest`.
     ``progress(step, total)``: ``step`` a :class:`MigrationStep`.
     ``storage_options``: fsspec options for shards on object storage (a
     ``remap`` to ``s3://...``), stored with the dataset without secrets.

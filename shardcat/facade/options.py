@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardcat.catalog.claims import DEFAULT_LEASE
-from shardcat.catalog.commit import DUPLICATE_POLICIES
+from shardcat.catalog.commit import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
 from shardcat.errors import CatalogError
 
 __all__ = ["KEEP", "IngestOptions", "Keep", "Progress"]
@@ -41,7 +41,9 @@ class IngestOptions:
     ``format`` None or ``"auto"``: detected from the first shard's bytes; ``key``
     :data:`KEEP`: as the dataset was ingested (None: by position); ``fields`` and
     ``grouping`` None: as stored; ``options``: further format options (they win
-    over the others); ``workers`` None: one per shard up to the CPU count.
+    over the others); ``workers`` None: one per shard up to the CPU count;
+    ``wait_timeout``: seconds to wait for shards other live processes hold
+    (None: as long as they take).
     """
 
     format: str | None = None
@@ -53,8 +55,15 @@ class IngestOptions:
     on_duplicate: str = "error"
     rescan: bool = False
     lease: float = DEFAULT_LEASE
+    on_bad_record: str = "raise"
+    wait_timeout: float | None = None
 
     def __post_init__(self) -> None:
+        if self.on_bad_record not in BAD_RECORD_POLICIES:
+            raise CatalogError(
+                f"on_bad_record must be one of {', '.join(BAD_RECORD_POLICIES)}, "
+                f"not {self.on_bad_record!r}"
+            )
         if self.on_duplicate not in DUPLICATE_POLICIES:
             raise CatalogError(
                 f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}, "

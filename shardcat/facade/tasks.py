@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog import postgres
+from shardcat.catalog.bad_records import SetAside
 from shardcat.catalog.engine import (
     ENV_VAR,
     cannot_create_in,
@@ -117,13 +118,15 @@ def open_catalog(
 @dataclass(frozen=True)
 class IngestSummary:
     """What an ingest left: the dataset's name, its records and shards in all, the
-    records this call indexed, and the records dropped as duplicate keys."""
+    records this call indexed, the records dropped as duplicate keys, and the bad
+    records its shards set aside (``on_bad_record="skip"``)."""
 
     dataset: str
     records: int
     shards: int
     indexed_now: int
     duplicates_dropped: int
+    bad_records: int = 0
 
 
 def ingest(
@@ -166,7 +169,12 @@ def ingest(
             discard_if_empty(Path(catalog))
         raise
     return IngestSummary(
-        stats["dataset"], stats["total_records"], stats["total_files"], indexed, dropped
+        stats["dataset"],
+        stats["total_records"],
+        stats["total_files"],
+        indexed,
+        dropped,
+        stats["bad_records"],
     )
 
 
@@ -175,10 +183,12 @@ def ingest(
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """What :func:`verify` found: the records checked and one error per bad one."""
+    """What :func:`verify` found: the records checked, one error per bad one (``key``
+    naming it), and the records an ingest set aside (not checked: not records)."""
 
     records: int
     problems: list[CorruptRecordError]
+    set_aside: list[SetAside] = field(default_factory=list)
 
 
 def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> VerifyResult:
@@ -193,7 +203,7 @@ def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> 
             progress(done, total)
 
     problems = catalog.verify(dataset, count)
-    return VerifyResult(int(checked), list(problems))
+    return VerifyResult(int(checked), list(problems), catalog.bad_records(dataset))
 
 
 # -- convert -----------------------------------------------------------------------

@@ -13,8 +13,12 @@ RecordIO offsets; see the format modules):
   uploaded, not changed, so remote shards rely on the checks below (their
   frames tiling the object's exact size, the sample re-read, fetched as few
   merged ranged requests);
-- a sample of ``sample`` entries per shard (default 64: the first, the last
-  and evenly spaced ones; 0 = all) is re-read by the format;
+- every entry of a local shard is re-read by the format: its key confirmed
+  against the record itself (TFRecord: the key feature, through the native scan
+  where built; tar: the member's header and name) and its check computed, so a
+  swapped entry is never imported; of a remote shard, a sample of ``sample``
+  entries (default 64: the first, the last and evenly spaced ones; 0 = all),
+  the others stored without a check (reads check their framing);
 - a damaged record or header found on the way is a mismatch too;
 - the key feature of tfd-utils TFRecord indexes is read off the first record
   (:func:`infer_key`).
@@ -121,7 +125,11 @@ def verify_shard(
     fmt = get_format(format)
     try:
         return fmt.check_entries(
-            path, st.st_size, shard.rows, _sample(len(shard.rows), sample), options
+            path,
+            st.st_size,
+            shard.rows,
+            _sample(len(shard.rows), sample if is_url(path) else 0),
+            options,
         )
     except CorruptRecordError as exc:
         raise Mismatch(f"{exc.problem} (at byte {exc.offset})") from None

@@ -24,6 +24,10 @@
  *   done: True when pos reached the end of buf; False when the record at pos
  *   is not settled here: it runs past the end of buf (a stream reads more),
  *   or the reference must handle it.
+ *   The crc of each record settled (CRC32C of its payload, unmasked: the check
+ *   the catalog stores) is appended to the list `checks` passed after `lengths`
+ *   (tfrecord and recordio alike).
+ *   crc32c(data) -> int: CRC32C of a buffer, the readers' per-read check;
  *   masked_crc(data) -> int; float32_shortest(x, fallback) -> float;
  *   hardware_crc() -> whether CRC32C runs on SSE4.2 (for tests).
  * Build with -DSHARDCAT_NO_HW_CRC to test the table CRC on an x86 machine.
@@ -98,10 +102,9 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(const uint8_t *p, size_
 
 static uint32_t (*crc32c)(const uint8_t *, size_t) = crc_soft;
 
-static uint32_t masked(const uint8_t *p, size_t n) {
-    uint32_t c = crc32c(p, n);
-    return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
-}
+static inline uint32_t mask(uint32_t c) { return ((c >> 15) | (c << 17)) + 0xA282EAD8u; }
+
+static uint32_t masked(const uint8_t *p, size_t n) { return mask(crc32c(p, n)); }
 
 static inline uint64_t rd64(const uint8_t *p) {
     return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
@@ -554,11 +557,11 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     Py_ssize_t pos, base;
-    PyObject *key_obj, *keys, *offsets, *lengths, *dict, *fallback;
+    PyObject *key_obj, *keys, *offsets, *lengths, *checks, *dict, *fallback;
     int want_fields;
-    if (!PyArg_ParseTuple(args, "y*nnOpO!O!O!O!O", &view, &pos, &base, &key_obj, &want_fields,
+    if (!PyArg_ParseTuple(args, "y*nnOpO!O!O!O!O!O", &view, &pos, &base, &key_obj, &want_fields,
                           &PyList_Type, &keys, &PyList_Type, &offsets, &PyList_Type, &lengths,
-                          &PyDict_Type, &dict, &fallback))
+                          &PyList_Type, &checks, &PyDict_Type, &dict, &fallback))
         return NULL;
     const char *key = NULL;
     Py_ssize_t key_len = 0;
@@ -588,7 +591,8 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
         if (masked(h, 8) != rd32(h + 8)) break;
         if (length > (uint64_t)(left - 16)) break;
         const uint8_t *data = h + 12;
-        if (masked(data, (size_t)length) != rd32(data + length)) break;
+        uint32_t crc = crc32c(data, (size_t)length);
+        if (mask(crc) != rd32(data + length)) break;
         Py_ssize_t ordinal = PyList_GET_SIZE(offsets);
         Feat *keyf = NULL;
         if (parse) {
@@ -617,7 +621,8 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
             Py_XDECREF(fl);
         }
         if (append_new(keys, k) < 0 || append_new(offsets, PyLong_FromSsize_t(base + pos)) < 0 ||
-            append_new(lengths, PyLong_FromUnsignedLongLong(length)) < 0) {
+            append_new(lengths, PyLong_FromUnsignedLongLong(length)) < 0 ||
+            append_new(checks, PyLong_FromUnsignedLong(crc)) < 0) {
             failed = 1;
             break;
         }
@@ -661,7 +666,7 @@ static PyObject *py_tfrecord(PyObject *self, PyObject *args) {
 
 /* -- RecordIO framing ----------------------------------------------------------- */
 
-/* recordio(buf, pos, want_header, offsets, lengths, fields, fallback) -> (pos, done):
+/* recordio(buf, pos, want_header, offsets, lengths, checks, fields, fallback) -> (pos, done):
  * whole (cflag 0) frames with the right magic that fit in the buffer; in header
  * datasets an IRHeader with flag 0 gives flag, label (not NaN), id and id2 (when
  * they fit int64). Stops at anything else (a part of a split record, bad magic,
@@ -671,9 +676,10 @@ static PyObject *py_recordio(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos;
     int want_header;
-    PyObject *offsets, *lengths, *dict, *fallback;
-    if (!PyArg_ParseTuple(args, "y*npO!O!O!O", &view, &pos, &want_header, &PyList_Type, &offsets,
-                          &PyList_Type, &lengths, &PyDict_Type, &dict, &fallback))
+    PyObject *offsets, *lengths, *checks, *dict, *fallback;
+    if (!PyArg_ParseTuple(args, "y*npO!O!O!O!O", &view, &pos, &want_header, &PyList_Type,
+                          &offsets, &PyList_Type, &lengths, &PyList_Type, &checks, &PyDict_Type,
+                          &dict, &fallback))
         return NULL;
     const uint8_t *buf = view.buf;
     Py_ssize_t size = view.len;
@@ -699,7 +705,8 @@ static PyObject *py_recordio(PyObject *self, PyObject *args) {
         if (header && rd32(data) != 0) break; /* a label array: the reference */
         Py_ssize_t ordinal = PyList_GET_SIZE(offsets);
         if (append_new(offsets, PyLong_FromSsize_t(pos)) < 0 ||
-            append_new(lengths, PyLong_FromSsize_t(span)) < 0) {
+            append_new(lengths, PyLong_FromSsize_t(span)) < 0 ||
+            append_new(checks, PyLong_FromUnsignedLong(crc32c(data, (size_t)n))) < 0) {
             failed = 1;
             break;
         }
@@ -837,6 +844,23 @@ static PyObject *py_tar(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(pos);
 }
 
+/* crc32c(data) -> int: CRC32C of a buffer (unmasked): the check every read by a
+ * reader compares with the catalog's (one call, no copy of the buffer). */
+static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t c;
+    if (view.len > 4096) {
+        Py_BEGIN_ALLOW_THREADS c = crc32c(view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        c = crc32c(view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
 static PyObject *py_masked_crc(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer view;
@@ -868,6 +892,7 @@ static PyMethodDef methods[] = {
     {"tfrecord", py_tfrecord, METH_VARARGS, "Scan TFRecord frames of a buffer into columns."},
     {"recordio", py_recordio, METH_VARARGS, "Scan whole RecordIO frames of a buffer into columns."},
     {"tar", py_tar, METH_VARARGS, "Walk plain tar headers of a buffer into member columns."},
+    {"crc32c", py_crc32c, METH_O, "CRC32C of a buffer: the check of every read."},
     {"masked_crc", py_masked_crc, METH_O, "TensorFlow's masked CRC32C of a buffer."},
     {"float32_shortest", py_float32_shortest, METH_VARARGS,
      "float32_shortest(x, fallback): the shortest decimal that rounds to float32(x)."},

@@ -53,7 +53,9 @@ from shardcat.readers.compressed import IndexingStream, detect_compression, read
 from shardcat.readers.rawio import Source
 
 __all__ = [
+    "BAD_RECORDS",
     "ENTRY_POINT_GROUP",
+    "BadRecord",
     "Columns",
     "Entry",
     "Format",
@@ -65,6 +67,7 @@ __all__ = [
     "known_formats",
     "other_format",
     "register_format",
+    "set_aside",
 ]
 
 # Scalar values that become SQL columns of a dataset's view.
@@ -94,10 +97,13 @@ class Entry:
     """One record found by ``scan``.
 
     ``key`` is None for datasets keyed by position. ``offset``, ``length``,
-    ``extents`` and ``item`` are the record's :class:`Location`. ``members``
+    ``extents`` and ``item`` are the record's :class:`Location`. ``check``: the
+    CRC32C of the payload ``read`` returns (:mod:`shardcat.readers.checks`;
+    None: the scan has none, reads then check the record's framing). ``members``
     lists ``(feature, offset, length)`` for formats whose records are made of
     separately stored parts (tar samples, ``PARTS``); it stays empty for the
-    others. A member stored in pieces adds a fourth item, its extents.
+    others. A member stored in pieces adds a fourth item, its extents (None for
+    one range), and a member's check is a fifth.
     """
 
     key: str | None
@@ -107,10 +113,38 @@ class Entry:
     members: list[tuple[Any, ...]] = field(default_factory=list)
     extents: Extents | None = None
     item: int | None = None
+    # not compared: entries are the same records whatever checks a scan computed
+    check: int | None = field(default=None, compare=False)
 
     @property
     def location(self) -> Location:
         return Location(self.offset, self.length, self.extents, self.item)
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record a scan set aside instead of failing its shard (ingest with
+    ``on_bad_record="skip"``): where it starts in the shard (``offset``), the bytes
+    set aside from there (``length``; None when unknown), why (``reason``, the
+    error the default mode raises) and its key when it could be read."""
+
+    offset: int
+    length: int | None
+    reason: str
+    key: str | None = None
+
+
+#: The scan option holding a list a scan appends :class:`BadRecord` items to, instead
+#: of raising :class:`~shardcat.errors.CorruptRecordError` for a damaged record, where
+#: the format can go on after it (ingest sets it with ``on_bad_record="skip"``; a
+#: format that does not know it raises as usual).
+BAD_RECORDS = "bad_records"
+
+
+def set_aside(options: Mapping[str, Any]) -> list[BadRecord] | None:
+    """The list bad records go to in a scan with ``options`` (None: raise instead)."""
+    found: list[BadRecord] | None = options.get(BAD_RECORDS)
+    return found
 
 
 class Mismatch(Exception):
@@ -126,8 +160,10 @@ class Columns:
     for datasets keyed by position. ``fields``: one list per field name, in
     the order the names were first seen, None where a record has no value.
     ``members``: one row per member of a PARTS record, ``(ordinal, name,
-    offset, length)`` plus the member's extents when it is stored in pieces.
-    ``extents``/``items``: None when no record has any (the common case).
+    offset, length)`` plus the member's extents (None: one range) and its check.
+    ``extents``/``items``: None when no record has any (the common case);
+    ``checks``: each record's check (:attr:`Entry.check`), None when none has one.
+    ``bad``: the records set aside (see :class:`BadRecord`), not among the others.
     A native scanner fills these lists directly; :meth:`of` builds them from
     a format's :class:`Entry` objects.
     """
@@ -139,6 +175,8 @@ class Columns:
     members: list[tuple[Any, ...]] = field(default_factory=list)
     extents: list[Extents | None] | None = None
     items: list[int | None] | None = None
+    checks: list[int | None] | None = None
+    bad: list[BadRecord] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -167,6 +205,7 @@ class Columns:
                 if items is None:
                     items = [None] * n
                 items[i] = e.item
+        checks = [e.check for e in entries]
         return cls(
             [e.key for e in entries],
             [e.offset for e in entries],
@@ -175,6 +214,7 @@ class Columns:
             members,
             extents,
             items,
+            checks if not checks or any(c is not None for c in checks) else None,
         )
 
     def select(self, keep: Sequence[int]) -> Columns:
@@ -188,6 +228,8 @@ class Columns:
             [(renumber[m[0]], *m[1:]) for m in self.members if m[0] in renumber],
             None if self.extents is None else [self.extents[i] for i in keep],
             None if self.items is None else [self.items[i] for i in keep],
+            None if self.checks is None else [self.checks[i] for i in keep],
+            self.bad,
         )
 
 

@@ -8,7 +8,10 @@ The extension settles the well-formed common case; at any record it cannot
 settle with certainty (damaged framing, a malformed or unusual protobuf wire, a
 missing key) it stops, the pure-Python reference scan handles that one record
 (so errors, their messages and offsets are the reference's), and the extension
-continues after it. ``SHARDCAT_NATIVE=0`` in the environment forces the
+continues after it. A scan that sets bad records aside (ingest's
+``on_bad_record="skip"``) does so here too: the reference's error goes to the
+format's ``skip`` function, which says where the extension goes on.
+``SHARDCAT_NATIVE=0`` in the environment forces the
 reference scan everywhere; without a built extension it is used anyway.
 
 The two may list a record's field names in another order (wire order here,
@@ -28,7 +31,13 @@ from types import ModuleType
 from typing import Any
 
 from shardcat.errors import CorruptRecordError
-from shardcat.readers.formats import Columns, Entry, float32_shortest
+from shardcat.readers.formats import (
+    BadRecord,
+    Columns,
+    Entry,
+    float32_shortest,
+    set_aside,
+)
 from shardcat.readers.tar_headers import BLOCK, ZERO, Cursor, Member, padded
 
 __all__ = [
@@ -61,6 +70,9 @@ def _masked_crc(data: bytes) -> int:
 
 # the reference scan of one stream: (stream, path, options, size) -> entries
 Reference = Callable[[Any, str, Mapping[str, Any], "int | None"], Iterator[Entry]]
+# a format's way past a bad record, in a scan that sets them aside:
+# (read(offset, n), size, error, options) -> where the scan goes on
+Skip = Callable[[Callable[[int, int], bytes], int, CorruptRecordError, Mapping[str, Any]], int]
 
 
 def available() -> bool:
@@ -109,6 +121,8 @@ def _add(columns: Columns, entry: Entry) -> None:
     columns.keys.append(entry.key)
     columns.offsets.append(entry.offset)
     columns.lengths.append(entry.length)
+    if columns.checks is not None:
+        columns.checks.append(entry.check)
     for name, value in entry.fields.items():
         column = columns.fields.setdefault(name, [])
         column.extend([None] * (i - len(column)))
@@ -121,14 +135,14 @@ class _Scan:
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.key: str | None = options.get("key", "key")
         self.want_fields = bool(options.get("fields", True))
-        self.columns = Columns([], [], [], {})
+        self.columns = Columns([], [], [], {}, checks=[])
 
     def run(self, buf: Any, pos: int, base: int) -> tuple[int, bool]:
         assert _native is not None
         c = self.columns
         result: tuple[int, bool] = _native.tfrecord(
-            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.fields,
-            float32_shortest,
+            buf, pos, base, self.key, self.want_fields, c.keys, c.offsets, c.lengths, c.checks,
+            c.fields, float32_shortest,
         )  # fmt: skip
         return result
 
@@ -139,8 +153,11 @@ class _Scan:
         return self.columns
 
 
-def scan_buffer(buf: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
-    """The records of a whole TFRecord shard held in ``buf`` (bytes, mmap, ...)."""
+def scan_buffer(
+    buf: Any, path: str, options: Mapping[str, Any], ref: Reference, skip: Skip | None = None
+) -> Columns:
+    """The records of a whole TFRecord shard held in ``buf`` (bytes, mmap, ...);
+    ``skip``: the format's way past a bad record when ``options`` set them aside."""
     scan = _Scan(options)
     pos = 0
     while True:
@@ -149,18 +166,26 @@ def scan_buffer(buf: Any, path: str, options: Mapping[str, Any], ref: Reference)
             return scan.done()
         end = _frame_end(buf, pos)
         frame = bytes(buf[pos : len(buf) if end is None else min(end, len(buf))])
-        entry = _one(frame, pos, len(buf) - pos, path, options, ref)
+        try:
+            entry = _one(frame, pos, len(buf) - pos, path, options, ref)
+        except CorruptRecordError as exc:
+            if skip is None or set_aside(options) is None:
+                raise
+            pos = skip(lambda at, n: bytes(buf[at : at + n]), len(buf), exc, options)
+            continue
         _add(scan.columns, entry)
         pos = entry.offset + _HEADER + entry.length + _FOOTER
 
 
-def scan_tfrecord(path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
+def scan_tfrecord(
+    path: str, options: Mapping[str, Any], ref: Reference, skip: Skip | None = None
+) -> Columns:
     """The records of the plain TFRecord file at ``path``, mapped into memory."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
-            return Columns([], [], [])
+            return Columns([], [], [], checks=[])
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return scan_buffer(buf, path, options, ref)
+            return scan_buffer(buf, path, options, ref, skip)
 
 
 def scan_stream(stream: Any, path: str, options: Mapping[str, Any], ref: Reference) -> Columns:
@@ -208,8 +233,10 @@ def recordio_frames(buf: Any, pos: int, want_header: bool, columns: Columns) -> 
     array): the caller hands that record to the reference walk."""
     assert _native is not None
     c = columns
+    if c.checks is None:
+        c.checks = [None] * len(c.offsets)
     result: tuple[int, bool] = _native.recordio(
-        buf, pos, want_header, c.offsets, c.lengths, c.fields, float32_shortest
+        buf, pos, want_header, c.offsets, c.lengths, c.checks, c.fields, float32_shortest
     )
     return result
 
@@ -219,18 +246,20 @@ def recordio_frames(buf: Any, pos: int, want_header: bool, columns: Columns) -> 
 _TAR_BATCH = 1 << 16  # members per call of the extension
 _NO_DATA = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
 
-# the reference walk: (cursor, path) -> members
-TarReference = Callable[[Cursor, str], Iterator[Member]]
+# the reference walk: (cursor, path) -> members (and, in a scan that sets bad
+# records aside, a BadRecord where it resynchronised after a damaged header)
+TarReference = Callable[[Cursor, str], Iterator["Member | BadRecord"]]
 
 
-def tar_members(mm: Any, cur: Cursor, path: str, ref: TarReference) -> Iterator[Member]:
+def tar_members(mm: Any, cur: Cursor, path: str, ref: TarReference) -> Iterator[Member | BadRecord]:
     """The members of the archive mapped in ``mm`` (read through ``cur``, a cursor
     over it that the caller may read member data from after each member), as the
     reference walk ``ref`` gives them. The extension walks runs of plain headers;
     at a header it cannot settle the reference reads that one member (pax or GNU
     headers included) and the extension goes on after its data; after a global
     pax header, a sparse member, or at the end of the archive the reference walk
-    reads the rest."""
+    reads the rest. A :class:`BadRecord` from the reference (a damaged header set
+    aside) is passed on, and the extension goes on after it."""
     assert _native is not None
     size = len(mm)
     pos = 0
@@ -254,6 +283,10 @@ def tar_members(mm: Any, cur: Cursor, path: str, ref: TarReference) -> Iterator[
         member = next(members, None)
         if member is None:
             return
+        if isinstance(member, BadRecord):  # set aside: go on where the walk resynchronised
+            yield member
+            pos = member.offset + (member.length or 0)
+            continue
         span = 0 if member.type in _NO_DATA else padded(member.size)
         after = member.data_offset + span
         if member.header_offset != pos or member.extents is not None or after > size:

@@ -18,6 +18,13 @@ shard, and bytes are read only from a file that is that version (see
 seen as the old or the new version, never a mix, never missing. A file that
 matches no indexed version raises :class:`StaleShardError`.
 
+**Checks.** Every read compares the bytes it hands back with the catalog's
+CRC32C of the record (or tar member), in the native extension
+(:mod:`shardcat.readers.checks`): a mismatch is a :class:`CorruptRecordError`
+naming shard, byte offset and key. Rows without a stored check (indexed before
+schema version 7, Parquet) are checked by the record's framing instead.
+``verify=False`` trusts the bytes (``verify_crc`` is its older name).
+
 **Positions** (``get_record_at``, slices, and the keys of datasets keyed by
 position) are those of the shard layout the reader opened with. A re-index
 that moves them (a shard changed, added or removed) makes positional access
@@ -46,13 +53,13 @@ checked on every read.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardcat.catalog import lookup
+from shardcat.catalog.bad_records import bad_records_of
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import (
@@ -61,11 +68,12 @@ from shardcat.errors import (
     ShardcatError,
     ShardIOError,
     StaleShardError,
-    masked,
 )
+from shardcat.readers.checks import checked_chunks, crc32c, mismatch
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
+from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
 
 __all__ = ["CatalogLike", "Reader"]
@@ -75,23 +83,6 @@ __all__ = ["CatalogLike", "Reader"]
 # location: a tar member's header block, a TFRecord frame's header and CRC
 _PREFETCH_BEFORE = 512
 _PREFETCH_AFTER = 64
-# records of a remote shard that verify fetches ahead at a time
-_VERIFY_BATCH = 4096
-
-
-def _extents(text: str | None) -> tuple[tuple[int, int], ...] | None:
-    """A stored location's extents (JSON ``[[offset, length], ...]``)."""
-    return None if text is None else tuple((int(a), int(b)) for a, b in json.loads(text))
-
-
-def _whole_shard(path: str, exc: ShardcatError) -> CorruptRecordError:
-    """:meth:`Reader.verify`'s problem for a shard it cannot check at all (byte 0),
-    its error's text without the shard's name again (``x.tar: at byte 0: changed
-    ...``, not ``x.tar: at byte 0: x.tar changed ...``)."""
-    text, shown = str(exc), masked(path)
-    if text.startswith(shown):
-        text = text[len(shown) :].lstrip(": ")
-    return CorruptRecordError(path, 0, text)
 
 
 class Reader(DatasetView):
@@ -106,10 +97,27 @@ class Reader(DatasetView):
     # Readers opened on shard paths: each shard file -> its path as given (reader.index)
     names_as_given: dict[str, str] | None = None
 
-    def _read(self, shard_id: int, location: Location, verify: bool | None = None) -> bytes:
+    def _fetch(
+        self, source: Source, location: Location, crc: int | None, key: Any, frame: bool = False
+    ) -> bytes:
+        """One payload through ``source``; with ``verify`` (the reader's default), its
+        bytes checked against the catalog's ``crc`` of the record, or by its framing
+        when the catalog has none (``frame``: both, whatever ``verify``), else a
+        :class:`CorruptRecordError` naming shard, offset and ``key``."""
+        verify = frame or self.verify_reads
+        data = self._fmt.read(source, location, verify and (frame or crc is None))
+        if verify and crc is not None:
+            got = crc32c(data)
+            if got != crc:
+                raise mismatch(source.path, location.offset, key, crc, got)
+        return data
+
+    def _read(
+        self, shard_id: int, location: Location, crc: int | None, key: Any, frame: bool = False
+    ) -> bytes:
         source = self._source(shard_id)
         try:
-            return self._fmt.read(source, location, self.verify_crc if verify is None else verify)
+            return self._fetch(source, location, crc, key, frame)
         except OSError as exc:  # EIO and the like (our own errors are not OSErrors here)
             if isinstance(exc, ShardcatError):
                 raise
@@ -145,10 +153,16 @@ class Reader(DatasetView):
         at = self._at
         if self._one_range:
             return Location(row[at], row[at + 1])
-        extents = row[at + 2]
+        extents = row[at + 3]
         return Location(
-            row[at], row[at + 1], None if extents is None else _extents(extents), row[at + 3]
+            row[at], row[at + 1], None if extents is None else extents_of(extents), row[at + 4]
         )
+
+    def _name_of(self, row: lookup.Row) -> Any:
+        """What errors call the record of a row that ends with its key (``at`` rows)."""
+        if self._by_position:  # its key is a placeholder, #<shard id>:<ordinal>
+            return str(self._shards[row[1]].first + int(str(row[-1]).rpartition(":")[2]))
+        return row[-1]
 
     def _rows_at(self, conn: ReadConnection, positions: Sequence[int]) -> list[lookup.Row]:
         """Record rows (with the key last) for positions, in the order given; one query."""
@@ -174,7 +188,10 @@ class Reader(DatasetView):
         row = self._locate(conn, key)
         if row is None:
             return None
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, True)
+        key = str(key)
+        if self._parts:
+            return self._load_parts(conn, [row], [key])[0]
+        return self._decoded(row, True, key)
 
     @follows_reindex
     def get_record(self, key: Any) -> Any:
@@ -184,29 +201,38 @@ class Reader(DatasetView):
             found = conn.execute(self._sql.one, (str(key),)).fetchone()
             if found is None:
                 return None
-            shard_id = found[0]
+            shard_id, crc = found[0], found[3]
             try:
-                data = self._fmt.read(
-                    self._pool.sources.get(shard_id) or self._source(shard_id),
-                    Location(found[1], found[2]),
-                    self.verify_crc,
-                )
+                source = self._pool.sources.get(shard_id) or self._source(shard_id)
+                if crc is None or not self.verify_reads:  # unchecked, or framing only
+                    data = self._fetch(source, Location(found[1], found[2]), crc, key)
+                else:  # _fetch inlined: every checked read by key
+                    data = self._fmt.read(source, Location(found[1], found[2]), False)
+                    if crc32c(data) != crc:
+                        raise mismatch(source.path, found[1], key, crc, crc32c(data))
                 return self._fmt.decode(data, self.options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, found[1]) from None
         row = self._locate(conn, key)
         if row is None:
             return None
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, False)
+        key = str(key)
+        return (
+            self._load_parts(conn, [row], [key])[0]
+            if self._parts
+            else self._decoded(row, False, key)
+        )
 
-    def _decoded(self, row: lookup.Row, raw: bool) -> Any:
-        """One record of a row (not a PARTS format): read, checked, decoded unless ``raw``."""
+    def _decoded(self, row: lookup.Row, raw: bool, key: Any) -> Any:
+        """One record of a row (not a PARTS format): read, checked, decoded unless
+        ``raw``; ``key`` names it in errors."""
         shard_id = row[1]
         try:
-            data = self._fmt.read(
+            data = self._fetch(
                 self._pool.sources.get(shard_id) or self._source(shard_id),
                 self._location(row),
-                self.verify_crc,
+                row[self._at + 2],
+                key,
             )
             return data if raw else self._fmt.decode(data, self.options)
         except Exception as exc:  # bad bytes for the format, or a failed read
@@ -230,8 +256,8 @@ class Reader(DatasetView):
         found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
-        shard_id, offset, length, extents = found
-        return self._read(shard_id, Location(offset, length, _extents(extents)))
+        shard_id, offset, length, extents, crc = found
+        return self._read(shard_id, Location(offset, length, extents_of(extents)), crc, str(key))
 
     @follows_reindex
     def member_chunks(self, key: Any, feature_name: str) -> Iterator[bytes] | None:
@@ -244,9 +270,14 @@ class Reader(DatasetView):
             found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
-        shard_id, offset, length, extents = found
-        location = Location(offset, length, _extents(extents))
-        return self._fmt.read_chunks(self._source(shard_id), location, self.verify_crc)
+        shard_id, offset, length, extents, crc = found
+        source = self._source(shard_id)
+        by_crc = crc if self.verify_reads else None  # else framing only, if verifying
+        location = Location(offset, length, extents_of(extents))
+        chunks = self._fmt.read_chunks(source, location, self.verify_reads and by_crc is None)
+        return (
+            chunks if by_crc is None else checked_chunks(chunks, by_crc, source.path, offset, key)
+        )
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
         """All values of one feature, or None when the key or feature is missing."""
@@ -277,7 +308,7 @@ class Reader(DatasetView):
             raise KeyNotFoundError(
                 self._missing_message([k for i, k in enumerate(keys) if i not in found])
             )
-        return self._load(conn, rows, raw)
+        return self._load(conn, rows, raw, keys)
 
     @follows_reindex
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
@@ -288,7 +319,12 @@ class Reader(DatasetView):
         row = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()  # _row_at inlined
         if row is None:
             raise self._broken()
-        return self._load_parts(conn, [row])[0] if self._parts else self._decoded(row, raw)
+        name = self._name_of(row)
+        return (
+            self._load_parts(conn, [row], [name])[0]
+            if self._parts
+            else self._decoded(row, raw, name)
+        )
 
     def key_at(self, position: int) -> str:
         conn = self._conn()
@@ -308,27 +344,41 @@ class Reader(DatasetView):
         conn = self._conn()
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
-        return self._load(conn, self._rows_at(conn, positions), raw)
+        return self._load(conn, self._rows_at(conn, positions), raw, None)
 
-    def _load(self, conn: ReadConnection, rows: Sequence[lookup.Row], raw: bool) -> list[Any]:
-        """Read and decode the records of ``rows`` (in batch order), in file order.
+    def _name(self, row: lookup.Row, names: Sequence[Any] | None) -> Any:
+        """What errors call a batch row's record: ``names[row[0]]``, else (rows with
+        the key last) :meth:`_name_of` the row."""
+        return self._name_of(row) if names is None else names[row[0]]
+
+    def _load(
+        self,
+        conn: ReadConnection,
+        rows: Sequence[lookup.Row],
+        raw: bool,
+        names: Sequence[Any] | None,
+    ) -> list[Any]:
+        """Read, check and decode the records of ``rows`` (in batch order), in file
+        order; :meth:`_name` names a row's record in errors.
 
         Reads go through each shard's ``unchecked`` source; one file check per
         shard at the end covers every read before it."""
         if self._parts:
-            return self._load_parts(conn, rows)
+            return self._load_parts(conn, rows, names)
         out: list[Any] = [None] * len(rows)
-        read, decode, options, verify, location = (
+        read, decode, options, location, verify = (
             self._fmt.read,
             self._fmt.decode,
             self.options,
-            self.verify_crc,
             self._location,
+            self.verify_reads,
         )
         # one location for the batch when records are one range (formats never keep
         # the location they read: see Format.read); its fields are set per record
         plain = Location(0, 0) if self._one_range else None
-        # shard -> (source, its unchecked, whether to check frames)
+        # shard -> (source, its unchecked, whether to check frames: a remote batch's
+        # records without a stored check, whatever ``verify``, as the bytes of a
+        # prefetched answer hold them)
         touched: dict[int, tuple[Source, Source, bool]] = {}
         at = self._at
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
@@ -338,14 +388,19 @@ class Reader(DatasetView):
             opened = touched.get(shard_id)
             if opened is None:
                 source = self._source(shard_id)
-                opened = touched[shard_id] = (source, source.unchecked, verify or source in ahead)
+                opened = touched[shard_id] = (source, source.unchecked, source in ahead)
             try:
                 if plain is None:
                     where = location(row)
                 else:
                     where = plain
                     where.offset, where.length = row[at], row[at + 1]
-                data = read(opened[1], where, opened[2])
+                crc = row[at + 2]  # _fetch inlined: every record of every batch
+                data = read(opened[1], where, (verify or opened[2]) and crc is None)
+                if verify and crc is not None:
+                    got = crc32c(data)
+                    if got != crc:
+                        raise mismatch(opened[1].path, row[at], self._name(row, names), crc, got)
                 out[row[0]] = data if raw else decode(data, options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, row[at]) from None
@@ -354,9 +409,10 @@ class Reader(DatasetView):
         return out
 
     def _load_parts(
-        self, conn: ReadConnection, rows: Sequence[lookup.Row]
+        self, conn: ReadConnection, rows: Sequence[lookup.Row], names: Sequence[Any] | None
     ) -> list[dict[str, bytes]]:
-        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place)."""
+        """Samples of ``rows`` (in batch order: ``row[0]`` is each row's place;
+        :meth:`_name` names its record in errors)."""
         members = lookup.members_at(conn, self._sql, [(r[1], r[2]) for r in rows])
         ahead = (
             self._prefetch([(rows[m[0]][1], m[2], m[3]) for m in members])
@@ -364,11 +420,11 @@ class Reader(DatasetView):
             else []
         )
         out: list[dict[str, bytes]] = [{} for _ in rows]
-        for index, name, offset, length, extents in members:
+        for index, name, offset, length, extents, crc in members:
             row = rows[index]
-            where = Location(offset, length, _extents(extents))
-            framed = self.verify_crc or self._source(row[1]) in ahead
-            out[row[0]][name] = self._read(row[1], where, framed)
+            where = Location(offset, length, extents_of(extents))
+            framed = crc is None and self._source(row[1]) in ahead
+            out[row[0]][name] = self._read(row[1], where, crc, self._name(row, names), framed)
         for source in ahead:  # ends their batch
             source.check()
         return out
@@ -433,10 +489,16 @@ class Reader(DatasetView):
         return self._locate(self._conn(), key) is not None
 
     def get_stats(self) -> dict[str, Any]:
-        """Counts as tfd-utils reports them, plus the catalog and dataset names and
+        """Counts as tfd-utils reports them, plus the catalog and dataset names,
         ``duplicates_dropped``: the records of the shards that the dataset does not
-        serve because another record has the same key (``on_duplicate``)."""
+        serve because another record has the same key (``on_duplicate``), and
+        ``bad_records_per_file``: the records an ingest set aside, per shard that has
+        any (``on_bad_record="skip"``; they are not records of the dataset)."""
         dropped = lookup.dataset_options(self._conn(), self._id).get(DROPPED)
+        bad: dict[str, int] = {}
+        for found in bad_records_of(self._conn(), self._id):
+            name = os.path.basename(found.shard)
+            bad[name] = bad.get(name, 0) + 1
         return {
             "total_records": self._len,
             "total_files": len(self._order),
@@ -446,6 +508,8 @@ class Reader(DatasetView):
             "format": self.format,
             "key_rule": self.key_rule,
             "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
+            "bad_records": sum(bad.values()),
+            "bad_records_per_file": bad,
         }
 
     @property
@@ -473,48 +537,10 @@ class Reader(DatasetView):
         self,
         progress: Callable[[int, int], None] | None = None,  # the Progress shape
     ) -> list[CorruptRecordError]:
-        """Re-read every record checking framing and checksums; one error per bad record
-        (a shard whose file is not the indexed version is one error at byte 0)."""
-        problems: list[CorruptRecordError] = []
-        self.catalog.reader_connection()  # see the latest commit
-        conn = self._conn()
-        done = 0
-        for shard in list(self._order):
-            try:
-                self._source(shard.id)
-            except ShardcatError as exc:  # stale, missing or unreadable file
-                problems.append(_whole_shard(shard.path, exc))
-                done += shard.count
-                continue
-            rows = list(lookup.records_of_shard(conn, self._sql, shard.id, self._parts))
-            ahead: list[Source] = []
-            for n, (offset, length, extents, item) in enumerate(rows):
-                if n % _VERIFY_BATCH == 0:  # a remote shard: read ahead in merged requests
-                    for source in ahead:
-                        source.check()
-                    batch = rows[n : n + _VERIFY_BATCH]
-                    ahead = self._prefetch([(shard.id, r[0], r[1]) for r in batch])
-                location = Location(offset, length, _extents(extents), item)
-                try:
-                    self._read(shard.id, location, verify=True)
-                except CorruptRecordError as exc:
-                    problems.append(exc)
-                except StaleShardError as exc:  # the file is not the indexed version
-                    problems.append(_whole_shard(shard.path, exc))
-                    break
-                if not self._parts:  # rows are members for tar: count records per shard
-                    done += 1
-                    if progress is not None and done % 1000 == 0:
-                        progress(done, self._len)
-            for source in ahead:  # ends the last batch
-                source.check()
-            if self._parts:
-                done += shard.count
-                if progress is not None:
-                    progress(done, self._len)
-        if progress is not None:
-            progress(done, self._len)
-        return problems
+        """Re-read every record checking framing, checksums and the catalog's check of
+        each record (whatever ``verify``); one error per bad record (a shard whose
+        file is not the indexed version is one error at byte 0)."""
+        return verify_records(self, progress)
 
     def rebuild_index(self) -> None:
         """Re-index every shard of this dataset from its source patterns."""
@@ -576,7 +602,7 @@ class Reader(DatasetView):
             "readonly": self.catalog.readonly,
             "immutable": self.catalog.immutable,
             "dataset": self.dataset,
-            "verify_crc": self.verify_crc,
+            "verify": self.verify_reads,
             "pool": self._pool.size,
             "files": getattr(self, "files", None),
             "names_as_given": self.names_as_given,
@@ -590,7 +616,7 @@ class Reader(DatasetView):
             self,
             catalog,
             state["dataset"],
-            verify_crc=state["verify_crc"],
+            verify=state["verify"],
             file_pool_size=state["pool"],
             owns_catalog=True,
         )

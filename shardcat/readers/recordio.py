@@ -82,8 +82,19 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError, ShardcatWarning
 from shardcat.readers import native
+from shardcat.readers.checks import crc32c
 from shardcat.readers.compressed import detect_compression
-from shardcat.readers.formats import Columns, Entry, Format, Location, Mismatch, Scalar, ShardScan
+from shardcat.readers.formats import (
+    BadRecord,
+    Columns,
+    Entry,
+    Format,
+    Location,
+    Mismatch,
+    Scalar,
+    ShardScan,
+    set_aside,
+)
 from shardcat.readers.irheader import (
     HEADER_TYPES,
     IRHeader,
@@ -112,6 +123,7 @@ from shardcat.readers.recordio_frames import (
     encode,
     join_parts,
     padded,
+    resync,
     walk_frames,
 )
 from shardcat.readers.source import shard_to_check
@@ -202,6 +214,32 @@ def _unclaimed(path: str, keys: dict[int, tuple[str, int]]) -> CorruptRecordErro
     )
 
 
+def _walk(
+    mm: Any,
+    pos: int,
+    size: int,
+    path: str,
+    keys: dict[int, tuple[str, int]] | None,
+    bad: list[BadRecord] | None,
+) -> tuple[int, Any]:
+    """:func:`walk_frames` of the record at ``pos``; when it is damaged and ``bad``
+    sets records aside: ``(where the next sound record starts, None)``, the damaged
+    stretch in ``bad`` with its ``.idx`` key (``keys``, claimed), and any ``.idx``
+    key pointing inside it as a bad record of its own."""
+    try:
+        return walk_frames(mm, pos, size, path)
+    except CorruptRecordError as exc:
+        if bad is None:
+            raise
+        end = resync(mm, pos, size)
+        first = None if keys is None else keys.pop(pos, None)
+        bad.append(BadRecord(pos, end - pos, exc.problem, None if first is None else first[0]))
+        for at in sorted(o for o in keys or () if pos < o < end):
+            why = f"inside the damaged bytes from byte {pos}"
+            bad.append(BadRecord(at, None, why, keys.pop(at)[0] if keys else None))
+        return end, None
+
+
 def _put(column: list[Scalar | None], i: int, value: Scalar) -> None:
     column.extend([None] * (i - len(column)))
     column.append(value)
@@ -215,7 +253,9 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
     in_column = options.get("idx") == IDX_AS_COLUMN
     want_fields = bool(options.get("fields", True))
     want_header = want_fields and bool(options.get("header", True))
-    c = Columns([], [], [], {})
+    checks: list[int | None] = []
+    bad = set_aside(options)
+    c = Columns([], [], [], {}, checks=checks)
     key_list: list[str | None] = []
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -232,19 +272,23 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
                         key_list.append(found[0])
                 if done:
                     break
-                end, parts = walk_frames(mm, pos, size, path)
+                end, parts = _walk(mm, pos, size, path, keys, bad)
+                if parts is None:  # set aside
+                    pos = end
+                    continue
                 if keys is not None:
                     found = keys.pop(pos, None)
                     if found is None:
                         raise _no_line(path, pos)
                     key_list.append(found[0])
                 i = len(c.offsets)
+                payload = join_parts(mm, parts)
                 if want_header:
-                    payload = join_parts(mm, parts)
                     for name, value in header_fields(payload, 0, len(payload)).items():
                         _put(c.fields.setdefault(name, []), i, value)
                 c.offsets.append(pos)
                 c.lengths.append(end - pos)
+                checks.append(crc32c(payload))
                 pos = end
         finally:
             if size:
@@ -262,6 +306,14 @@ def _native_scan(path: str, options: Mapping[str, Any]) -> Columns:
     for column in c.fields.values():
         column.extend([None] * (n - len(column)))
     return c
+
+
+def _crc_of(buf: Any, parts: Any) -> int:
+    """The check of the record made of ``parts`` of ``buf`` (its payload's CRC32C)."""
+    if len(parts) == 1:
+        start, n = parts[0]
+        return crc32c(memoryview(buf)[start : start + n])
+    return crc32c(join_parts(buf, parts))
 
 
 def features_of(record: bytes, *, with_data: bool = True) -> dict[str, list[Any]]:
@@ -307,23 +359,28 @@ class RecordIOFormat(Format):
 
         Framing is checked frame by frame (magic word, continuation flags,
         lengths); a problem raises :class:`CorruptRecordError` with the byte
-        offset of the record's first frame. ``options``: ``key`` (None: position
-        keys), ``idx`` (keys from the ``.idx`` beside the file: True, False, or
-        absent = when there is one; ``"column"``: position keys, the ``.idx`` key in
-        field ``idx_key``), ``header`` and ``fields`` (extract IRHeader fields, both
-        default True).
+        offset of the record's first frame, or, when ``options`` set bad records
+        aside, is set aside up to the next sound record (:func:`resync`).
+        ``options``: ``key`` (None: position keys), ``idx`` (keys from the ``.idx``
+        beside the file: True, False, or absent = when there is one; ``"column"``:
+        position keys, the ``.idx`` key in field ``idx_key``), ``header`` and
+        ``fields`` (extract IRHeader fields, both default True).
         """
         keys = _keys_source(path, options)
         in_column = options.get("idx") == IDX_AS_COLUMN  # keyed by position, .idx key a field
         want_fields = options.get("fields", True)
         want_header = want_fields and options.get("header", True)
+        bad = set_aside(options)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mm: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
             try:
                 pos = 0
                 while pos < size:
-                    end, parts = walk_frames(mm, pos, size, path)
+                    end, parts = _walk(mm, pos, size, path, keys, bad)
+                    if parts is None:  # set aside
+                        pos = end
+                        continue
                     key = None
                     if keys is not None:
                         found = keys.pop(pos, None)
@@ -345,7 +402,7 @@ class RecordIOFormat(Format):
                         if key is not None and want_fields:
                             fields[IDX_KEY] = key
                         key = None
-                    yield Entry(key, pos, end - pos, fields)
+                    yield Entry(key, pos, end - pos, fields, check=_crc_of(mm, parts))
                     pos = end
             finally:
                 if size:
@@ -538,10 +595,11 @@ class RecordIOFormat(Format):
     ) -> tuple[list[Entry], int]:
         """A legacy ``.idx``'s ``(key, offset)`` rows: offsets must be unique and start
         at byte 0, the last record must end at the end of the file; the picked records
-        are re-read (magic and framing spanning exactly the record)."""
+        are re-read (magic and framing spanning exactly the record) and get their
+        check (the others keep none: reads check them by their framing)."""
         entries = _legacy_entries(size, rows)
         ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
         with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
             for i in picks:
-                self.read(source, entries[i].location, True)
+                entries[i].check = crc32c(self.read(source, entries[i].location, True))
         return entries, len(picks)

@@ -1,6 +1,7 @@
 """RecordIO framing (dmlc-core ``recordio.h``/``recordio.cc``; the layout is in
 :mod:`shardcat.readers.recordio`): walking the frames of one logical record,
-joining its parts, encoding a payload as dmlc's writer does, and
+joining its parts, finding the next sound record after a damaged one
+(:func:`resync`), encoding a payload as dmlc's writer does, and
 :class:`RecordIOWriter`, which writes ``.rec`` files and their MXNet ``.idx``."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "encode",
     "join_parts",
     "padded",
+    "resync",
     "walk_frames",
 ]
 
@@ -90,6 +92,25 @@ def walk_frames(buf: Any, pos: int, size: int, path: str, base: int = 0) -> tupl
         pos = end
         if cflag in (0, 3):
             return pos, parts
+
+
+def resync(buf: Any, start: int, size: int) -> int:
+    """The first offset after ``start``, at 4-byte alignment, where the magic word
+    starts a record whose frames walk soundly (a whole record, or a first part and
+    its continuation); ``size`` when there is none. dmlc's writer cuts the aligned
+    magic words out of payloads, so aligned ones start frames."""
+    at = padded(start + 1)
+    while True:
+        at = buf.find(_MAGIC_BYTES, at)
+        if at < 0:
+            return size
+        if at % 4 == 0:
+            try:
+                walk_frames(buf, at, size, "")
+                return at
+            except CorruptRecordError:
+                pass  # a middle or last part, or a damaged record: look further
+        at = padded(at + 1)
 
 
 def join_parts(buf: Any, parts: Parts) -> bytes:

@@ -47,8 +47,10 @@ GNU/pax extended headers) of its members, ``length`` runs to the end of the
 data of its last member in the archive (for a sparse member, its stored
 data): under ``tfd`` the span may hold other samples' members too, the
 members themselves are exact; ``members``
-holds ``(feature, data offset, size)`` per member, and for a sparse member
-``(feature, first stored byte, real size, extents)`` (:data:`MemberRow`).
+holds ``(feature, data offset, size, None, check)`` per member, and for a sparse
+member ``(feature, first stored byte, real size, extents, check)``
+(:data:`MemberRow`; the check is the CRC32C of the member's content, so the
+scan reads every member's data).
 For compressed archives the offsets, those of extents too, are
 decompressed-stream offsets (see :mod:`shardcat.readers.compressed`). Small
 field members that are sparse are expanded before their fields are read.
@@ -67,8 +69,10 @@ from typing import Any
 
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.readers import native
+from shardcat.readers.checks import crc32c
 from shardcat.readers.compressed import IndexingStream, detect_compression, open_stream
 from shardcat.readers.formats import (
+    BadRecord,
     Columns,
     Entry,
     Extents,
@@ -77,6 +81,7 @@ from shardcat.readers.formats import (
     Mismatch,
     Scalar,
     ShardScan,
+    set_aside,
 )
 from shardcat.readers.rawio import Source, pread_exact
 from shardcat.readers.remote import is_url
@@ -107,6 +112,7 @@ from shardcat.readers.tar_rules import (
     split_key,
     wants_data,
 )
+from shardcat.readers.tar_salvage import salvaging, set_aside_broken
 
 __all__ = [
     "GROUPINGS",
@@ -126,9 +132,10 @@ _CURSORS = (MapCursor, StreamCursor, IndexingStream)
 # -- scanning ------------------------------------------------------------------
 
 
-#: One item of ``Entry.members``: ``(feature, data offset, size)``, and for a
-#: sparse member ``(feature, first stored byte, real size, extents)``.
-MemberRow = tuple[str, int, int] | tuple[str, int, int, Extents]
+#: One item of ``Entry.members``: ``(feature, data offset, size, extents, check)``:
+#: extents None but for a sparse member (then its first stored byte and real size),
+#: check the CRC32C of its content.
+MemberRow = tuple[str, int, int, Extents | None, int]
 
 
 @dataclass(slots=True)
@@ -190,13 +197,23 @@ def _samples(
     path: str,
     grouping: str,
     want: Callable[[str, int], bool] | None,
-    members: Iterable[Member] | None = None,
+    members: Iterable[Member | BadRecord] | None = None,
+    breaks: list[BadRecord] | None = None,
 ) -> Iterator[tuple[_Sample, dict[str, bytes]]]:
     """Samples in archive order, with the bytes of the members ``want(feature, size)``
-    asks for; ``members``: the archive's members (default: the reference walk)."""
+    asks for; ``members``: the archive's members (default: the reference walk), a
+    :class:`BadRecord` among them (a damaged header set aside) ends the sample
+    before it and goes to ``breaks``."""
     sample: _Sample | None = None
     data: dict[str, bytes] = {}
     for m in iter_members(cur, path) if members is None else members:
+        if isinstance(m, BadRecord):
+            if breaks is not None:
+                breaks.append(m)
+            if sample is not None:
+                yield sample, data
+                sample, data = None, {}
+            continue
         if not m.is_file:
             continue
         parts = split_key(m.name, grouping)
@@ -208,34 +225,45 @@ def _samples(
             sample, data = None, {}
         if sample is None:
             sample = _Sample(key, m.header_offset)
-        if m.extents is None:
-            sample.members.append((feature, m.data_offset, m.size))
-        else:
-            sample.members.append((feature, m.data_offset, m.size, m.extents))
+        # every member's content is read: its CRC32C is the check reads compare with
+        raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
+        content = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
+        sample.members.append((feature, m.data_offset, m.size, m.extents, crc32c(content)))
         sample.seen.add(feature)
         sample.end = m.data_offset + m.stored_size
         sample.spans.append((m.header_offset, sample.end))
         if want is not None and want(feature, m.size):
-            raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
-            data[feature] = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
+            data[feature] = content
     if sample is not None:
         yield sample, data
 
 
 def _scan_cursor(
-    cur: Cursor, path: str, options: Mapping[str, Any], members: Iterable[Member] | None = None
+    cur: Cursor,
+    path: str,
+    options: Mapping[str, Any],
+    members: Iterable[Member | BadRecord] | None = None,
 ) -> Iterator[Entry]:
     """The entries of the archive read through ``cur`` (see the module docstring);
-    ``members``: its members when not the reference walk's (the native walk)."""
+    ``members``: its members when not the reference walk's (the native walk).
+    When ``options`` set bad records aside, damaged headers are (see
+    :mod:`shardcat.readers.tar_salvage`) and the samples they broke with them."""
     grouping = grouping_of(options)
     by_position = options.get("key", "key") is None
     want = wants_data if options.get("fields", True) else None
+    bad = set_aside(options)
+    breaks: list[BadRecord] = []
+    if bad is not None and members is None:
+        members = salvaging(iter_members)(cur, path)
     notes = FieldNotes()  # warned about at the end
     runs = (
         (sample, {feature: member_fields(feature, raw, notes) for feature, raw in data.items()})
-        for sample, data in _samples(cur, path, grouping, want, members)
+        for sample, data in _samples(cur, path, grouping, want, members, breaks)
     )
-    found = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
+    found: Iterable[_Found] = _whole_archive(runs) if grouping == "tfd" else _as_runs(runs)
+    if bad is not None:
+        found, set_aside_now = set_aside_broken(list(found), breaks, grouping)
+        bad.extend(set_aside_now)
     for key, rows, start, end, fields in found:
         row_list: list[Any] = rows  # 4-tuples for sparse members
         yield Entry(
@@ -389,7 +417,8 @@ class TarFormat(Format):
                 return ShardScan(Columns([], [], []))
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 cur = MapCursor(mm, len(mm))
-                members = native.tar_members(mm, cur, path, iter_members)
+                walk = iter_members if set_aside(options) is None else salvaging(iter_members)
+                members = native.tar_members(mm, cur, path, walk)
                 return ShardScan(Columns.of(_scan_cursor(cur, path, options, members)))
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:

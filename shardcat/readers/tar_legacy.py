@@ -3,7 +3,7 @@
 by header; where they do not, the headers in between are read, and a regular
 member with a key that the index lacks is a mismatch, as are members after the
 last indexed one; a sample of members has its header re-read (checksum,
-regular file, name, size, data offset)."""
+regular file, name, size, data offset) and its content's check computed."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shardcat.readers.checks import crc32c
 from shardcat.readers.formats import Entry, Mismatch
 from shardcat.readers.rawio import OPEN_FLAGS, pread_all
 from shardcat.readers.tar_headers import BLOCK, Member, iter_members, padded
@@ -85,8 +86,9 @@ def legacy_samples(
     """Samples from tfd-utils' ``(key, ext, member name, data offset, size)`` rows
     (one per key, as the tar scan's ``tfd`` grouping has them), checked header by
     header where members do not follow each other, and the headers of the members
-    at ``picks`` (positions in archive order) re-read; with the number of members
-    whose header was read."""
+    at ``picks`` (positions in archive order) re-read, their content's check
+    computed (the others keep none: reads check them by their header); with the
+    number of members whose header was read."""
     rows.sort(key=lambda r: r[3])
     headers: list[int] = []
     checked: set[int] = set()
@@ -118,15 +120,16 @@ def legacy_samples(
                 raise Mismatch(f"the archive ends at byte {headers[i]}, before {rows[i][2]!r}")
             _check_member(found, rows[i][2], rows[i][4], rows[i][3])
             checked.add(i)
+        checks = {i: crc32c(os.pread(fd, rows[i][4], rows[i][3])) for i in picks}
     finally:
         os.close(fd)
     # One sample per key over the whole archive, as tfd-utils' dict and the tfd
     # grouping of the tar scan have it (a key's members need not follow each other).
     by_key: dict[str, Entry] = {}
-    for (key, ext, _, offset, length), header in zip(rows, headers, strict=True):
+    for i, ((key, ext, _, offset, length), header) in enumerate(zip(rows, headers, strict=True)):
         entry = by_key.get(key)
         if entry is None:
             entry = by_key[key] = Entry(key, header, 0)
-        entry.members.append((ext, offset, length))
+        entry.members.append((ext, offset, length, None, checks.get(i)))
         entry.length = max(entry.length, offset + length - entry.offset)
     return list(by_key.values()), len(checked)

@@ -109,13 +109,16 @@ class DatasetView:
         catalog: CatalogLike,
         dataset: str,
         *,
-        verify_crc: bool = False,
+        verify: bool = True,
+        verify_crc: bool | None = None,
         file_pool_size: int = 1024,
         owns_catalog: bool = False,
     ) -> None:
         self.catalog = catalog
         self.dataset = dataset
-        self.verify_crc = verify_crc
+        #: every read is checked (``verify``; ``verify_crc`` is its older name):
+        #: see :class:`~shardcat.readers.reader.Reader`
+        self.verify_reads = verify if verify_crc is None else verify_crc
         self._owns_catalog = owns_catalog
         self._pool = SourcePool(file_pool_size)
         self._shards: dict[int, _Shard] = {}
@@ -172,6 +175,11 @@ class DatasetView:
             if version != self._version:
                 self._load_shards(conn, version)
         return conn
+
+    @property
+    def verify_crc(self) -> bool:
+        """Whether reads are checked (the older name of ``verify``)."""
+        return self.verify_reads
 
     def _moved_on(self) -> bool:
         """Whether the catalog now holds a newer version of the dataset than the

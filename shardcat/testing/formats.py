@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 import pytest
 
 from shardcat import Catalog, CatalogError, CorruptRecordError, IngestError
+from shardcat.readers.checks import crc32c
 from shardcat.readers.formats import (
     Entry,
     Format,
@@ -170,6 +171,16 @@ class FormatContract:
             for m in entry.members
         }
 
+    def assert_checks(self, entry: Entry, raw: Any) -> None:
+        """The checks a scan gives (None: it gives none) are the CRC32C of the bytes
+        ``read`` returns: what every read compares (:mod:`shardcat.readers.checks`)."""
+        if self.fmt.PARTS:
+            for m in entry.members:
+                if len(m) > 4 and m[4] is not None:
+                    assert m[4] == crc32c(raw[m[0]]), m
+        elif entry.check is not None:
+            assert entry.check == crc32c(raw), entry
+
     def assert_record(self, record: Any, features: dict[str, bytes]) -> None:
         for feature, value in self.view(features).items():
             assert self.fmt.feature_list(record, feature) == [value]
@@ -265,7 +276,9 @@ class FormatContract:
         try:
             source = FileSource(fd, str(path))
             for entry, (_, features) in zip(entries, RECORDS, strict=True):
-                self.assert_record(fmt.decode(self.read_raw(source, entry), {}), features)
+                raw = self.read_raw(source, entry)
+                self.assert_checks(entry, raw)
+                self.assert_record(fmt.decode(raw, {}), features)
         finally:
             os.close(fd)
 

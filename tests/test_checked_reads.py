@@ -1,0 +1,266 @@
+"""Every read checked end to end (issue 26, items 1 and 2): the catalog keeps each
+record's CRC32C and every read path compares the bytes it hands back with it; a
+mismatch (bit rot past the fingerprint, an offset moved in the catalog, a swapped
+legacy index) is a CorruptRecordError naming shard, offset and key; ``verify=False``
+trusts the bytes; catalogs of schema version 6 are upgraded and checked by the
+records' framing until re-ingested."""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+import random
+import sqlite3
+from pathlib import Path
+
+import crc32c as crc32c_package
+import pytest
+from checked import every_read_refuses, write
+from legacy_fixtures import quiet_stdout, write_tfrecords
+from test_migrations import downgrade_to_v6
+from typer.testing import CliRunner
+
+from shardcat import Catalog, CorruptRecordError, TarRandomAccess, TFRecordRandomAccess
+from shardcat.catalog.versions import SCHEMA_VERSION
+from shardcat.cli import app
+from shardcat.readers import checks, native
+from shardcat.readers.tfrecord import masked_crc
+
+KINDS = ["tfrecord", "tar", "recordio"]
+
+
+def _table(kind: str) -> str:
+    return "shardcat_members" if kind == "tar" else "shardcat_records_1"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_flipped_byte_past_the_fingerprint_is_refused_by_every_read_path(
+    tmp_path: Path, kind: str
+) -> None:
+    d = write(kind, tmp_path / "data")
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(str(d.path), "d").close()
+        with cat.dataset("d") as reader:
+            assert reader.get_raw(d.key) == d.good
+        d.damage()
+        with cat.dataset("d") as reader:
+            every_read_refuses(reader, d)
+            problems = reader.verify()
+            assert [(p.path, p.offset) for p in problems] == [(str(d.path), d.offset)]
+        # the one opt-out: trust the bytes (the damaged bytes come back)
+        with cat.dataset("d", verify=False) as reader:
+            raw = reader.get_raw(d.key)
+            assert raw != d.good and len(raw) == len(d.good)
+            assert reader.verify() != []  # catalog verify checks whatever the reader's knob
+        # a snapshot of the catalog checks its reads the same way
+        cat.snapshot("d", tmp_path / "snap.sqlite")
+    with Catalog(tmp_path / "snap.sqlite", immutable=True) as snap, snap.dataset("d") as reader:
+        every_read_refuses(reader, d)
+
+
+def test_the_drop_ins_check_by_default_and_verify_crc_stays_an_alias(tmp_path: Path) -> None:
+    d = write("tfrecord", tmp_path / "data")
+    with TFRecordRandomAccess(str(d.path)) as reader:
+        assert reader.verify_crc and reader.get_raw(d.key) == d.good
+    d.damage()
+    with TFRecordRandomAccess(str(d.path)) as reader:
+        every_read_refuses(reader, d)
+    for knob in ({"verify": False}, {"verify_crc": False}):
+        with TFRecordRandomAccess(str(d.path), **knob) as reader:
+            assert not reader.verify_crc
+            assert reader.get_raw(d.key) != d.good
+    t = write("tar", tmp_path / "tar")
+    with TarRandomAccess(str(t.path)) as reader:
+        assert reader.get_feature(t.key, "image") == t.good["image"]
+    t.damage()
+    with TarRandomAccess(str(t.path)) as reader:
+        every_read_refuses(reader, t)
+    with TarRandomAccess(str(t.path), verify=False) as reader:
+        assert reader.get_feature(t.key, "image") != t.good["image"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_offset_moved_in_the_catalog_is_refused_never_other_bytes(
+    tmp_path: Path, kind: str
+) -> None:
+    d = write(kind, tmp_path / "data")
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d").close()
+    with sqlite3.connect(db) as conn:  # one catalog bit flipped: the offset moves by one
+        moved = conn.execute(
+            f'UPDATE {_table(kind)} SET "offset" = "offset" + 1 WHERE "offset" = ?', (d.offset,)
+        )
+        assert moved.rowcount == 1
+    d.offset += 1  # where the catalog now says the record is
+    with Catalog(db) as cat, cat.dataset("d") as reader:
+        every_read_refuses(reader, d, by_check=kind != "recordio")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_schema_step_7_adds_the_checks_and_reads_check_framing_until_reingested(
+    tmp_path: Path, kind: str
+) -> None:
+    d = write(kind, tmp_path / "data")
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d").close()
+        keys = cat.dataset("d").get_keys()
+    downgrade_to_v6(db)
+    with Catalog(db) as cat, cat.dataset("d") as reader:  # opening for writing upgrades
+        assert [reader.get_raw(k) is not None for k in keys] == [True] * len(keys)
+        assert reader.get_raw(d.key) == d.good
+        assert reader.verify() == []
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(
+            "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
+        ).fetchone() == (str(SCHEMA_VERSION),)
+        assert (
+            conn.execute(f"SELECT count(*) FROM {_table(kind)} WHERE crc IS NULL").fetchone()[0]
+            == conn.execute(f"SELECT count(*) FROM {_table(kind)}").fetchone()[0]
+        )
+        # a moved offset is caught by the record's framing (no check stored yet)
+        conn.execute(
+            f'UPDATE {_table(kind)} SET "offset" = "offset" + 1 WHERE "offset" = ?', (d.offset,)
+        )
+    with Catalog(db) as cat, cat.dataset("d") as reader:
+        with pytest.raises(CorruptRecordError) as err:
+            reader.get_raw(d.key)
+        header = 512 if kind == "tar" else 0  # a tar member's header block is checked
+        assert (err.value.path, err.value.offset) == (str(d.path), d.offset + 1 - header)
+        assert reader.get_raw(keys[0]) is not None
+        cat.ingest(str(d.path), "d", rescan=True).close()  # re-ingesting stores the checks
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(
+            f"SELECT count(*) FROM {_table(kind)} WHERE crc IS NULL"
+        ).fetchone() == (0,)
+    d.damage()
+    with Catalog(db) as cat, cat.dataset("d") as reader:
+        every_read_refuses(reader, d)
+
+
+def test_native_check_equals_the_fallback() -> None:
+    assert native.available(), "the extension is built for the tests"
+    assert checks.crc32c is checks.native_crc32c
+    rng = random.Random(7)
+    for size in [0, 1, 3, 7, 8, 9, 15, 16, 63, 64, 4095, 4096, 4097, 100_000]:
+        data = rng.randbytes(size)
+        want = crc32c_package.crc32c(data)
+        assert checks.native_crc32c(data) == checks.fallback_crc32c(data) == want
+        assert checks.native_crc32c(memoryview(data)[1:]) == crc32c_package.crc32c(data[1:])
+        assert checks.native_crc32c(bytearray(data)) == want
+        assert checks.unmask(masked_crc(data)) == want
+    with mmap.mmap(-1, 5000) as mm:
+        mm.write(rng.randbytes(5000))
+        assert checks.native_crc32c(mm) == crc32c_package.crc32c(bytes(mm))
+    with pytest.raises(TypeError):
+        checks.native_crc32c("text")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_and_reference_scans_store_the_same_checks(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = write(kind, tmp_path / "data")
+    got = {}
+    for fast in ("1", "0"):
+        monkeypatch.setenv("SHARDCAT_NATIVE", fast)
+        with Catalog(tmp_path / f"{fast}.sqlite") as cat:
+            cat.ingest(str(d.path), "d").close()
+            got[fast] = cat.query(f"SELECT * FROM {_table(kind)} ORDER BY 1, 2, 3")
+    assert got["1"] == got["0"]
+    raw = d.good["image"] if kind == "tar" else d.good
+    assert crc32c_package.crc32c(raw) in {r[-1] for r in got["1"]}
+
+
+# -- a swapped legacy index ---------------------------------------------------------------
+
+
+def _swapped_tfd_index(paths: str, a: str, b: str) -> Path:
+    """tfd-utils 1.3.0's own index of ``paths`` (its scan and ``_save_index``) with
+    the entries of keys ``a`` and ``b`` swapped: both valid frames of the shard."""
+    from tfd_utils import TFRecordRandomAccess as TfdReader
+
+    with quiet_stdout():
+        tfd = TfdReader(paths, use_multiprocessing=False, progress_interval=10**9)
+        index = tfd._build_index()
+        index[a], index[b] = index[b], index[a]
+        tfd._save_index(index)
+        tfd.close()
+    return Path(tfd.index_file)
+
+
+def test_a_swapped_tfd_index_is_confirmed_against_the_records(tmp_path: Path) -> None:
+    (shard,) = write_tfrecords(tmp_path, shards=1, per_shard=1000)
+    index = _swapped_tfd_index(str(shard), "r0_500", "r0_501")
+    assert pickle.loads(index.read_bytes())["r0_500"]["offset"] > 0
+    db = tmp_path / "shardcat.sqlite"
+    runner = CliRunner()
+    result = runner.invoke(app, ["migrate", str(tmp_path), "-c", str(db)])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("train_"))
+    assert row.split()[1:6] == ["1", "0", "0", "1", "0"]  # shards, imported, verified, re-indexed
+    assert "the record at byte 55348 has key='r0_500', the index says 'r0_501'" in result.output
+    with Catalog(db) as cat:
+        name = cat.datasets()[0].name
+    with Catalog(db) as cat, cat.dataset(name) as reader:
+        for key in ("r0_500", "r0_501"):
+            assert reader.get_feature(key, "key") == key.encode()
+    result = runner.invoke(app, ["verify", name, "-c", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "1,000 records checked, 0 bad" in result.output
+
+
+def test_a_swap_inside_the_catalog_is_refused_on_either_key_and_verify_lists_both(
+    tmp_path: Path,
+) -> None:
+    (shard,) = write_tfrecords(tmp_path, shards=1, per_shard=100)
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(shard), "d").close()
+    with sqlite3.connect(db) as conn:  # the two records' locations swapped, checks kept
+        rows = {
+            key: conn.execute(
+                'SELECT "offset", length FROM shardcat_records_1 WHERE key = ?', (key,)
+            ).fetchone()
+            for key in ("r0_50", "r0_51")
+        }
+        for key, other in (("r0_50", "r0_51"), ("r0_51", "r0_50")):
+            conn.execute(
+                'UPDATE shardcat_records_1 SET "offset" = ?, length = ? WHERE key = ?',
+                (*rows[other], key),
+            )
+    with Catalog(db) as cat, cat.dataset("d") as reader:
+        for key in ("r0_50", "r0_51"):
+            with pytest.raises(CorruptRecordError, match=f"record {key!r}: the bytes read"):
+                reader.get_record(key)
+            with pytest.raises(CorruptRecordError, match=f"record {key!r}: the bytes read"):
+                reader.get_many([key])
+    result = CliRunner().invoke(app, ["verify", "d", "-c", str(db)])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if "the bytes read" in line]
+    assert [line.split(": ")[2] for line in lines] == ["record 'r0_51'", "record 'r0_50'"]
+    assert "100 records checked, 2 bad" in result.output
+
+
+def test_catalog_get_streams_a_checked_member_and_removes_it_when_damaged(tmp_path: Path):
+    """``catalog get -o`` writes a tar member as it reads it; the bytes are checked
+    when the last piece is in, and a damaged member leaves no file behind."""
+    d = write("tar", tmp_path / "data")
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d").close()
+    out = tmp_path / "member.bin"
+    args = ["get", "d", d.key, "image", "-c", str(db), "-o", str(out)]
+    runner = CliRunner()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == d.good["image"]
+    out.unlink()
+    d.damage()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert f"record {d.key!r}: the bytes read are not the record the catalog indexed" in (
+        result.output
+    )
+    assert not out.exists()
