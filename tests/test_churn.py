@@ -31,3 +31,15 @@ def test_readers_during_reingest_get_right_bytes_or_an_explained_error(tmp_path:
     assert result["reads"] >= READERS * MIN_READS, result
     bad = {k: result[k] for k in ("wrong", "missing", "other", "unexplained")}
     assert bad == {"wrong": 0, "missing": 0, "other": 0, "unexplained": 0}, result
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+def test_threads_sharing_one_reader_during_reingest(tmp_path: Path, fmt: str):
+    # 16 threads share one reader (and its catalog) while another process re-ingests:
+    # each call runs in its own snapshot, never another thread's (issue 26).
+    result = run(tmp_path, fmt=fmt, rounds=ROUNDS, readers=1, threads=16, shards=6, min_reads=50)
+    print(f"churn {fmt}, 16 threads: {result}")
+    assert result["reingests"] == ROUNDS, result
+    assert result["reads"] >= 16 * 50, result
+    bad = {k: result[k] for k in ("wrong", "missing", "other", "unexplained")}
+    assert bad == {"wrong": 0, "missing": 0, "other": 0, "unexplained": 0}, result

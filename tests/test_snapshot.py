@@ -435,7 +435,7 @@ def test_a_rewrite_inside_a_read_snapshot_is_refused(
     a, b = two_snapshots
     monkeypatch.setattr(store_module, "SNAPSHOT_SECONDS", 3600.0)  # one snapshot throughout
     with Catalog(a, immutable=True) as cat, cat.dataset("train") as reader:
-        serial = cat.snapshot_serial
+        serial = reader._serial  # the read snapshot the reader last loaded shards in
         expected = reader.get_raw("k0_001")
         with open(a, "r+b") as f:
             f.write(b.read_bytes())
@@ -447,7 +447,7 @@ def test_a_rewrite_inside_a_read_snapshot_is_refused(
         ):
             with pytest.raises(CatalogError, match=CHANGED):
                 read()
-        assert cat.snapshot_serial == serial  # the same snapshot: the per-lookup check
+        assert reader._serial == serial  # the same snapshot: the per-lookup check
     assert expected is not None
 
 

@@ -3,13 +3,16 @@ WAL checkpoints and what the ``-shm`` wal-index says about them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
@@ -242,6 +245,70 @@ def make_engine(path: Path | str, *, keep_connection: bool = False) -> Engine:
     event.listen(engine, "connect", _on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine
+
+
+# What a damaged SQLite file says (rather than a busy or missing one).
+_DAMAGE = ("malformed", "not a database", "no such column", "no such table", "decode", "corrupt")
+
+
+def database_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's (a ``sqlite3`` or ``psycopg`` error, or text or
+    JSON the catalog holds that does not decode), not the caller's."""
+    return isinstance(exc, (sqlite3.Error, UnicodeDecodeError, json.JSONDecodeError)) or type(
+        exc
+    ).__module__.startswith("psycopg")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reads_catalog(method: F) -> F:
+    """A method of an object with ``damaged(exc)`` that reads the catalog: a database
+    failure (:func:`database_failure`) is that method's :class:`CatalogError`."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except CatalogError:
+            raise
+        except Exception as exc:
+            if not database_failure(exc):
+                raise
+            raise self.damaged(exc) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def damage_error(where: str, exc: BaseException, *, server: bool = False) -> CatalogError:
+    """The :class:`CatalogError` for a database failure reading the catalog ``where``
+    (see :func:`database_failure`): its reason, and what to run when the reason says
+    the file is damaged."""
+    reason = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
+    if isinstance(exc, (UnicodeDecodeError, json.JSONDecodeError)):
+        reason = f"a stored value does not decode ({reason})"
+    message = f"cannot read catalog {postgres.display(where)}: {reason}"
+    if not server and (
+        not isinstance(exc, sqlite3.Error)
+        or any(word in reason.lower() for word in _DAMAGE)
+        or type(exc) is sqlite3.DatabaseError
+    ):
+        message += (
+            f"; the file may be damaged: `catalog verify DATASET -c {where}` checks it "
+            "(SQLite's quick_check) and says what is damaged; rebuild a damaged catalog by "
+            "ingesting its shards into a new one"
+        )
+    return CatalogError(message)
+
+
+def quick_check(conn: Any) -> list[str]:
+    """What SQLite's ``quick_check`` finds damaged in ``conn``'s database (up to 20
+    lines; empty: nothing)."""
+    try:
+        lines = [str(r[0]) for r in conn.execute("PRAGMA quick_check(20)")]
+    except sqlite3.DatabaseError as exc:  # too damaged to check
+        lines = [str(exc)]
+    return [] if lines == ["ok"] else lines
 
 
 def open_error(path: Path, exc: BaseException) -> CatalogError:

@@ -22,19 +22,21 @@ holds the few places where a server needs something else:
   the server after a few executions. A read snapshot is a ``REPEATABLE READ
   READ ONLY`` transaction, so the lookups within one snapshot agree, as on SQLite.
 - **bulk rows** go through ``COPY ... FROM STDIN`` (:func:`copy_rows`).
-- **read-only queries** (:func:`run_readonly`): a ``READ ONLY`` transaction
-  on a connection whose ``default_transaction_read_only`` is on, with a
-  ``statement_timeout``, rolled back after the rows are read.
+- **read-only queries** (:func:`streamed`): one statement on its own
+  connection, in a ``READ ONLY`` transaction with a ``statement_timeout`` it
+  cannot lift, streamed to the client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -52,11 +54,15 @@ __all__ = [
     "index_names",
     "is_server_url",
     "on_begin",
-    "run_readonly",
+    "streamed",
 ]
 
 INSTALL_HINT = "pip install 'shardcat[postgres]'"
 _SCHEME = re.compile(r"^(postgresql|postgres)(\+[a-z0-9_]+)?://", re.IGNORECASE)
+# How often a reader's lost connection is reopened, and the first pause between tries
+# (doubling: about 3 s in all, a server restart's time).
+RECONNECTS = 6
+RECONNECT_PAUSE = 0.1
 # The advisory lock every write transaction takes (an arbitrary 64-bit number: "shardcat").
 WRITER_LOCK = 0x7368617264636174
 
@@ -126,34 +132,78 @@ def translate_named(sql: str) -> str:
 class ServerConnection:
     """The readers' read-only connection to a server catalog, shaped like the
     ``sqlite3`` connection they use on a file (``execute``, ``in_transaction``,
-    ``close``)."""
+    ``close``).
+
+    A lost connection (a server restart or failover, a killed backend) is
+    reopened, up to ``RECONNECTS`` times with a doubling pause: a snapshot
+    being begun or ended just begins on the new connection; a statement inside
+    a snapshot fails as a :class:`CatalogError` (its snapshot is gone: a reader
+    must not mix it with a newer one) and the next snapshot reconnects. Any
+    other database error is a :class:`CatalogError` naming the catalog.
+    """
 
     def __init__(self, where: str) -> None:
-        psycopg = psycopg_module()
-        url = engine_url(where)
+        self._psycopg = psycopg_module()
         self.where = where
+        self._url = engine_url(where).set(drivername="postgresql")
+        self._conn = self._connect()
+        self._idle = self._psycopg.pq.TransactionStatus.IDLE
+        self.pid = os.getpid()
+
+    def _connect(self) -> Any:
         try:
-            self._conn = psycopg.connect(
-                url.set(drivername="postgresql").render_as_string(hide_password=False),
+            return self._psycopg.connect(
+                self._url.render_as_string(hide_password=False),
                 autocommit=True,
                 options="-c default_transaction_read_only=on",
                 client_encoding="utf8",
             )
-        except psycopg.Error as exc:
-            raise connect_error(where, exc) from None
-        self._idle = psycopg.pq.TransactionStatus.IDLE
-        self.pid = os.getpid()
+        except self._psycopg.Error as exc:
+            raise connect_error(self.where, exc) from None
+
+    def _lost(self) -> bool:
+        return bool(self._conn.closed or self._conn.broken)
+
+    def _reconnect(self) -> None:
+        """A new connection in place of a lost one (bounded retries with backoff)."""
+        pause = RECONNECT_PAUSE
+        for attempt in range(RECONNECTS):
+            with contextlib.suppress(self._psycopg.Error):
+                self._conn.close()
+            try:
+                self._conn = self._connect()
+                return
+            except CatalogError:
+                if attempt == RECONNECTS - 1:
+                    raise
+                time.sleep(pause)
+                pause *= 2
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         if sql == "BEGIN":
             sql = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-        if params:
-            return self._conn.execute(translate(sql), params)
-        return self._conn.execute(sql)
+        if self._lost():
+            self._reconnect()
+        try:
+            if params:
+                return self._conn.execute(translate(sql), params)
+            return self._conn.execute(sql)
+        except self._psycopg.Error as exc:
+            if not self._lost():
+                raise CatalogError(f"catalog {display(self.where)}: {str(exc).strip()}") from None
+            if sql == "COMMIT":  # the snapshot it ends is gone with the connection
+                return None
+            if sql.startswith("BEGIN"):  # nothing read yet: begin on a new connection
+                self._reconnect()
+                return self._conn.execute(sql)
+            raise CatalogError(
+                f"lost the connection to catalog {display(self.where)} during a read "
+                f"({str(exc).strip()}); the next read reconnects"
+            ) from None
 
     @property
     def in_transaction(self) -> bool:
-        return bool(self._conn.info.transaction_status != self._idle)
+        return not self._lost() and self._conn.info.transaction_status != self._idle
 
     def close(self) -> None:
         if self.pid == os.getpid():
@@ -190,33 +240,90 @@ def index_names(conn: Any, table: str) -> set[str]:
     return {r[0] for r in rows}
 
 
-def run_readonly(
-    conn: ServerConnection,
+@contextlib.contextmanager
+def streamed(
+    where: str,
     sql: str,
     params: Sequence[Any] | Mapping[str, Any] | None,
     timeout: float | None,
-) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """One statement in a read-only transaction, stopped after ``timeout`` seconds;
-    ``(rows, column names)``. Parameters are written as on SQLite: ``?`` (a sequence)
-    or ``:name`` (a mapping)."""
+    memory: int | None,
+) -> Iterator[tuple[list[str], Iterator[tuple[Any, ...]]]]:
+    """One statement, read-only, stopped after ``timeout`` seconds; yields the column
+    names and the rows, streamed from the server as they are iterated. Parameters
+    are written as on SQLite: ``?`` (a sequence) or ``:name`` (a mapping).
+
+    What keeps it from writing or lifting its limits: its own connection, closed
+    after it (nothing it sets or locks for the session outlives it), with
+    ``default_transaction_read_only`` and ``statement_timeout`` set at connect;
+    a ``READ ONLY`` transaction with ``SET LOCAL statement_timeout``; the
+    extended query protocol, so the text is one statement (``SELECT 1; COMMIT;
+    ...`` is refused by the server); and a cancel from this process when the
+    time is up, whatever the statement changed. ``memory`` bounds ``work_mem``
+    (per sort or hash on the server).
+    """
     psycopg = psycopg_module()
-    raw = conn._conn
-    if conn.in_transaction:
-        raw.execute("COMMIT")
+    ms = 0 if timeout is None else max(1, int(timeout * 1000))
+    settings = f"-c default_transaction_read_only=on -c statement_timeout={ms}"
+    try:
+        conn = psycopg.connect(
+            engine_url(where).set(drivername="postgresql").render_as_string(hide_password=False),
+            autocommit=True,
+            options=settings,
+            client_encoding="utf8",
+        )
+    except psycopg.Error as exc:
+        raise connect_error(where, exc) from None
+    timer = None if timeout is None else threading.Timer(timeout, _cancel, (conn,))
     started = time.monotonic()
     try:
-        with raw.transaction(force_rollback=True):
-            raw.execute("SET TRANSACTION READ ONLY")
-            limit = 0 if timeout is None else max(1, int(timeout * 1000))
-            raw.execute(f"SET LOCAL statement_timeout = {limit}")
+        with _query_errors(psycopg, timeout, started):
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(f"SET LOCAL statement_timeout = {ms}")
+            if memory is not None:
+                conn.execute(f"SET LOCAL work_mem = '{max(64, min(memory // 4, 2**30) // 1024)}kB'")
+            if timer is not None:
+                timer.start()
             if isinstance(params, Mapping):
-                cursor = raw.execute(translate_named(sql), dict(params))
+                sql, params = translate_named(sql), dict(params)
             elif params:
-                cursor = raw.execute(translate(sql), list(params))
-            else:
-                cursor = raw.execute(sql)
-            rows = [tuple(r) for r in cursor.fetchall()] if cursor.description else []
-            return rows, [d.name for d in cursor.description or ()]
+                sql, params = translate(sql), list(params)
+            cursor = conn.cursor()
+            rows = cursor.stream(sql, params or None, size=256)
+            first = next(rows, None)  # the statement runs: its errors come now
+            columns = [d.name for d in cursor.description or ()]
+            yield columns, _rows(first, rows, psycopg, timeout, started)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        conn.close()
+
+
+def _rows(
+    first: tuple[Any, ...] | None,
+    rest: Iterator[Any],
+    psycopg: Any,
+    timeout: float | None,
+    started: float,
+) -> Iterator[tuple[Any, ...]]:
+    if first is None:
+        return
+    yield tuple(first)
+    with _query_errors(psycopg, timeout, started):
+        for row in rest:
+            yield tuple(row)
+
+
+def _cancel(conn: Any) -> None:
+    with contextlib.suppress(Exception):  # the query may have ended meanwhile
+        conn.cancel_safe(timeout=5)
+
+
+@contextlib.contextmanager
+def _query_errors(psycopg: Any, timeout: float | None, started: float) -> Iterator[None]:
+    """The server's errors of a query as :class:`CatalogError` (a cancel before the
+    time limit is Ctrl-C: ``KeyboardInterrupt``)."""
+    try:
+        yield
     except psycopg.errors.QueryCanceled:
         if timeout is not None and time.monotonic() - started >= timeout * 0.9:
             raise CatalogError(
@@ -229,7 +336,10 @@ def run_readonly(
             "query failed: the catalog is read-only here: only SELECT statements are allowed"
         ) from None
     except psycopg.Error as exc:
-        raise CatalogError(f"query failed: {str(exc).strip()}") from None
+        message = str(exc).strip()
+        if "multiple commands" in message:
+            message = "only one statement may run at a time"
+        raise CatalogError(f"query failed: {message}") from None
 
 
 def driver_sql(conn: Any, sql: str) -> str:

@@ -1,5 +1,5 @@
-"""Read-only SQL over the catalog: the authorizer, its function allow-list, and the
-time limit / Ctrl-C handling of a running statement."""
+"""Read-only SQL over the catalog: the authorizer, its function allow-list, the
+time limit / Ctrl-C handling of a running statement and its memory limit."""
 
 from __future__ import annotations
 
@@ -12,19 +12,26 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog import schema
-from shardcat.catalog.names import DEFAULT_QUERY_TIMEOUT
+from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
 from shardcat.catalog.processes import interruption
 from shardcat.errors import CatalogError
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
+    "DEFAULT_QUERY_MEMORY",
     "DEFAULT_QUERY_TIMEOUT",
     "QueryResult",
+    "Rows",
     "attached",
+    "check_limits",
+    "collect",
     "run_readonly",
+    "streamed",
 ]
 
 
+# SQLite's limit on the length of a string or blob (sqlite3.SQLITE_LIMIT_LENGTH)
+_LENGTH = 0
 # The progress handler (time limit, Ctrl-C) runs every this many VM instructions:
 # well under a millisecond apart, and too rare to cost anything measurable.
 _PROGRESS_STEPS = 10_000
@@ -125,14 +132,57 @@ class QueryResult(list[tuple[Any, ...]]):
         self.columns = columns
 
 
-def run_readonly(
+#: a streamed result: the column names and the rows, fetched as they are iterated
+Rows = tuple[list[str], Iterator[tuple[Any, ...]]]
+
+
+def check_limits(timeout: float | None, memory: int | None) -> None:
+    if timeout is not None and not timeout > 0:
+        raise CatalogError(f"timeout must be a positive number of seconds or None, not {timeout}")
+    if memory is not None and not memory > 0:
+        raise CatalogError(f"memory must be a positive number of bytes or None, not {memory}")
+
+
+def over_memory(memory: int) -> CatalogError:
+    return CatalogError(
+        f"query exceeded its memory limit of {memory / 2**20:g} MB; pass --memory/memory= "
+        "to allow more (--csv and --json stream rows: only one value must fit)"
+    )
+
+
+def _size(row: tuple[Any, ...]) -> int:
+    """About what a fetched row costs in memory (CPython objects, 64-bit)."""
+    return 56 + sum(
+        49 + len(v) if isinstance(v, (str, bytes)) else 32 for v in row if v is not None
+    )
+
+
+def collect(rows: Iterator[tuple[Any, ...]], memory: int | None) -> list[tuple[Any, ...]]:
+    """Every row of ``rows``, stopped with :class:`CatalogError` once they would hold
+    more than ``memory`` bytes (None: no limit)."""
+    if memory is None:
+        return list(rows)
+    out, used = [], 0
+    for row in rows:
+        used += _size(row)
+        if used > memory:
+            raise over_memory(memory)
+        out.append(row)
+    return out
+
+
+@contextlib.contextmanager
+def streamed(
     conn: sqlite3.Connection,
     sql: str,
     params: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
+    attach: Mapping[str, str | os.PathLike[str]] | None = None,
     timeout: float | None = DEFAULT_QUERY_TIMEOUT,
-) -> QueryResult:
-    """Run one SELECT on a read-only connection; anything else is refused.
+    memory: int | None = DEFAULT_QUERY_MEMORY,
+) -> Iterator[Rows]:
+    """Run one SELECT on a read-only connection; anything else is refused. Yields the
+    column names and the rows, fetched as they are iterated.
 
     Two guards: the connection is opened read-only (``mode=ro`` and
     ``query_only``), and an authorizer denies every action but reading and
@@ -140,25 +190,73 @@ def run_readonly(
     neither a write nor ``ATTACH`` nor a ``PRAGMA`` nor ``fts3_tokenizer`` gets
     through. A statement still running after ``timeout`` seconds (None: no
     limit) is stopped with :class:`CatalogError`; Ctrl-C stops it with
-    ``KeyboardInterrupt``. The connection is left as it was.
+    ``KeyboardInterrupt``. No value may be longer than ``memory`` bytes (SQLite's
+    length limit: a string or blob built past it stops the statement; sorts and
+    temporary tables spill to temporary files). ``attach``: see :func:`attached`.
+    The connection is left as it was.
     """
-    if timeout is not None and not timeout > 0:
-        raise CatalogError(f"timeout must be a positive number of seconds or None, not {timeout}")
+    with attached(conn, attach), _guarded(conn, timeout, memory) as guard:
+        try:
+            cursor = conn.execute(sql, params or ())
+        except sqlite3.Error as exc:
+            raise _failed(guard, exc, memory) from None
+        yield [d[0] for d in cursor.description or ()], _fetched(cursor, guard, memory)
+
+
+@contextlib.contextmanager
+def _guarded(
+    conn: sqlite3.Connection, timeout: float | None, memory: int | None
+) -> Iterator[_Guard]:
+    """The authorizer, progress handler and length limit of one statement on ``conn``."""
+    check_limits(timeout, memory)
     guard = _Guard(timeout)
+    set_limit: Any = getattr(conn, "setlimit", None)  # (Python 3.11+)
+    length = None if set_limit is None or memory is None else set_limit(_LENGTH, memory)
     conn.set_authorizer(guard.authorize)
     conn.set_progress_handler(guard.progress, _PROGRESS_STEPS)
     try:
-        cursor = conn.execute(sql, params or ())
-        rows = cursor.fetchall()
-        columns = [d[0] for d in cursor.description or ()]
-    except sqlite3.DatabaseError as exc:
-        raise _query_error(guard, exc) from None
-    except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
-        raise CatalogError(f"query failed: {exc}") from None
+        yield guard
     finally:
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
-    return QueryResult(rows, columns)
+        if length is not None:
+            set_limit(_LENGTH, length)
+
+
+def _fetched(
+    cursor: sqlite3.Cursor, guard: _Guard, memory: int | None
+) -> Iterator[tuple[Any, ...]]:
+    while True:
+        try:
+            rows = cursor.fetchmany(256)
+        except sqlite3.Error as exc:
+            raise _failed(guard, exc, memory) from None
+        if not rows:
+            return
+        yield from rows
+
+
+def run_readonly(
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+    memory: int | None = DEFAULT_QUERY_MEMORY,
+) -> QueryResult:
+    """:func:`streamed`, its rows collected: at most ``memory`` bytes of them."""
+    with streamed(conn, sql, params, timeout=timeout, memory=memory) as (columns, rows):
+        return QueryResult(collect(rows, memory), columns)
+
+
+def _failed(guard: _Guard, exc: sqlite3.Error, memory: int | None) -> BaseException:
+    if isinstance(exc, (sqlite3.ProgrammingError, sqlite3.Warning)):
+        return CatalogError(f"query failed: {exc}")
+    if memory is not None and isinstance(exc, sqlite3.DataError) and "too big" in str(exc):
+        return over_memory(memory)
+    if isinstance(exc, sqlite3.DatabaseError):
+        return _query_error(guard, exc)
+    return CatalogError(f"query failed: {exc}")
 
 
 def _query_error(guard: _Guard, exc: sqlite3.DatabaseError) -> BaseException:

@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from shardcat.catalog import datasets, postgres, reuse, schema, tables, versions
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.commit import catalog_error
+from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
 from shardcat.catalog.datasets import DatasetInfo, describe
 from shardcat.catalog.engine import (
     CHECKPOINT_BUSY_MS,
@@ -35,17 +36,25 @@ from shardcat.catalog.engine import (
     catalog_location,
     close_wal,
     connect_readonly,
-    file_identity,
+    damage_error,
     fork_generation,
     make_engine,
     make_readonly_engine,
     open_error,
+    quick_check,
+    reads_catalog,
     unsaved_wal,
 )
 from shardcat.catalog.engine import checkpoint as wal_checkpoint
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.mounts import warn_if_network
-from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult, attached, run_readonly
+from shardcat.catalog.query import (
+    DEFAULT_QUERY_MEMORY,
+    DEFAULT_QUERY_TIMEOUT,
+    Rows,
+    check_limits,
+    streamed,
+)
 from shardcat.catalog.sync import Judge
 from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
 from shardcat.errors import CatalogError, SchemaVersionError
@@ -140,15 +149,11 @@ class Store:
         self.readonly = readonly or immutable
         self.immutable = immutable
         self.closed = False
-        self._ro: Any = None
-        self._ro_generation = -1
+        self._reads = ThreadConnections(self._open_reads)
         self._born = fork_generation()  # a forked child's copy never closes the WAL
-        self._snapshot_at = 0.0
-        self.snapshot_serial = 0  # counts the read snapshots begun (see reader_connection)
         self._engine: Engine | None = None
-        # (device, inode, size, mtime, ctime) of an immutable catalog's file when opened
-        self._identity: tuple[int, ...] | None = None
-        self._identity_fd: int | None = None  # that file, held open to fstat it cheaply
+        # an immutable catalog's file, checked to be the one opened
+        self._watch = FileWatch(self._file(), str(self.path)) if immutable else None
         try:
             if self.server:
                 self._open_server()
@@ -162,9 +167,9 @@ class Store:
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
         except BaseException:
-            if self._ro is not None:  # not registered in _open yet: close it here
-                self._ro.close()
-                self._ro = None
+            self._reads.close()  # not registered in _open yet: close it here
+            if self._watch is not None:
+                self._watch.close()
             if self._engine is not None:
                 self._engine.dispose()
             raise
@@ -287,10 +292,9 @@ class Store:
                         f"in {self.path}-wal; checkpoint it where it is written "
                         f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
                     ) from None
-                if self._ro is not None:
-                    self._ro.close()
-                    self._ro = None
+                self._reads.close()
                 self.immutable = True
+                self._watch = FileWatch(file, str(self.path))
                 row = self.reader_connection().execute(sql).fetchone()
         except sqlite3.OperationalError as exc:
             if not str(exc).startswith("no such table"):
@@ -305,7 +309,8 @@ class Store:
         return None if row is None else int(row[0])
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
-        """The read-only DBAPI connection of this process (reopened after fork).
+        """This thread's read-only DBAPI connection (see
+        :mod:`~shardcat.catalog.connections`: one per thread, reopened after fork).
 
         ``snapshot=True`` (the readers' per-record lookups) keeps a read
         transaction open for up to ``SNAPSHOT_SECONDS``: SQLite then skips its
@@ -314,67 +319,53 @@ class Store:
         the transaction first and sees the latest commit, as do lookups after
         this catalog's own ``ingest``/``drop``.
         """
+        return self.read_snapshot()[0] if snapshot else self._latest()
+
+    def read_snapshot(self) -> tuple[ReadConnection, int]:
+        """This thread's connection in a read snapshot (see :meth:`reader_connection`)
+        and the snapshot's number (unique in this process: a new number, a new snapshot)."""
         self._check_open()
-        conn = self._ro
-        if conn is None or self._ro_generation != fork_generation():
-            if self.immutable:
-                self._check_unchanged()
-            # A connection inherited through fork is dropped, never used or closed here.
-            conn = self._ro = (
-                postgres.ServerConnection(self.location)
-                if self.server
-                else connect_readonly(self._file(), immutable=self.immutable)
-            )
-            self._ro_generation = fork_generation()
-        if snapshot:
-            now = time.monotonic()
-            if now - self._snapshot_at > SNAPSHOT_SECONDS or not conn.in_transaction:
-                if self.immutable:
-                    self._check_unchanged()
+        slot = self._reads.slot()
+        conn = slot.conn
+        now = time.monotonic()
+        if now - slot.since > SNAPSHOT_SECONDS or not conn.in_transaction:
+            if self._watch is not None:
+                self._watch.unchanged()
+            try:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
                 conn.execute("BEGIN")
-                self._snapshot_at = now
-                self.snapshot_serial += 1  # readers re-check their dataset's version
-        else:
-            if self.immutable:
-                self._check_unchanged()
+            except sqlite3.Error as exc:
+                raise self.damaged(exc) from None
+            slot.since = now
+            slot.serial = next_serial()  # readers re-check their dataset's version
+        if self._watch is not None:
+            self._watch.not_rewritten()
+        return conn, slot.serial
+
+    def _latest(self) -> ReadConnection:
+        """This thread's connection out of any read snapshot: it sees the latest commit."""
+        self._check_open()
+        conn = self._reads.slot().conn
+        if self._watch is not None:
+            self._watch.unchanged()
+        try:
             if conn.in_transaction:
                 conn.execute("COMMIT")
-        if self.immutable and snapshot:
-            self._check_rewritten()
+        except sqlite3.Error as exc:
+            raise self.damaged(exc) from None
         return conn
 
-    def _check_unchanged(self) -> None:
-        """Refuse to go on reading an immutable catalog whose file changed since it was
-        opened (replaced, or rewritten in place: another device, inode, size, mtime or
-        ctime): SQLite trusts an immutable file never to change, so it could return
-        rows of another catalog, or of no consistent one. One ``stat`` per read
-        snapshot (at most every ``SNAPSHOT_SECONDS``), per other call and per fork;
-        within a snapshot, :meth:`_check_rewritten` on every lookup."""
-        now = file_identity(self._file())
-        if self._identity is None and now is not None:
-            self._identity = now
-            with contextlib.suppress(OSError):
-                self._identity_fd = os.open(self._file(), os.O_RDONLY)
-        elif now != self._identity:
-            raise self._changed("it is gone" if now is None else "replaced or rewritten")
+    def _open_reads(self) -> ReadConnection:  # (for ThreadConnections)
+        if self.server:
+            return postgres.ServerConnection(self.location)
+        if self._watch is not None:
+            self._watch.unchanged()
+        return connect_readonly(self._file(), immutable=self.immutable)
 
-    def _check_rewritten(self) -> None:
-        """The file SQLite reads, rewritten in place (size, mtime, ctime) since it was
-        opened: one ``fstat`` (a fraction of a microsecond) per lookup. (A file replaced
-        by another is harmless until the next snapshot: SQLite keeps reading the old one.)"""
-        if self._identity_fd is None or self._identity is None:
-            return
-        st = os.fstat(self._identity_fd)
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._identity[2:]:
-            raise self._changed("rewritten in place")
-
-    def _changed(self, how: str) -> CatalogError:
-        return CatalogError(
-            f"immutable catalog {self.path} changed since it was opened ({how}): "
-            "reopen it (Catalog(path, immutable=True)) to read the new file"
-        )
+    def damaged(self, exc: BaseException) -> CatalogError:
+        """The error for a database failure reading the catalog (see ``damage_error``)."""
+        return damage_error(str(self.path), exc, server=self.server)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[Connection]:
@@ -421,6 +412,7 @@ class Store:
         if self.closed:
             raise CatalogError(f"catalog {self.path} is closed")
 
+    @reads_catalog
     def dataset_row(self, name: str) -> Any:
         """``(id, name, format, key_rule, grouping, options JSON, source JSON, created_at)``
         of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
@@ -436,6 +428,7 @@ class Store:
             )
         return row
 
+    @reads_catalog
     def unused_name(self, base: str) -> str:
         """``base``, else ``base_2``, ``base_3``, ...: the first name no dataset has."""
         taken = {
@@ -444,6 +437,7 @@ class Store:
         }
         return schema.first_free(base, taken)
 
+    @reads_catalog
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
         conn = self.reader_connection()
@@ -452,6 +446,7 @@ class Store:
         ).fetchall()
         return [self._describe(row) for row in rows]
 
+    @reads_catalog
     def info(self, name: str) -> DatasetInfo:
         """One dataset as :meth:`datasets` describes it (:class:`CatalogError`
         naming the known datasets when it is missing)."""
@@ -460,31 +455,32 @@ class Store:
     def _describe(self, row: Sequence[Any]) -> DatasetInfo:
         return describe(self.reader_connection(), row, server=self.server)
 
-    def query(
+    def query_rows(
         self,
         sql: str,
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
-    ) -> QueryResult:
-        """Run one read-only SQL statement (see :mod:`shardcat.catalog.query`);
-        ``attach`` maps schema names to other SQLite files, attached read-only."""
-        conn = self.reader_connection()
-        if isinstance(conn, postgres.ServerConnection):
-            if attach:
-                raise CatalogError(
-                    f"attach= is for SQLite catalogs; {self.path} is a server catalog"
-                )
-            if timeout is not None and not timeout > 0:
-                raise CatalogError(
-                    f"timeout must be a positive number of seconds or None, not {timeout}"
-                )
-            return QueryResult(*postgres.run_readonly(conn, sql, params, timeout))
-        assert isinstance(conn, sqlite3.Connection)
-        with attached(conn, attach):
-            return run_readonly(conn, sql, params, timeout=timeout)
+        memory: int | None = DEFAULT_QUERY_MEMORY,
+    ) -> contextlib.AbstractContextManager[Rows]:
+        """One read-only SQL statement (see :mod:`shardcat.catalog.query`): yields the
+        column names and the rows, fetched as they are iterated within the block."""
+        check_limits(timeout, memory)
+        if not self.server:
+            conn = self.reader_connection()
+            assert isinstance(conn, sqlite3.Connection)
+            return streamed(conn, sql, params, attach=attach, timeout=timeout, memory=memory)
+        self._check_open()
+        if attach:
+            raise CatalogError(f"attach= is for SQLite catalogs; {self.path} is a server catalog")
+        return postgres.streamed(self.location, sql, params, timeout, memory)
 
+    def damage(self) -> list[str]:
+        """What SQLite's ``quick_check`` finds damaged in the catalog file (none on a server)."""
+        return [] if self.server else quick_check(self._latest())
+
+    @reads_catalog
     def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
         """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
         rows = self.reader_connection().execute(
@@ -494,12 +490,14 @@ class Store:
         )
         return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
+    @reads_catalog
     def stored_options(self, name: str) -> dict[str, Any] | None:
         """The options dataset ``name`` was ingested with; None when there is no such dataset."""
         sql = "SELECT options FROM shardcat_datasets WHERE name = ?"
         row = self.reader_connection().execute(sql, (name,)).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
+    @reads_catalog
     def has_dataset(self, name: str) -> bool:
         sql = "SELECT 1 FROM shardcat_datasets WHERE name = ?"
         return self.reader_connection().execute(sql, (name,)).fetchone() is not None
@@ -577,8 +575,8 @@ class Store:
         engine = self._writer()
         if self.server:  # the server keeps its own log
             return True
-        if self._ro is not None and self._ro_generation == fork_generation():
-            self.reader_connection()  # end this process's read snapshot: it pins the WAL
+        if self._reads.opened():
+            self.reader_connection()  # end this thread's read snapshot: it pins the WAL
         try:
             conn = engine.raw_connection()
             try:
@@ -592,12 +590,9 @@ class Store:
         """Close this process's connections (idempotent)."""
         if self.closed:
             return
-        if self._ro is not None and self._ro_generation == fork_generation():
-            self._ro.close()
-        self._ro = None
-        if self._identity_fd is not None:
-            os.close(self._identity_fd)  # (a forked child's copy: its own to close)
-            self._identity_fd = None
+        self._reads.close()
+        if self._watch is not None:
+            self._watch.close()
         if self._engine is not None:
             self._engine.dispose()
         if not (self.readonly or self.server) and self._born == fork_generation():

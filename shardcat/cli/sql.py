@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import csv
+import json as json_module
 import sys
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 
-from shardcat.catalog.names import DEFAULT_QUERY_TIMEOUT
-from shardcat.cli.common import cell, handle_errors, open_to_read, print_json, print_table
+from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
+from shardcat.cli.common import cell, handle_errors, open_to_read, print_table
 from shardcat.cli.options import CatalogOpt, JsonOpt, ReadModeOpt
 from shardcat.errors import CatalogError
 
@@ -40,6 +42,15 @@ def query(
             help="Stop the query after this long (0: no limit).",
         ),
     ] = DEFAULT_QUERY_TIMEOUT,
+    memory: Annotated[
+        float,
+        typer.Option(
+            "--memory",
+            metavar="MB",
+            help="Stop a query whose rows would hold more than this (0: no limit); "
+            "--csv and --json stream rows, so only one value must fit.",
+        ),
+    ] = DEFAULT_QUERY_MEMORY / 2**20,
     readonly: ReadModeOpt = True,
 ) -> None:
     """Run read-only SQL; every dataset is a view named after it.
@@ -61,22 +72,43 @@ def query(
         attached[name] = path
     if timeout < 0:
         raise CatalogError(f"--timeout takes seconds (0: no limit), not {timeout:g}")
+    if memory < 0:
+        raise CatalogError(f"--memory takes megabytes (0: no limit), not {memory:g}")
+    limits: dict[str, Any] = {
+        "attach": attached,
+        "timeout": timeout or None,
+        "memory": int(memory * 2**20) or None,
+    }
     with open_to_read(catalog, readonly) as cat:
-        rows = cat.query(sql, param or [], attach=attached, timeout=timeout or None)
-    if json:
-        print_json([dict(zip(rows.columns, row, strict=True)) for row in rows])
-    elif as_csv:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(rows.columns)
-        writer.writerows(rows)
-    else:
-        from rich.table import Column, Table
+        if json or as_csv:
+            with cat.query_rows(sql, param or [], **limits) as (columns, rows):
+                (_print_json if json else _print_csv)(columns, rows)
+            return
+        result = cat.query(sql, param or [], **limits)
+    from rich.table import Column, Table
 
-        table = Table(*(Column(cell(name)) for name in rows.columns))
-        for row in rows:
-            table.add_row(*(cell(v) for v in row))
-        print_table(table)
-        typer.echo(f"{len(rows)} row(s)", err=True)
+    table = Table(*(Column(cell(name)) for name in result.columns))
+    for row in result:
+        table.add_row(*(cell(v) for v in row))
+    print_table(table)
+    typer.echo(f"{len(result)} row(s)", err=True)
+
+
+def _print_csv(columns: list[str], rows: Iterator[tuple[Any, ...]]) -> None:
+    writer = csv.writer(sys.stdout)
+    writer.writerow(columns)
+    writer.writerows(rows)
+
+
+def _print_json(columns: list[str], rows: Iterator[tuple[Any, ...]]) -> None:
+    """The rows as one JSON list of objects, written as they come (as ``print_json``
+    writes a list)."""
+    sep = "[\n  "
+    for row in rows:
+        text = json_module.dumps(dict(zip(columns, row, strict=True)), indent=2, default=str)
+        sys.stdout.write(sep + text.replace("\n", "\n  "))
+        sep = ",\n  "
+    sys.stdout.write("[]\n" if sep.startswith("[") else "\n]\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ def verify(
     readonly: ReadModeOpt = True,
 ) -> None:
     """Re-read every record of a dataset checking framing, CRCs and each record's
-    stored check.
+    stored check (after SQLite's quick_check of the catalog file itself).
 
     Reports each bad record with its file, byte offset and key; exit code 1 if
     any. Records set aside at ingest (--on-bad-record skip) are listed too.
@@ -33,6 +33,12 @@ def verify(
             cat, dataset, lambda done, total: bar.update(task, completed=done, total=total)
         )
         origin = cat.snapshot_info()
+    if result.damage:
+        typer.echo(f"{cat.path}: the catalog file is damaged (SQLite's quick_check):", err=True)
+        for line in result.damage:
+            typer.echo(f"  {line}", err=True)
+        typer.echo("rebuild it: ingest the shards into a new catalog (or restore a copy)", err=True)
+        raise typer.Exit(1)
     problems = result.problems
     if origin is not None:
         typer.echo(f"{cat.path}: {origin.describe()}", err=True)

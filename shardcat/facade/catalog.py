@@ -12,8 +12,9 @@ commit them: :mod:`shardcat.facade.ingest`), ``dataset()`` (a
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,12 @@ from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.processes import stopping_on_signals
-from shardcat.catalog.query import DEFAULT_QUERY_TIMEOUT, QueryResult
+from shardcat.catalog.query import (
+    DEFAULT_QUERY_MEMORY,
+    DEFAULT_QUERY_TIMEOUT,
+    QueryResult,
+    collect,
+)
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
@@ -336,6 +342,7 @@ class Catalog(Store):
         *,
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+        memory: int | None = DEFAULT_QUERY_MEMORY,
     ) -> QueryResult:
         """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
 
@@ -346,12 +353,37 @@ class Catalog(Store):
         date/time, JSON and math ones (see ``ALLOWED_FUNCTIONS``).
         ``timeout``: seconds the statement may run (default 60; None: no
         limit) before it stops with :class:`CatalogError`; Ctrl-C stops it with
-        ``KeyboardInterrupt``. ``attach`` maps schema names to other SQLite
-        files (or TensorDB directories), attached read-only for this statement only, e.g.
-        ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e ON e.key = t.key``.
+        ``KeyboardInterrupt``. ``memory``: bytes the rows may hold (default
+        256 MiB; None: no limit), past which it stops with :class:`CatalogError`
+        (:meth:`query_rows` streams rows instead). ``attach`` maps schema names to
+        other SQLite files (or TensorDB directories), attached read-only for this
+        statement only, e.g. ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e
+        ON e.key = t.key``.
         """
+        with self.query_rows(sql, params, attach=attach, timeout=timeout, memory=memory) as (
+            columns,
+            rows,
+        ):
+            return QueryResult(collect(rows, memory), columns)
+
+    @contextlib.contextmanager
+    def query_rows(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        attach: Mapping[str, str | os.PathLike[str]] | None = None,
+        timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+        memory: int | None = DEFAULT_QUERY_MEMORY,
+    ) -> Iterator[tuple[list[str], Iterator[tuple[Any, ...]]]]:
+        """:meth:`query`, streamed: ``with cat.query_rows(sql) as (columns, rows):``
+        iterates the rows as they are fetched, holding one at a time (``memory``
+        then bounds any one value)."""
         files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
-        return super().query(sql, params, attach=files, timeout=timeout)
+        with super().query_rows(
+            sql, params, attach=files, timeout=timeout, memory=memory
+        ) as result:
+            yield result
 
     def snapshot(
         self,

@@ -184,16 +184,23 @@ def ingest(
 @dataclass(frozen=True)
 class VerifyResult:
     """What :func:`verify` found: the records checked, one error per bad one (``key``
-    naming it), and the records an ingest set aside (not checked: not records)."""
+    naming it), the records an ingest set aside (not checked: not records), or
+    ``damage``: what SQLite's quick_check found damaged in the catalog file itself
+    (then no record was read)."""
 
     records: int
     problems: list[CorruptRecordError]
     set_aside: list[SetAside] = field(default_factory=list)
+    damage: list[str] = field(default_factory=list)
 
 
 def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> VerifyResult:
     """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`); returns how
-    many records were checked with the problems. ``progress(done, total)``."""
+    many records were checked with the problems. ``progress(done, total)``. The
+    catalog file is checked first (:meth:`Catalog.damage`)."""
+    damage = catalog.damage()
+    if damage:
+        return VerifyResult(0, [], damage=damage)
     checked = 0
 
     def count(done: Any, total: int) -> None:

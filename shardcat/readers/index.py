@@ -26,7 +26,7 @@ row, on request. It follows the reader: the same snapshot and shard versions.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any, NoReturn, Protocol
 
 from shardcat.catalog import lookup
@@ -53,6 +53,8 @@ class _Reader(Protocol):
     def contains_key(self, key: Any) -> bool: ...
 
     def _conn(self) -> ReadConnection: ...
+
+    def _exclusively(self, function: Callable[..., Any], *args: Any) -> Any: ...
 
     def _position_of_key(self, key: str) -> int | None: ...
 
@@ -148,6 +150,9 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
     # -- the catalog -------------------------------------------------------------
 
     def _lookup(self, key: str) -> Any:
+        return self._reader._exclusively(self._find, key)
+
+    def _find(self, key: str) -> Any:
         reader = self._reader
         conn = reader._conn()
         real: str | None = key  # the key as the catalog's records hold it
@@ -185,21 +190,29 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
             "size": size,
         }
 
+    def _page(self, shard_id: int, start: int) -> list[Any]:
+        """One page of a shard's records (members, for formats whose records have
+        parts), in its own snapshot: as every public call."""
+        reader = self._reader
+        conn = reader._conn()
+        if reader._parts:
+            return lookup.page_of_members(conn, reader._sql, shard_id, start, start + PAGE)
+        return lookup.page_of_records(conn, reader._sql, shard_id, start, PAGE)
+
     def _items(self) -> Iterator[tuple[str, Any]]:
         """(key, location) in position order: one query per :data:`PAGE` records."""
         reader = self._reader
         by_position = reader._by_position
         for shard in list(reader._order):
             for start in range(0, shard.count, PAGE):
-                conn = reader._conn()  # one page per snapshot: as every public call
                 if not reader._parts:
-                    rows = lookup.page_of_records(conn, reader._sql, shard.id, start, PAGE)
+                    rows = reader._exclusively(self._page, shard.id, start)
                     for ordinal, key, offset, length in rows:
                         name = str(shard.first + ordinal) if by_position else key
                         yield name, self._record(shard.id, offset, length)
                     continue
                 samples: dict[int, tuple[str, dict[str, Any]]] = {}
-                members = lookup.page_of_members(conn, reader._sql, shard.id, start, start + PAGE)
+                members = reader._exclusively(self._page, shard.id, start)
                 for ordinal, key, feature, offset, size in members:
                     real = None if by_position else key
                     name = str(shard.first + ordinal) if by_position else key

@@ -74,7 +74,7 @@ from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
 from shardcat.readers.verify import extents_of, verify_records
-from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex
+from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex, one_call
 
 __all__ = ["CatalogLike", "Reader"]
 
@@ -326,6 +326,7 @@ class Reader(DatasetView):
             else self._decoded(row, raw, name)
         )
 
+    @one_call
     def key_at(self, position: int) -> str:
         conn = self._conn()
         shard, ordinal = self._shard_at(position)
@@ -463,10 +464,9 @@ class Reader(DatasetView):
         if self._by_position:
             yield from (str(p) for p in range(self._len))
             return
-        conn = self._conn()
         for shard in list(self._order):
             # one shard's keys at a time: lookups between two keys may renew the snapshot
-            yield from lookup.keys_of_shard(conn, self._sql, shard.id)
+            yield from self._exclusively(self._keys_of, shard.id)
 
     def get_keys(self) -> list[str]:
         """Every key in position order (a list; prefer ``iter_keys`` for huge datasets)."""
@@ -485,9 +485,11 @@ class Reader(DatasetView):
         )
         return [r[0] for r in rows]
 
+    @one_call
     def contains_key(self, key: Any) -> bool:
         return self._locate(self._conn(), key) is not None
 
+    @one_call
     def get_stats(self) -> dict[str, Any]:
         """Counts as tfd-utils reports them, plus the catalog and dataset names,
         ``duplicates_dropped``: the records of the shards that the dataset does not
@@ -533,6 +535,7 @@ class Reader(DatasetView):
             return {}
         return self._fmt.describe(self.get_record_at(0))
 
+    @one_call
     def verify(
         self,
         progress: Callable[[int, int], None] | None = None,  # the Progress shape

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
-from shardcat.errors import CatalogError, StaleShardError
+from shardcat.errors import CatalogError, ShardcatError, StaleShardError
 from shardcat.readers.formats import get_format
 from shardcat.readers.pool import SourcePool
 from shardcat.readers.rawio import Source
@@ -33,7 +34,7 @@ from shardcat.readers.source import Identity, open_source
 #: the dataset option holding the storage options of remote shards (without secrets)
 STORAGE_OPTIONS = "storage_options"
 
-__all__ = ["CatalogLike", "DatasetView", "follows_reindex"]
+__all__ = ["CatalogLike", "DatasetView", "follows_reindex", "one_call"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,12 +49,17 @@ class CatalogLike(Protocol):
     readonly: bool
     immutable: bool
     closed: bool
-    snapshot_serial: int
 
     @property
     def directory(self) -> str: ...
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection: ...
+
+    def read_snapshot(self) -> tuple[ReadConnection, int]: ...
+
+    def damaged(self, exc: BaseException) -> CatalogError: ...
+
+    def damage(self) -> list[str]: ...
 
     def dataset_row(self, name: str) -> Any: ...
 
@@ -83,21 +89,52 @@ class _Shard:
     identity: Identity
 
 
-def follows_reindex(method: F) -> F:
-    """Repeat a call once when a shard file turned out stale and the catalog has
-    meanwhile committed a newer version of the dataset (the call read a snapshot
-    from just before a re-index)."""
+def _alone(method: F, *, again: bool) -> F:
+    """``method`` as one public call of a reader: threads sharing the reader take
+    turns (its shard list, sources and the snapshot a call reads are the call's
+    until it ends), and a database failure reading the catalog comes out as a
+    :class:`CatalogError` naming it (see :func:`~shardcat.catalog.engine.damage_error`).
+    ``again``: repeated once when a shard file turned out stale and the catalog has
+    meanwhile committed a newer version of the dataset (the call read a snapshot from
+    just before a re-index). One wrapper, one frame: it runs on every single read."""
 
     @functools.wraps(method)
     def wrapper(self: DatasetView, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except StaleShardError:
-            if not self._moved_on():
+        if self._lock_generation != _engine._fork_generation:
+            self._new_lock()  # a forked child never waits on a parent thread's lock
+        with self._lock:
+            try:
+                try:
+                    return method(self, *args, **kwargs)
+                except StaleShardError:
+                    if not (again and self._moved_on()):
+                        raise
+                    return method(self, *args, **kwargs)
+            except ShardcatError:
                 raise
-            return method(self, *args, **kwargs)
+            except Exception as exc:
+                if not (_engine.database_failure(exc) or _damaged_rows(self, exc)):
+                    raise
+                raise self.catalog.damaged(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _damaged_rows(view: DatasetView, exc: Exception) -> bool:
+    """Whether a type error came from rows of a damaged catalog (a location holding
+    bytes where a number belongs): SQLite's quick_check says so. Only on that error
+    path, never on a read that succeeds."""
+    return isinstance(exc, (TypeError, OverflowError)) and bool(view.catalog.damage())
+
+
+def one_call(method: F) -> F:
+    """A public call of a reader, alone (see :func:`_alone`)."""
+    return _alone(method, again=False)
+
+
+def follows_reindex(method: F) -> F:
+    """:func:`one_call`, repeated once after a re-index (see :func:`_alone`)."""
+    return _alone(method, again=True)
 
 
 class DatasetView:
@@ -127,6 +164,7 @@ class DatasetView:
         self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
         self._positions_moved = False
         self.closed = False
+        self._new_lock()
         #: Records dropped as duplicate keys by the ingest that returned this reader
         #: (:meth:`Catalog.ingest` sets it; 0 otherwise).
         self.indexed_duplicates = 0
@@ -149,6 +187,19 @@ class DatasetView:
 
     # -- snapshots, shards and files ---------------------------------------------
 
+    @one_call
+    def _exclusively(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` as one public call (see :func:`one_call`)."""
+        return function(*args)
+
+    def _keys_of(self, shard_id: int) -> list[str]:
+        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.RLock()
+        self._lock_generation = _engine._fork_generation
+
+    @one_call
     def refresh(self) -> None:
         """Follow the catalog to its latest version of the dataset, positions included
         (after a re-ingest moved them; see the module docstring)."""
@@ -165,13 +216,12 @@ class DatasetView:
         """
         if self._pool.generation != _engine._fork_generation:  # (inlined: every call)
             self._pool.for_this_process()  # a forked child never reads its parent's sources
-        catalog = self.catalog
-        conn = catalog.reader_connection(snapshot=True)
-        if catalog.snapshot_serial != self._serial:
-            self._serial = catalog.snapshot_serial
+        conn, serial = self.catalog.read_snapshot()
+        if serial != self._serial:
+            self._serial = serial
             version = lookup.dataset_version(conn, self._id)
             if version is None:
-                raise CatalogError(f"dataset {self.dataset!r} was dropped from {catalog.path}")
+                raise CatalogError(f"dataset {self.dataset!r} was dropped from {self.catalog.path}")
             if version != self._version:
                 self._load_shards(conn, version)
         return conn

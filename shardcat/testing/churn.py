@@ -4,8 +4,9 @@ Every payload names its key and version and is derived from them, so a reader
 can tell whether bytes it got are exactly one version's bytes of that key
 without knowing which version is current. A writer process rewrites shards
 (new layout, new payload sizes; replaced with ``os.replace`` or rewritten in
-place) and re-ingests them; reader processes read random keys (single reads
-and ``get_many`` batches) and count what they get:
+place) and re-ingests them; reader processes (each one reader, shared by
+``threads`` threads) read random keys (single reads and ``get_many`` batches)
+and count what they get:
 
 - ``ok``: a version's exact bytes of the key asked for;
 - ``stale``: a :class:`~shardcat.StaleShardError`, ``error``: another
@@ -132,7 +133,10 @@ def _read(reader: Any, batch: list[str]) -> list[Any]:
     return [reader.features(r)["bin"][0] for r in reader.get_many(batch)]
 
 
-def _reader(catalog: str, shards: _Shards, min_reads: int, seed: int, queue: Any) -> None:
+def _read_loop(
+    reader: Any, shards: _Shards, min_reads: int, seed: int
+) -> tuple[Counter[str], list[str]]:
+    """Read random keys until the writer is done and ``min_reads`` were read."""
     from shardcat import ShardcatError, StaleShardError
 
     counts: Counter[str] = Counter()
@@ -140,39 +144,63 @@ def _reader(catalog: str, shards: _Shards, min_reads: int, seed: int, queue: Any
     rng = random.Random(seed)
     keys = [k for s in range(len(shards.epochs)) for k in _keys(s)]
     reads = 0
-    try:
-        from shardcat import Catalog
+    while not (shards.done.is_set() and reads >= min_reads):
+        batch = rng.sample(keys, 8) if rng.random() < 0.2 else [rng.choice(keys)]
+        reads += len(batch)
+        before = shards.now()
+        try:
+            got = _read(reader, batch)
+        except KeyError as exc:  # KeyNotFoundError: every version holds every key
+            counts["missing"] += len(batch)
+            examples.append(f"missing: {exc!r}")
+            continue
+        except ShardcatError as exc:
+            kind = "stale" if isinstance(exc, StaleShardError) else "error"
+            counts[kind] += len(batch)
+            if not _explained(exc, before, shards.now()):
+                counts["unexplained"] += len(batch)
+                examples.append(f"unexplained {type(exc).__name__}: {exc}")
+            elif kind == "error":
+                examples.append(f"{type(exc).__name__}: {exc}")
+            continue
+        except Exception:  # not a ShardcatError: reported to the parent, never swallowed
+            counts["other"] += 1
+            examples.append(traceback.format_exc())
+            continue
+        for key, data in zip(batch, got, strict=True):
+            named = None if data is None else _parse(data)
+            if data is None:
+                counts["missing"] += 1
+                examples.append(f"missing: {key}")
+            elif named is None or named[0] != key or data != expected_payload(*named):
+                counts["wrong"] += 1
+                examples.append(f"wrong: {key} -> {data[:40]!r}")
+            else:
+                counts["ok"] += 1
+    return counts, examples
 
-        with Catalog(catalog, readonly=True) as cat, cat.dataset("churn") as reader:
-            while not (shards.done.is_set() and reads >= min_reads):
-                batch = rng.sample(keys, 8) if rng.random() < 0.2 else [rng.choice(keys)]
-                reads += len(batch)
-                before = shards.now()
-                try:
-                    got = _read(reader, batch)
-                except KeyError as exc:  # KeyNotFoundError: every version holds every key
-                    counts["missing"] += len(batch)
-                    examples.append(f"missing: {exc!r}")
-                    continue
-                except ShardcatError as exc:
-                    kind = "stale" if isinstance(exc, StaleShardError) else "error"
-                    counts[kind] += len(batch)
-                    if not _explained(exc, before, shards.now()):
-                        counts["unexplained"] += len(batch)
-                        examples.append(f"unexplained {type(exc).__name__}: {exc}")
-                    elif kind == "error":
-                        examples.append(f"{type(exc).__name__}: {exc}")
-                    continue
-                for key, data in zip(batch, got, strict=True):
-                    named = None if data is None else _parse(data)
-                    if data is None:
-                        counts["missing"] += 1
-                        examples.append(f"missing: {key}")
-                    elif named is None or named[0] != key or data != expected_payload(*named):
-                        counts["wrong"] += 1
-                        examples.append(f"wrong: {key} -> {data[:40]!r}")
-                    else:
-                        counts["ok"] += 1
+
+def _reader(
+    catalog: str, shards: _Shards, min_reads: int, seed: int, threads: int, queue: Any
+) -> None:
+    """One reader, read by ``threads`` threads at once (each its own random keys)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardcat import Catalog
+
+    counts: Counter[str] = Counter()
+    examples: list[str] = []
+    try:
+        with (
+            Catalog(catalog, readonly=True) as cat,
+            cat.dataset("churn") as reader,
+            ThreadPoolExecutor(threads) as pool,
+        ):
+            seeds = [seed * 1000 + t for t in range(threads)]
+            loops = pool.map(lambda s: _read_loop(reader, shards, min_reads, s), seeds)
+            for found, seen in loops:
+                counts.update(found)
+                examples += seen
     except Exception:  # not a ShardcatError: reported to the parent, never swallowed
         counts["other"] += 1
         examples.append(traceback.format_exc())
@@ -234,9 +262,11 @@ def run(
     rounds: int | None = None,
     readers: int = 2,
     min_reads: int = 0,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """Run the churn: the writer re-ingests ``rounds`` times (or for ``seconds``), the
-    readers read until it is done and each has read ``min_reads`` records; returns
+    readers (processes, each one reader shared by ``threads`` threads) read until it
+    is done and each thread has read ``min_reads`` records; returns
     the summed counts, ``reads``, ``reingests`` and up to a few ``examples``."""
     from shardcat import Catalog
 
@@ -256,7 +286,7 @@ def run(
     stop = _Stop(rounds, None if seconds is None else time.monotonic() + seconds)
     procs = [ctx.Process(target=_writer, args=(catalog, str(where), fmt, state, stop, queue))]
     procs += [
-        ctx.Process(target=_reader, args=(catalog, state, min_reads, seed, queue))
+        ctx.Process(target=_reader, args=(catalog, state, min_reads, seed, threads, queue))
         for seed in range(readers)
     ]
     for p in procs:

@@ -16,11 +16,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["find_binaries", "postgres_server"]
+__all__ = ["find_binaries", "postgres_server", "restart"]
+
+# url -> what restarts that running server (see restart)
+_restarts: dict[str, Callable[[], None]] = {}
 
 
 def find_binaries() -> Path | None:
@@ -82,11 +85,20 @@ def postgres_server(user: str = "shardcat") -> Iterator[str]:
             f"-k {base} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=100"
         )
-        run(str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(base / "log"),
-            "-w", "start")  # fmt: skip
+        start = (str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-l",
+                 str(base / "log"), "-w", "start")  # fmt: skip
+        run(*start)
         started = True
-        yield f"postgresql://{user}@127.0.0.1:{port}/postgres"
+        url = f"postgresql://{user}@127.0.0.1:{port}/postgres"
+
+        def again() -> None:  # (the server's output goes to the log, never to our pipes)
+            run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+            run(*start)
+
+        _restarts[url] = again
+        yield url
     finally:
+        _restarts.pop(f"postgresql://{user}@127.0.0.1:{port}/postgres", None)
         if started:
             subprocess.run(
                 [*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
@@ -95,3 +107,9 @@ def postgres_server(user: str = "shardcat") -> Iterator[str]:
                 env=env,
             )  # fmt: skip
         shutil.rmtree(base, ignore_errors=True)
+
+
+def restart(url: str) -> None:
+    """Restart the server :func:`postgres_server` yielded ``url`` for (an immediate
+    stop, as a crash or failover: every connection is cut), and wait until it is up."""
+    _restarts[url]()
