@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,11 +57,11 @@ from shardcat.errors import (
     CorruptRecordError,
     IngestError,
     LegacyIndexError,
-    MissingShardError,
     ShardcatError,
 )
+from shardcat.facade.remote_detect import local_copy, warnings_naming
 from shardcat.paths import require_regular
-from shardcat.readers import remote, remote_file
+from shardcat.readers import remote
 from shardcat.readers.formats import (
     BAD_RECORDS,
     BadRecord,
@@ -325,56 +324,6 @@ def _failed(
     raise exc
 
 
-@contextlib.contextmanager
-def local_copy(
-    url: str,
-    options: Mapping[str, Any] | None,
-    limit: int | None = None,
-    fmt: Format | None = None,
-    format_options: Mapping[str, Any] | None = None,
-) -> Iterator[tuple[str, remote.RemoteInfo]]:
-    """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
-    file, deleted on exit; with the identity of the version read. With ``fmt``, the
-    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too, when a
-    scan with ``format_options`` reads it."""
-    with remote_file.downloaded(url, options, limit) as (tmp, info):
-        if fmt is None:
-            yield tmp, info
-        else:
-            with sidecar_copy(url, tmp, fmt, options, format_options):
-                yield tmp, info
-
-
-@contextlib.contextmanager
-def sidecar_copy(
-    url: str,
-    copy: str,
-    fmt: Format,
-    options: Mapping[str, Any] | None,
-    format_options: Mapping[str, Any] | None = None,
-) -> Iterator[str | None]:
-    """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
-    when the store has one and a scan with ``format_options`` reads it, fetched
-    beside ``copy`` (the shard's local copy) under the name the format looks for
-    there; deleted on exit. None: no sidecar."""
-    far, near = fmt.sidecar(url, format_options), fmt.sidecar(copy, format_options)
-    if far is None or near is None:
-        yield None
-        return
-    try:
-        remote_file.download(far, near, options)
-    except MissingShardError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(near)
-        yield None
-        return
-    try:
-        yield near
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(near)
-
-
 def _index_remote(
     engine: Engine,
     job: IngestJob,
@@ -397,7 +346,7 @@ def _index_remote(
         if scanned is None:
             storage = job.options.get(STORAGE_OPTIONS)
             copy = local_copy(url, storage, fmt=fmt, format_options=job.options)
-            with copy as (tmp, info), _warnings_naming(tmp, url):
+            with copy as (tmp, info), warnings_naming(tmp, url):
                 scanned = scan_shard(fmt, tmp, job)
         return _commit_scan(
             engine,
@@ -418,15 +367,6 @@ def _index_remote(
                 renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
             renames.append((tmp, url))
         return _failed(engine, job, shard_id, stored, owner, exc, url, renames)
-
-
-@contextlib.contextmanager
-def _warnings_naming(local: str, url: str) -> Iterator[None]:
-    """The warnings of a scan of ``local``, the copy of ``url``, naming ``url``."""
-    with warnings.catch_warnings(record=True) as caught:
-        yield
-    for w in caught:
-        warnings.warn(str(w.message).replace(local, url), w.category, stacklevel=3)
 
 
 def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:

@@ -1,14 +1,17 @@
-"""What a remote ingest reads before its scans: the format and options of its
+"""What a remote ingest reads: before its scans, the format and options of its
 shards off a copy of the first shard's head (:func:`head_copy`, :func:`remote_rule`;
-``catalog migrate`` reads its options the same way), and a new dataset's options
+``catalog migrate`` reads its options the same way) and a new dataset's options
 that only every shard's sidecar tells (:func:`remote_dataset_options`: RecordIO's
-``.idx`` keys colliding)."""
+``.idx`` keys colliding); then the local copy of each shard it scans
+(:func:`local_copy`, with its sidecar: :func:`sidecar_copy`), whose warnings name
+the URL (:func:`warnings_naming`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +21,16 @@ from shardcat.readers import remote, remote_file
 from shardcat.readers.compressed import detect_compression
 from shardcat.readers.formats import Format, detect_format, get_format
 
-__all__ = ["SNIFF_HEAD", "SNIFF_REMOTE", "head_copy", "remote_dataset_options", "remote_rule"]
+__all__ = [
+    "SNIFF_HEAD",
+    "SNIFF_REMOTE",
+    "head_copy",
+    "local_copy",
+    "remote_dataset_options",
+    "remote_rule",
+    "sidecar_copy",
+    "warnings_naming",
+]
 
 #: at most the bytes of a remote shard its format and options are detected from
 SNIFF_REMOTE = 4 << 20
@@ -104,3 +116,62 @@ def _exists(url: str, options: Mapping[str, Any] | None) -> bool:
     except MissingShardError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def local_copy(
+    url: str,
+    options: Mapping[str, Any] | None,
+    limit: int | None = None,
+    fmt: Format | None = None,
+    format_options: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[str, remote.RemoteInfo]]:
+    """The object at ``url`` (its first ``limit`` bytes) streamed into a temporary
+    file, deleted on exit; with the identity of the version read. With ``fmt``, the
+    shard's sidecar (see :func:`sidecar_copy`) is fetched beside it too, when a
+    scan with ``format_options`` reads it."""
+    with remote_file.downloaded(url, options, limit) as (tmp, info):
+        if fmt is None:
+            yield tmp, info
+        else:
+            with sidecar_copy(url, tmp, fmt, options, format_options):
+                yield tmp, info
+
+
+@contextlib.contextmanager
+def sidecar_copy(
+    url: str,
+    copy: str,
+    fmt: Format,
+    options: Mapping[str, Any] | None,
+    format_options: Mapping[str, Any] | None = None,
+) -> Iterator[str | None]:
+    """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
+    when the store has one and a scan with ``format_options`` reads it, fetched
+    beside ``copy`` (the shard's local copy) under the name the format looks for
+    there; deleted on exit. None: no sidecar."""
+    far, near = fmt.sidecar(url, format_options), fmt.sidecar(copy, format_options)
+    if far is None or near is None:
+        yield None
+        return
+    try:
+        remote_file.download(far, near, options)
+    except MissingShardError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
+        yield None
+        return
+    try:
+        yield near
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(near)
+
+
+@contextlib.contextmanager
+def warnings_naming(local: str, url: str) -> Iterator[None]:
+    """The warnings of a scan of ``local``, the copy of ``url``, naming ``url``."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    for w in caught:
+        warnings.warn(str(w.message).replace(local, url), w.category, stacklevel=3)

@@ -94,9 +94,6 @@ class Reader(DatasetView):
     others (see the module docstring for re-indexing and forked workers).
     """
 
-    # Readers opened on shard paths: each shard file -> its path as given (reader.index)
-    names_as_given: dict[str, str] | None = None
-
     def _fetch(
         self, source: Source, location: Location, crc: int | None, key: Any, frame: bool = False
     ) -> bytes:
@@ -596,33 +593,3 @@ class Reader(DatasetView):
     def index_file(self) -> str:
         """The catalog file (tfd-utils' name for where the index lives)."""
         return str(self.catalog.path)
-
-    # Pickling (DataLoader with the spawn start method): reopen by name.
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "catalog_type": type(self.catalog),  # pickled by name: shardcat.Catalog
-            "catalog": self.catalog.location,
-            "readonly": self.catalog.readonly,
-            "immutable": self.catalog.immutable,
-            "dataset": self.dataset,
-            "verify": self.verify_reads,
-            "pool": self._pool.size,
-            "files": getattr(self, "files", None),
-            "names_as_given": self.names_as_given,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        catalog = state["catalog_type"](
-            state["catalog"], readonly=state["readonly"], immutable=state["immutable"]
-        )
-        Reader.__init__(
-            self,
-            catalog,
-            state["dataset"],
-            verify=state["verify"],
-            file_pool_size=state["pool"],
-            owns_catalog=True,
-        )
-        if state["files"] is not None:
-            self.files = state["files"]
-        self.names_as_given = state.get("names_as_given")

@@ -141,6 +141,9 @@ class DatasetView:
     """A dataset's shards, positions and open sources for one reader (see the module
     docstring); the :class:`~shardcat.readers.reader.Reader` reads records through it."""
 
+    # Readers opened on shard paths: each shard file -> its path as given (reader.index)
+    names_as_given: dict[str, str] | None = None
+
     def __init__(
         self,
         catalog: CatalogLike,
@@ -184,6 +187,36 @@ class DatasetView:
         #: records found by key with the shortest lookup (one range, no parts)
         self._plain = self._one_range and not self._parts and not self._by_position
         self.refresh()
+
+    # Pickling (DataLoader with the spawn start method): reopen by name.
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "catalog_type": type(self.catalog),  # pickled by name: shardcat.Catalog
+            "catalog": self.catalog.location,
+            "readonly": self.catalog.readonly,
+            "immutable": self.catalog.immutable,
+            "dataset": self.dataset,
+            "verify": self.verify_reads,
+            "pool": self._pool.size,
+            "files": getattr(self, "files", None),
+            "names_as_given": self.names_as_given,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        catalog = state["catalog_type"](
+            state["catalog"], readonly=state["readonly"], immutable=state["immutable"]
+        )
+        DatasetView.__init__(
+            self,
+            catalog,
+            state["dataset"],
+            verify=state["verify"],
+            file_pool_size=state["pool"],
+            owns_catalog=True,
+        )
+        if state["files"] is not None:
+            self.files = state["files"]
+        self.names_as_given = state.get("names_as_given")
 
     # -- snapshots, shards and files ---------------------------------------------
 
