@@ -33,7 +33,7 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it
 from shardcat.readers.tfrecord import TFRecordFormat
 scan = TFRecordFormat.scan
 def slow_scan(self, path, options):
-    time.sleep(0.4)
+    time.sleep(1.0)  # a whole ingest lasts ~4 s: time to stop it, even on a loaded machine
     return scan(self, path, options)
 TFRecordFormat.scan = slow_scan  # forked workers inherit it
 """
@@ -145,6 +145,7 @@ def _start(tmp_path: Path, script: str = _CLI) -> tuple[subprocess.Popen[str], l
     while len(_children(proc.pid)) < 2 and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()  # still running, to be stopped
     return proc, args, db
 
 
@@ -309,7 +310,7 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)
 import shardcat.convert as convert
 tar = convert.convert_tar
 def slow_convert(*args, **kwargs):
-    time.sleep(0.4)
+    time.sleep(1.0)  # a whole ingest lasts ~4 s: time to stop it, even on a loaded machine
     return tar(*args, **kwargs)
 convert.convert_tar = slow_convert  # the forked workers inherit it
 from shardcat.cli import main

@@ -152,7 +152,12 @@ _held: list[int] = []  # the stop signals that came while held (see stops_held()
 _holding = threading.local()
 
 
+_taker: list[int] = []  # the pid whose stopping_on_signals took the stop signals
+
+
 def _raise_stopped(signum: int, frame: Any) -> None:
+    if _taker and os.getpid() != _taker[-1]:  # a child forked before it set its own
+        _exit_on(signum, frame)
     _stopped_by.append(signum)
     if getattr(_holding, "depth", 0):
         _held.append(signum)
@@ -201,6 +206,7 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
     for sig in taken:
         signal.signal(sig, _raise_stopped)
     _stopped_by.clear()
+    _taker.append(os.getpid())
     hook = sys.unraisablehook
 
     def swallowed(unraisable: Any) -> None:
@@ -224,11 +230,17 @@ def stopping_on_signals(*, exit_after: bool = True) -> Iterator[None]:
         raise
     finally:
         sys.unraisablehook = hook
+        _taker.pop()
         for sig in taken:
             signal.signal(sig, signal.SIG_DFL)
 
 
 def _exit_on(signum: int, frame: Any) -> None:
+    """A worker's end on a stop: its cleanups run (``SystemExit``), silently: the
+    parent says the one line, and a stop that lands in a finalizer or in
+    multiprocessing's start-up would print a traceback to the shared stderr."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     raise SystemExit(128 + signum)
 
 
