@@ -6,13 +6,13 @@ PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
 DEMO_DIR ?= demo-data
 
-.PHONY: demo test lint bench bench-record clean
+.PHONY: demo test lint docs bench bench-record clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,docs]'
 	touch $@
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
@@ -29,9 +29,14 @@ demo: $(VENV)/.installed
 	VENV=$(VENV) DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check shardcat tests benchmarks
-	$(VENV)/bin/ruff format --check shardcat tests benchmarks
+	$(VENV)/bin/ruff check shardcat tests benchmarks scripts
+	$(VENV)/bin/ruff format --check shardcat tests benchmarks scripts
 	$(VENV)/bin/mypy
+
+# The docs site (docs/, mkdocs.yml; the docs extra) into build/docs-site; any warning
+# fails it. tests/test_docs.py runs its code blocks and checks docs/cli.md is current.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Azurite (Azure Blob Storage's emulator, a Node program) for tests/test_remote_cloud.py,
 # installed into .node/ (git-ignored), never globally.
@@ -39,7 +44,7 @@ lint: $(VENV)/.installed
 	npm install --prefix .node azurite@3.37.0 --no-audit --no-fund
 	touch $@
 
-test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint
+test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint docs
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
 	SHARDCAT_TEST_CORE_ONLY=1 $(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
@@ -82,4 +87,4 @@ bench-record: $(VENV)/.installed
 	$(PY) -m benchmarks --record
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache

@@ -24,7 +24,12 @@ def skill_text() -> str:
 @handle_errors
 def install_skill(
     dest: Annotated[
-        Path, typer.Option("--dest", help="Directory to install SKILL.md into.")
+        Path,
+        typer.Option(
+            "--dest",
+            help="Directory to install SKILL.md into.",
+            show_default="~/.claude/skills/shardcat",
+        ),
     ] = DEFAULT_DEST,
 ) -> None:
     """Install SKILL.md (how to use shardcat) for AI coding assistants.
