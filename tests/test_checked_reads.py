@@ -170,7 +170,10 @@ def test_native_and_reference_scans_store_the_same_checks(
             got[fast] = cat.query(f"SELECT * FROM {_table(kind)} ORDER BY 1, 2, 3")
     assert got["1"] == got["0"]
     raw = d.good["image"] if kind == "tar" else d.good
-    assert crc32c_package.crc32c(raw) in {r[-1] for r in got["1"]}
+    # the check mixes the record's key (a member's: its sample's)
+    mixed = crc32c_package.crc32c(raw) ^ crc32c_package.crc32c(d.key.encode())
+    assert mixed in {r[-1] for r in got["1"]}
+    assert mixed == checks.crc32c(raw) ^ checks.key_check(d.key)
 
 
 # -- a swapped legacy index ---------------------------------------------------------------
@@ -264,3 +267,70 @@ def test_catalog_get_streams_a_checked_member_and_removes_it_when_damaged(tmp_pa
         result.output
     )
     assert not out.exists()
+
+
+# -- a key index entry naming another record's row ---------------------------------------
+
+
+def _swap_keys(db: Path, a: str, b: str) -> None:
+    """Exchange two rows' keys in the records table: the key index's entries of ``a``
+    and ``b`` then name each other's (shard, ordinal), the rows' payloads unchanged."""
+    with sqlite3.connect(db) as conn:
+        t = "shardcat_records_1"
+        conn.execute(f"UPDATE {t} SET key = '#swap' WHERE key = ?", (a,))
+        conn.execute(f"UPDATE {t} SET key = ? WHERE key = ?", (a, b))
+        conn.execute(f"UPDATE {t} SET key = ? WHERE key = '#swap'", (b,))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_key_index_entry_naming_another_row_is_refused_on_either_key(
+    tmp_path: Path, kind: str
+) -> None:
+    """The stored check mixes the record's key: a read by key whose index entry
+    names another record's row (here: record 20's key and record 2's exchanged)
+    fails on the key it asked for, never returning the other record's bytes."""
+    d = write(kind, tmp_path / "data")
+    other = {"tfrecord": "r2", "tar": "s0002", "recordio": "k2"}[kind]
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d").close()
+        with cat.dataset("d") as reader:
+            assert reader.get_raw(d.key) == d.good
+            good_other = reader.get_raw(other)
+    offsets = {}
+    with sqlite3.connect(db) as conn:
+        for key in (d.key, other):
+            offsets[key] = conn.execute(
+                'SELECT m."offset" FROM shardcat_members m JOIN shardcat_records_1 r '
+                "ON (m.shard_id, m.ordinal) = (r.shard_id, r.ordinal) "
+                "WHERE r.key = ? AND m.name = 'image'"
+                if kind == "tar"
+                else 'SELECT "offset" FROM shardcat_records_1 WHERE key = ?',
+                (key,),
+            ).fetchone()[0]
+    _swap_keys(db, d.key, other)
+    # reads of d.key land on record 2's row (position 2): that offset, that key
+    d.offset = offsets[other]
+    with Catalog(db) as cat:
+        with cat.dataset("d") as reader:
+            every_read_refuses(reader, d, 2)
+            for read in (reader.get_raw, reader.get_record, lambda k: reader.get_many([k])):
+                with pytest.raises(CorruptRecordError) as err:
+                    read(other)  # the other key: record 20's row
+                assert err.value.offset == offsets[d.key]
+                assert f"record {other!r}: the bytes read are not the record" in str(err.value)
+            problems = reader.verify()  # both rows (a tar sample's every member)
+            assert len(problems) == (4 if kind == "tar" else 2)
+            assert set(offsets.values()) <= {p.offset for p in problems}
+            assert reader.get_raw(reader.key_at(3)) is not None
+            assert good_other != d.good
+        with cat.dataset("d", verify=False) as reader:  # trusting the bytes: swapped
+            assert reader.get_raw(d.key) == good_other
+        cat.snapshot("d", tmp_path / "snap.sqlite")
+    with Catalog(tmp_path / "snap.sqlite", immutable=True) as snap, snap.dataset("d") as reader:
+        every_read_refuses(reader, d, 2)
+    done = CliRunner().invoke(app, ["verify", "d", "-c", str(db)])
+    assert done.exit_code == 1, done.output
+    for key, now in ((d.key, other), (other, d.key)):  # each row by the key it now has
+        assert f"at byte {offsets[key]} (key {now!r}): record {now!r}" in done.output
+    assert "Traceback" not in done.output

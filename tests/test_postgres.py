@@ -531,6 +531,29 @@ def test_reads_through_a_server_catalog_are_checked(tmp_path, pg_url, kind):
             assert [(p.path, p.offset) for p in reader.verify()] == [(str(d.path), d.offset)]
 
 
+def test_a_key_index_entry_naming_another_row_is_refused_on_a_server(tmp_path, pg_url):
+    """The server's checks mix each record's key as SQLite's do: with two rows'
+    keys exchanged (each key's index entry names the other's row), reads of either
+    key are refused, never the other record's bytes."""
+    d = checked.write("tfrecord", tmp_path / "data")
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(d.path), "d", workers=1).close()
+        with cat.dataset("d") as reader:
+            other = reader.get_raw("r2")
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        t = "shardcat_records_1"
+        (d.offset,) = c.execute(f'SELECT "offset" FROM {t} WHERE key = %s', ("r2",)).fetchone()
+        c.execute(f"UPDATE {t} SET key = '#swap' WHERE key = %s", (d.key,))
+        c.execute(f"UPDATE {t} SET key = %s WHERE key = 'r2'", (d.key,))
+        c.execute(f"UPDATE {t} SET key = 'r2' WHERE key = '#swap'")
+    with Catalog(pg_url) as cat:
+        with cat.dataset("d") as reader:
+            checked.every_read_refuses(reader, d, 2)  # d.key now names record 2's row
+            assert len(reader.verify()) == 2
+        with cat.dataset("d", verify=False) as reader:
+            assert reader.get_raw(d.key) == other
+
+
 def test_bad_records_set_aside_on_a_server(tmp_path, pg_url):
     from tests.damage import flip_keeping_mtime
     from tests.test_bad_records import write_tfrecord

@@ -11,6 +11,11 @@ recomputes positions, so a reader never sees half a shard.
 ``last`` keep one record per key in position order (shard path, then record
 order); the records dropped that way are counted (:data:`~shardcat.catalog.sync.DROPPED`).
 
+**Checks** (``crc``): a record's is its payload's CRC32C as the scan gave it,
+mixed (XOR) with the CRC32C of its key (:func:`keyed_check`), so an index entry
+that names another record's row fails the read by key; records keyed by
+position keep the payload's.
+
 **Bad records** (``on_bad_record="skip"``): the records the scan set aside
 (``Batch.bad``) replace the shard's earlier ones in ``bad_records`` in the same
 transaction; a good re-index leaves none.
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import crc32c as _crc32c
 from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -227,6 +233,15 @@ def resolve_across(
     return batch.select(keep), dict(lost)
 
 
+def keyed_check(check: int | None, key: str | None) -> int | None:
+    """The check the catalog stores for a record (or member) whose payload's CRC32C
+    is ``check``: XOR the CRC32C of its key (UTF-8, surrogateescape); unchanged
+    without a key or a check. (Reads mix the same: ``readers.checks.key_check``.)"""
+    if check is None or key is None:
+        return check
+    return check ^ _crc32c.crc32c(key.encode("utf-8", "surrogateescape"))
+
+
 def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch) -> None:
     """The shard's rows in the dataset's records table, fields included, adding
     columns for new fields (and for the fields the format declares every dataset
@@ -255,7 +270,11 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
     if items:
         columns["item"] = items
     if batch.checks is not None:  # each record's check (schema version 7)
-        columns["crc"] = batch.checks
+        columns["crc"] = (
+            batch.checks
+            if job.key_rule == "position"
+            else [keyed_check(c, k) for c, k in zip(batch.checks, batch.keys, strict=True)]
+        )
     if job.options.get("fields", True):  # without fields the records have no field columns
         types = dict(job.field_types)
         for name in sorted(batch.fields):  # new columns in name order, whatever the scan's
@@ -372,7 +391,10 @@ def commit_shard(
                 for m in members
             ]
         if any(len(m) > 5 for m in members):  # each member's check (schema version 7)
-            columns["crc"] = [m[5] if len(m) > 5 else None for m in members]
+            keys = batch.keys if job.key_rule != "position" else [None] * len(batch)
+            columns["crc"] = [
+                keyed_check(m[5], keys[m[0]]) if len(m) > 5 else None for m in members
+            ]
         insert_columns(conn, schema.members.name, columns)
     if batch.bad:  # set aside by the scan (schema version 8); cleared above with the rest
         insert_bad_records(conn, shard_id, batch.bad)

@@ -29,16 +29,19 @@ dataset, named after the dataset, may take any other name.
   those bytes (chunk + index formats: the row of a Parquet row group). The
   catalog stores them as the scan gave them and never interprets them.
   ``crc`` (schema version 7): the record's check, the CRC32C of the payload
-  its format reads (see :mod:`shardcat.readers.checks`), compared by every
-  read; NULL for records indexed before version 7 (reads then check their
-  framing) and formats whose scan gives none. A
-  dataset's first ingest builds the key index once its rows are in (a sort,
-  not a random insert per row); until then the dataset has no key index.
+  its format reads XOR the CRC32C of its key (UTF-8; the payload's alone for
+  datasets keyed by position: see :func:`~shardcat.catalog.commit.keyed_check`
+  and :mod:`shardcat.readers.checks`), compared by every read with the key it
+  asked for, so a key index entry naming another row fails; NULL for records
+  indexed before version 7 (reads then check their framing) and formats whose
+  scan gives none. A dataset's first ingest builds the key index once its rows
+  are in (a sort, not a random insert per row); until then it has no key index.
 - ``members``: per-feature byte ranges of records stored as several parts
   (tar samples); empty for TFRecord. ``extents`` (schema version 3; NULL for
   one contiguous range) is a JSON list of ``[offset, length]`` pieces that make
   up the member's content in order, ``offset`` -1 for a run of zeros (sparse
-  tar members). ``crc`` (schema version 7): the member's check, as a record's.
+  tar members). ``crc`` (schema version 7): the member's check, as a record's
+  (its content's CRC32C XOR its sample's key's).
 - ``fields``: the scalar field columns of each dataset (feature name, view
   column, SQL type, ``idx`` of its column ``v<idx>`` in ``records_<id>``),
   exposed with the key and position through a view named after the dataset.

@@ -197,11 +197,11 @@ def _records_per_dataset(conn: Connection) -> None:
 
 
 def _add_checks(conn: Connection) -> None:
-    """6 -> 7: each record's and member's check, ``crc`` (the CRC32C of its payload,
-    see :mod:`~shardcat.catalog.schema`), in every dataset's records table and in
-    ``shardcat_members``. NULL for every row indexed before: reads check those by
-    their framing until the shard is re-ingested. (A records table made by step
-    5 -> 6 of this library has the column already.)"""
+    """6 -> 7: each record's and member's check, ``crc`` (the CRC32C of its payload
+    mixed with its key's, see :mod:`~shardcat.catalog.schema`), in every dataset's
+    records table and in ``shardcat_members``. NULL for every row indexed before:
+    reads check those by their framing until the shard is re-ingested. (A records
+    table made by step 5 -> 6 of this library has the column already.)"""
     names = [schema.members.name] + [
         schema.records_table_name(r[0]) for r in conn.execute(select(schema.datasets.c.id))
     ]

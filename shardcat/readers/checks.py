@@ -1,16 +1,20 @@
 """The per-record check: what the catalog stores for each record (and tar member)
 and what every read compares the bytes it hands back with.
 
-The check is the CRC32C (Castagnoli, unmasked) of the payload a format's
-``read`` returns: for TFRecord the frame's own data CRC, unmasked (the scan
-reads it off the frame, nothing is computed twice); for RecordIO records, tar
-members and the records of compressed shards the CRC32C of the (decompressed)
-payload, computed by the scan. :func:`crc32c` runs in the native extension
-(``shardcat.readers._scan``, SSE4.2 where the CPU has it); without a built
-extension the ``crc32c`` package computes the same value (the tests hold the
-two equal). CRC32C and not xxh3: TFRecord's is free, the ``crc32c`` package
-is a dependency already, and at record sizes the call costs more than the
-hash (see ``benchmarks/hotpath.py``).
+The catalog's ``crc`` is the CRC32C of the payload XOR the CRC32C of the
+record's key (:func:`key_check`; a member mixes its sample's key), or the
+payload's alone for datasets keyed by position. A read mixes in the key it
+asked for (by position: the row's), so a damaged key index that names another
+record's row is a :func:`mismatch`, not that record's bytes. The payload's CRC32C (Castagnoli,
+unmasked) is of what a format's ``read`` returns: for TFRecord the frame's own
+data CRC, unmasked (the scan reads it off the frame, nothing is computed
+twice); for RecordIO records, tar members and the records of compressed shards
+the CRC32C of the (decompressed) payload, computed by the scan. :func:`crc32c`
+runs in the native extension (``shardcat.readers._scan``, SSE4.2 where the CPU
+has it); without a built extension the ``crc32c`` package computes the same
+value (the tests hold the two equal). CRC32C and not xxh3: TFRecord's is free,
+the ``crc32c`` package is a dependency already, and at record sizes the call
+costs more than the hash (see ``benchmarks/hotpath.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ import crc32c as _crc32c
 
 from shardcat.errors import CorruptRecordError
 
-__all__ = ["checked_chunks", "crc32c", "fallback_crc32c", "mismatch", "native_crc32c", "unmask"]
+__all__ = [
+    "checked_chunks",
+    "crc32c",
+    "fallback_crc32c",
+    "key_check",
+    "mismatch",
+    "native_crc32c",
+    "unmask",
+]
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -38,6 +50,13 @@ except ImportError:  # no compiler at install time
 
 #: CRC32C of a buffer (bytes, memoryview, ...): the native one when built
 crc32c: Callable[[Any], int] = native_crc32c or fallback_crc32c
+
+
+def key_check(key: str | None) -> int:
+    """What a record's key mixes (XOR) into its stored check: the CRC32C of its
+    UTF-8 bytes (surrogateescape); 0 for no key (datasets keyed by position). The
+    catalog's commit mixes the same (``catalog.commit.keyed_check``)."""
+    return 0 if key is None else crc32c(key.encode("utf-8", "surrogateescape"))
 
 
 def unmask(masked: int) -> int:

@@ -19,8 +19,9 @@ seen as the old or the new version, never a mix, never missing. A file that
 matches no indexed version raises :class:`StaleShardError`.
 
 **Checks.** Every read compares the bytes it hands back with the catalog's
-CRC32C of the record (or tar member), in the native extension
-(:mod:`shardcat.readers.checks`): a mismatch is a :class:`CorruptRecordError`
+check of the record (or tar member), its CRC32C mixed with the key's, in the
+native extension (:mod:`shardcat.readers.checks`), with the key it asked for
+(reads by position: the row's): a mismatch is a :class:`CorruptRecordError`
 naming shard, byte offset and key. Rows without a stored check (indexed before
 schema version 7, Parquet) are checked by the record's framing instead.
 ``verify=False`` trusts the bytes (``verify_crc`` is its older name).
@@ -69,7 +70,7 @@ from shardcat.errors import (
     ShardIOError,
     StaleShardError,
 )
-from shardcat.readers.checks import checked_chunks, crc32c, mismatch
+from shardcat.readers.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers.formats import Location
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.rawio import Source
@@ -104,7 +105,8 @@ class Reader(DatasetView):
         verify = frame or self.verify_reads
         data = self._fmt.read(source, location, verify and (frame or crc is None))
         if verify and crc is not None:
-            got = crc32c(data)
+            got = crc32c(data)  # mixed with the key asked for (by position: the row's)
+            got ^= 0 if self._by_position else key_check(key)
             if got != crc:
                 raise mismatch(source.path, location.offset, key, crc, got)
         return data
@@ -205,8 +207,10 @@ class Reader(DatasetView):
                     data = self._fetch(source, Location(found[1], found[2]), crc, key)
                 else:  # _fetch inlined: every checked read by key
                     data = self._fmt.read(source, Location(found[1], found[2]), False)
-                    if crc32c(data) != crc:
-                        raise mismatch(source.path, found[1], key, crc, crc32c(data))
+                    key = str(key)  # keyed: the check mixes the key asked for
+                    got = crc32c(data) ^ key_check(key)
+                    if got != crc:
+                        raise mismatch(source.path, found[1], key, crc, got)
                 return self._fmt.decode(data, self.options)
             except Exception as exc:  # bad bytes for the format, or a failed read
                 raise self._failed(exc, shard_id, found[1]) from None
@@ -273,7 +277,9 @@ class Reader(DatasetView):
         location = Location(offset, length, extents_of(extents))
         chunks = self._fmt.read_chunks(source, location, self.verify_reads and by_crc is None)
         return (
-            chunks if by_crc is None else checked_chunks(chunks, by_crc, source.path, offset, key)
+            chunks
+            if by_crc is None
+            else checked_chunks(chunks, by_crc ^ key_check(str(key)), source.path, offset, key)
         )
 
     def get_feature_list(self, key: Any, feature_name: str) -> list[Any] | None:
@@ -379,6 +385,7 @@ class Reader(DatasetView):
         # prefetched answer hold them)
         touched: dict[int, tuple[Source, Source, bool]] = {}
         at = self._at
+        keyed = not self._by_position  # the stored check mixes the record's key
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
         ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
         for row in ordered:
@@ -397,6 +404,8 @@ class Reader(DatasetView):
                 data = read(opened[1], where, (verify or opened[2]) and crc is None)
                 if verify and crc is not None:
                     got = crc32c(data)
+                    if keyed:  # the key asked for, or (rows by position) the row's
+                        got ^= key_check(row[-1] if names is None else names[row[0]])
                     if got != crc:
                         raise mismatch(opened[1].path, row[at], self._name(row, names), crc, got)
                 out[row[0]] = data if raw else decode(data, options)
