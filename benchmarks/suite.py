@@ -241,14 +241,24 @@ _PROBE = textwrap.dedent(
     """
 )
 
+# What an open of shardcat's needs imported: ``import shardcat`` alone loads nothing
+# heavy (its names are imported when first used), so the import phase also loads the
+# modules the open and the first read use, as ``import tfd_utils`` does for tfd-utils:
+# "open + get" is then the open, and "import + open + get" the whole start-up.
+_SHARDCAT_IMPORTS = (
+    "import shardcat\n"
+    "from shardcat import Catalog, TFRecordRandomAccess\n"
+    "import shardcat.readers.reader, shardcat.readers.tfrecord, shardcat.pb2"
+)
+
 _OPEN_BODIES = {
     "shardcat": (
-        "import shardcat",
+        _SHARDCAT_IMPORTS,
         "r = shardcat.TFRecordRandomAccess({glob!r}, index_file={catalog!r})\n"
         "assert r.get_record({key!r}) is not None",
     ),
     "shardcat_ro": (
-        "import shardcat",
+        _SHARDCAT_IMPORTS,
         "r = shardcat.Catalog({catalog!r}, readonly=True).dataset({dataset!r})\n"
         "assert r.get_record({key!r}) is not None",
     ),
@@ -257,7 +267,7 @@ _OPEN_BODIES = {
         "r = tfd_utils.TFRecordRandomAccess({glob!r}, index_file={index!r})\n"
         "assert r.get_record({key!r}) is not None",
     ),
-    "shardcat_import": ("import shardcat", "pass"),
+    "shardcat_import": (_SHARDCAT_IMPORTS, "pass"),
     "tfd_import": ("import tfd_utils", "pass"),
 }
 
