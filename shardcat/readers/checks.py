@@ -40,7 +40,7 @@ __all__ = [
 _MASK_DELTA = 0xA282EAD8
 
 #: the pure fallback: the ``crc32c`` package
-fallback_crc32c: Callable[[Any], int] = _crc32c.crc32c
+fallback_crc32c: Callable[..., int] = _crc32c.crc32c  # (data[, crc to continue])
 
 native_crc32c: Callable[[Any], int] | None
 try:

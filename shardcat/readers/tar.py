@@ -94,6 +94,7 @@ from shardcat.readers.tar_headers import (
     MapCursor,
     Member,
     StreamCursor,
+    check_exact,
     checksum_ok,
     expand,
     iter_members,
@@ -226,14 +227,19 @@ def _samples(
         if sample is None:
             sample = _Sample(key, m.header_offset)
         # every member's content is read: its CRC32C is the check reads compare with
-        raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
-        content = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
-        sample.members.append((feature, m.data_offset, m.size, m.extents, crc32c(content)))
+        wanted = want is not None and want(feature, m.size)
+        if m.extents is None and not wanted:  # hashed as it is read, never held whole
+            check = check_exact(cur, m.stored_size, path, m.header_offset, m.name)
+        else:
+            raw = read_exact(cur, m.stored_size, path, m.header_offset, m.name)
+            content = raw if m.extents is None else expand(raw, m.data_offset, m.extents)
+            check = crc32c(content)
+            if wanted:
+                data[feature] = content
+        sample.members.append((feature, m.data_offset, m.size, m.extents, check))
         sample.seen.add(feature)
         sample.end = m.data_offset + m.stored_size
         sample.spans.append((m.header_offset, sample.end))
-        if want is not None and want(feature, m.size):
-            data[feature] = content
     if sample is not None:
         yield sample, data
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shardcat.errors import CorruptRecordError
+from shardcat.readers.checks import fallback_crc32c
 from shardcat.readers.formats import Extents
 from shardcat.readers.rawio import read_full
 
@@ -264,6 +265,22 @@ def read_exact(cur: Cursor, size: int, path: str, offset: int, name: str) -> byt
             path, offset, f"truncated member {name!r}: archive ends inside its data"
         )
     return data
+
+
+def check_exact(cur: Cursor, size: int, path: str, offset: int, name: str) -> int:
+    """The CRC32C of the ``size`` bytes :func:`read_exact` would read, read and hashed
+    in pieces: a member of any size is checked without being held whole."""
+    _check_declared(cur, size, path, offset, name)
+    crc, left = 0, size
+    while left:
+        piece = cur.read(min(left, _CHUNK))
+        if not piece:
+            raise CorruptRecordError(
+                path, offset, f"truncated member {name!r}: archive ends inside its data"
+            )
+        crc = fallback_crc32c(piece, crc)  # (the package's: it continues a CRC)
+        left -= len(piece)
+    return crc
 
 
 def _skip_exact(cur: Cursor, size: int, path: str, offset: int, name: str) -> None:
