@@ -28,7 +28,7 @@ from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.pb2 import Example
 from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
-from shardcat.testing.postgres import find_binaries, postgres_server
+from shardcat.testing.postgres import find_binaries, fresh_database, postgres_server
 from shardcat.testing.required import missing, need
 
 psycopg = need("psycopg", why="shardcat[postgres]")
@@ -42,18 +42,11 @@ def server():
         yield url
 
 
-_serial = iter(range(1_000_000))
-
-
 @pytest.fixture
 def pg_url(server):
     """A fresh database on the server, dropped afterwards."""
-    name = f"t{os.getpid()}_{next(_serial)}"
-    with psycopg.connect(server, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    yield server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(server, autocommit=True) as c:
-        c.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with fresh_database(server) as url:
+        yield url
 
 
 def _tar_gz(directory: Path, n: int) -> Path:

@@ -4,7 +4,6 @@ reconnect after the server restarts or their backend is killed."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
 from shardcat.cli import app
-from shardcat.testing.postgres import find_binaries, postgres_server, restart
+from shardcat.testing.postgres import find_binaries, fresh_database, postgres_server, restart
 from shardcat.testing.required import missing, need
 
 psycopg = need("psycopg", why="shardcat[postgres]")
@@ -48,12 +47,8 @@ def server():
 @pytest.fixture
 def pg_url(server):
     """A fresh database on the server, dropped afterwards."""
-    name = f"s{os.getpid()}_{time.monotonic_ns()}"
-    with psycopg.connect(server, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    yield server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(server, autocommit=True) as c:
-        c.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with fresh_database(server) as url:
+        yield url
 
 
 def _value(i: int) -> bytes:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,5 +112,29 @@ def postgres_server(user: str = "shardcat") -> Iterator[str]:
 
 def restart(url: str) -> None:
     """Restart the server :func:`postgres_server` yielded ``url`` for (an immediate
-    stop, as a crash or failover: every connection is cut), and wait until it is up."""
+    stop, as a crash or failover: every connection is cut), and wait until it is up.
+
+    What was committed survives it, as on a server with ``synchronous_commit=on``:
+    this test server runs with it off (for speed), so a ``CHECKPOINT`` first writes
+    out the last commits, which an immediate stop would otherwise lose."""
+    import psycopg  # (the postgres extra: only where a server is used)
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CHECKPOINT")
     _restarts[url]()
+
+
+@contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    """A new, empty database on ``server`` (a URL :func:`postgres_server` yields): its
+    URL, dropped afterwards (with any connection still open to it)."""
+    import psycopg  # (the postgres extra: only where a server is used)
+
+    name = f"db{os.getpid()}_{time.monotonic_ns()}"
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    try:
+        yield server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(server, autocommit=True) as c:
+            c.execute(f"DROP DATABASE {name} WITH (FORCE)")
