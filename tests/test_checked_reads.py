@@ -15,7 +15,7 @@ from pathlib import Path
 
 import crc32c as crc32c_package
 import pytest
-from checked import every_read_refuses, write
+from checked import Damaged, every_read_refuses, write
 from legacy_fixtures import quiet_stdout, write_tfrecords
 from test_migrations import downgrade_to_v6
 from typer.testing import CliRunner
@@ -79,14 +79,20 @@ def test_the_drop_ins_check_by_default_and_verify_crc_stays_an_alias(tmp_path: P
         assert reader.get_feature(t.key, "image") != t.good["image"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_an_offset_moved_in_the_catalog_is_refused_never_other_bytes(
-    tmp_path: Path, kind: str
-) -> None:
+def _ingested(kind: str, tmp_path: Path) -> tuple[Damaged, Path]:
+    """A shard of ``kind`` (not damaged yet) ingested as dataset ``d`` of a new catalog."""
     d = write(kind, tmp_path / "data")
     db = tmp_path / "c.sqlite"
     with Catalog(db) as cat:
         cat.ingest(str(d.path), "d").close()
+    return d, db
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_offset_moved_in_the_catalog_is_refused_never_other_bytes(
+    tmp_path: Path, kind: str
+) -> None:
+    d, db = _ingested(kind, tmp_path)
     with sqlite3.connect(db) as conn:  # one catalog bit flipped: the offset moves by one
         moved = conn.execute(
             f'UPDATE {_table(kind)} SET "offset" = "offset" + 1 WHERE "offset" = ?', (d.offset,)
@@ -249,10 +255,7 @@ def test_a_swap_inside_the_catalog_is_refused_on_either_key_and_verify_lists_bot
 def test_catalog_get_streams_a_checked_member_and_removes_it_when_damaged(tmp_path: Path):
     """``catalog get -o`` writes a tar member as it reads it; the bytes are checked
     when the last piece is in, and a damaged member leaves no file behind."""
-    d = write("tar", tmp_path / "data")
-    db = tmp_path / "c.sqlite"
-    with Catalog(db) as cat:
-        cat.ingest(str(d.path), "d").close()
+    d, db = _ingested("tar", tmp_path)
     out = tmp_path / "member.bin"
     args = ["get", "d", d.key, "image", "-c", str(db), "-o", str(out)]
     runner = CliRunner()
