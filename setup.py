@@ -8,14 +8,14 @@ from setuptools import Extension, setup
 
 EXTENSIONS = [
     Extension(
-        "shardcat.readers._inflate",
-        ["shardcat/readers/_inflate.c"],
+        "shardcat.sources._inflate",
+        ["shardcat/sources/_inflate.c"],
         libraries=["z"],
         optional=True,
     ),
     Extension(
-        "shardcat.readers._scan",
-        ["shardcat/readers/_scan.c"],
+        "shardcat.formats._scan",
+        ["shardcat/formats/_scan.c"],
         optional=True,
         extra_compile_args=["-O3"],
     ),

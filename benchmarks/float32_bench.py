@@ -16,7 +16,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from shardcat.readers.formats import float32_shortest
+from shardcat.formats.base import float32_shortest
 
 _F32 = struct.Struct("<f")
 

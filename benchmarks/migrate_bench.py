@@ -46,7 +46,7 @@ from benchmarks.data import DATASET, Dataset, ensure_tfd_index, get_dataset, rem
 from benchmarks.util import drop_page_cache, print_table, quiet, round_robin
 from shardcat import Catalog
 from shardcat.facade.catalog import migrate
-from shardcat.legacy import load_pickle
+from shardcat.migrations.legacy import load_pickle
 
 
 def _contenders(ds: Dataset, tmp: Path, workers: int) -> dict[str, Callable[[], Any]]:

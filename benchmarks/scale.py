@@ -41,7 +41,7 @@ import crc32c
 from benchmarks.util import print_table
 from shardcat import Catalog
 from shardcat.catalog import commit
-from shardcat.readers.tfrecord import make_example
+from shardcat.formats.tfrecord import make_example
 
 DATA = Path(__file__).resolve().parent / "data"
 SHARD = 125_000

@@ -248,7 +248,7 @@ _PROBE = textwrap.dedent(
 _SHARDCAT_IMPORTS = (
     "import shardcat\n"
     "from shardcat import Catalog, TFRecordRandomAccess\n"
-    "import shardcat.readers.reader, shardcat.readers.tfrecord, shardcat.pb2"
+    "import shardcat.readers.reader, shardcat.formats.tfrecord, shardcat.pb2"
 )
 
 _OPEN_BODIES = {

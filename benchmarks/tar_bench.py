@@ -188,7 +188,7 @@ def _ratarmount_s(python: str, path: Path, index: Path, backend: str) -> float:
 
 
 def _shardcat_s(path: Path, catalog: Path, one_pass: bool) -> float:
-    from shardcat.readers import compressed
+    from shardcat.sources import compressed
 
     native = compressed._INFLATE
     if one_pass and native is None:

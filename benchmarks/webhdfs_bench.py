@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat import Catalog, TFRecordWriter
-from shardcat.readers import remote
+from shardcat.sources import remote
 from shardcat.testing.servers import WebHDFSServer
 
 from .remote_bench import PAYLOAD, _example

@@ -27,6 +27,9 @@ from shardcat.errors import (
     StorageTypeError,
     StorageValueError,
 )
+from shardcat.moved import install as _install_moved
+
+_install_moved()  # old import paths (shardcat.readers.tfrecord, ...) still work, and warn
 
 if TYPE_CHECKING:
     __version__: str
@@ -40,10 +43,10 @@ if TYPE_CHECKING:
         TFRecordReader,
     )
     from shardcat.facade.options import IngestOptions
-    from shardcat.readers.formats import Format, Location, register_format
+    from shardcat.formats.base import Format, Location, register_format
+    from shardcat.formats.tfrecord import TFRecordWriter, make_example
     from shardcat.readers.reader import Reader
     from shardcat.readers.sampler import RecordSampler
-    from shardcat.readers.tfrecord import TFRecordWriter, make_example
     from shardcat.readers.torch import RecordDataset
     from shardcat.storage import TensorBlob, TensorDB
 
@@ -61,13 +64,13 @@ _LAZY = {
     "TFRecordRandomAccess": "shardcat.facade.dropin",
     "TFRecordReader": "shardcat.facade.dropin",
     "IngestOptions": "shardcat.facade.options",
-    "Format": "shardcat.readers.formats",
-    "Location": "shardcat.readers.formats",
-    "register_format": "shardcat.readers.formats",
+    "Format": "shardcat.formats.base",
+    "Location": "shardcat.formats.base",
+    "register_format": "shardcat.formats.base",
     "Reader": "shardcat.readers.reader",
     "RecordSampler": "shardcat.readers.sampler",
-    "TFRecordWriter": "shardcat.readers.tfrecord",
-    "make_example": "shardcat.readers.tfrecord",
+    "TFRecordWriter": "shardcat.formats.tfrecord",
+    "make_example": "shardcat.formats.tfrecord",
     "RecordDataset": "shardcat.readers.torch",
     "TensorBlob": "shardcat.storage",
     "TensorDB": "shardcat.storage",

@@ -29,12 +29,13 @@ from typing import Any
 
 from shardcat.catalog.processes import end_with_parent, stopping_on_signals
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
+from shardcat.formats import tar as tar_format
+from shardcat.formats import tfrecord
+from shardcat.formats.base import detect_format
+from shardcat.formats.tar import TarFormat
+from shardcat.formats.tfrecord import TFRecordFormat
 from shardcat.paths import PathsLike, resolve_paths
-from shardcat.readers import remote, remote_file, tfrecord
-from shardcat.readers import tar as tar_format
-from shardcat.readers.formats import detect_format
-from shardcat.readers.tar import TarFormat
-from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.sources import remote, remote_file
 
 __all__ = ["ConvertResult", "convert_tar", "convert_tars", "output_path", "tar_inputs"]
 

@@ -75,7 +75,7 @@ def brace_expand(pattern: str) -> list[str]:
 
 
 def _remote(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
-    from shardcat.readers.remote import glob_urls
+    from shardcat.sources.remote import glob_urls
 
     return [
         u

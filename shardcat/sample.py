@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 
 __all__ = ["SAMPLE_FORMATS", "make_sample"]
 

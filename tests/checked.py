@@ -14,8 +14,8 @@ import pytest
 from damage import flip_keeping_mtime
 
 from shardcat import CorruptRecordError
-from shardcat.readers.recordio import RecordIOWriter
-from shardcat.readers.tfrecord import HEADER, TFRecordWriter, make_example
+from shardcat.formats.recordio import RecordIOWriter
+from shardcat.formats.tfrecord import HEADER, TFRecordWriter, make_example
 from shardcat.readers.torch import RecordDataset
 
 N, SIZE, BAD = 40, 8000, 20  # 40 records of 8 KB: record 20 sits mid-file, past 64 KiB

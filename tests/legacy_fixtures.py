@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from shardcat import Catalog
-from shardcat.readers.formats import get_format
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.base import get_format
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 
 # -- shards ----------------------------------------------------------------------------
 

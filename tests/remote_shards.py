@@ -15,7 +15,7 @@ from typing import Any
 from features import b, ex_bytes
 
 from shardcat import TFRecordWriter
-from shardcat.readers import remote
+from shardcat.sources import remote
 
 
 def write_shards(root: Path, *, shards: int, records: int, payload: int, seed: int) -> list[Path]:

@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from shardcat import Catalog, CorruptRecordError, IngestError, TFRecordWriter, make_example
 from shardcat.cli import app
 from shardcat.facade.records import safe_name
-from shardcat.readers import compressed
-from shardcat.readers.formats import Location
-from shardcat.readers.rawio import Source, pread_exact, read_full
-from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
-from shardcat.readers.tar import TarFormat
-from shardcat.readers.tfrecord import TFRecordFormat, masked_crc
+from shardcat.formats.base import Location
+from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
+from shardcat.formats.tar import TarFormat
+from shardcat.formats.tfrecord import TFRecordFormat, masked_crc
+from shardcat.sources import compressed
+from shardcat.sources.rawio import Source, pread_exact, read_full
 from shardcat.testing.required import needs
 
 needs_compressed = needs(

@@ -22,10 +22,10 @@ from shardcat.catalog import versions
 from shardcat.catalog.bad_records import SetAside
 from shardcat.cli import app
 from shardcat.errors import CatalogError, IngestError, SchemaVersionError
-from shardcat.readers import native
-from shardcat.readers.recordio import RecordIOWriter
+from shardcat.formats import native
+from shardcat.formats.recordio import RecordIOWriter
+from shardcat.formats.tfrecord import FRAME, HEADER, TFRecordWriter
 from shardcat.readers.sampler import RecordSampler
-from shardcat.readers.tfrecord import FRAME, HEADER, TFRecordWriter
 from tests.damage import flip_keeping_mtime
 
 runner = CliRunner()

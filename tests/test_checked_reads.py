@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from shardcat import Catalog, CorruptRecordError, TarRandomAccess, TFRecordRandomAccess
 from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.cli import app
-from shardcat.readers import checks, native
-from shardcat.readers.tfrecord import masked_crc
+from shardcat.formats import checks, native
+from shardcat.formats.tfrecord import masked_crc
 
 KINDS = ["tfrecord", "tar", "recordio"]
 

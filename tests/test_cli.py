@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from shardcat.cli import app
 from shardcat.cli.skill import skill_text
 from shardcat.facade.records import file_extension
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.sample import make_sample
 
 runner = CliRunner()

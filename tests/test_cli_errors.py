@@ -33,7 +33,7 @@ from typer.testing import CliRunner
 from shardcat import Catalog
 from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.cli import app
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.sample import make_sample
 
 runner = CliRunner()
@@ -519,7 +519,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
 _SLOW_INGEST = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as in a terminal
-from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.formats.tfrecord import TFRecordFormat
 scan = TFRecordFormat.scan
 def slow_scan(self, path, options):
     time.sleep(0.4)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardcat.readers.formats import Columns, Entry
+from shardcat.formats.base import Columns, Entry
 
 
 def test_of_fills_every_column_and_leaves_absent_values_none() -> None:

@@ -24,10 +24,10 @@ from shardcat import (
     TarReader,
     TFRecordReader,
 )
-from shardcat.readers import compressed
-from shardcat.readers.formats import detect_format
-from shardcat.readers.tar import TarFormat
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.base import detect_format
+from shardcat.formats.tar import TarFormat
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
+from shardcat.sources import compressed
 from shardcat.testing.required import need
 
 TAR = TarFormat()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from shardcat.readers.formats import known_formats
-from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.base import known_formats
+from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.formats import FormatContract, Records
 from shardcat.testing.required import need
 

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from shardcat import Catalog, CorruptRecordError
 from shardcat import convert as conv
 from shardcat.cli import app
+from shardcat.formats import tfrecord
+from shardcat.formats.tfrecord import TFRecordFormat
 from shardcat.pb2 import Example
-from shardcat.readers import tfrecord
-from shardcat.readers.tfrecord import TFRecordFormat
 from shardcat.testing.required import need
 
 runner = CliRunner()

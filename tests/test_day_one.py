@@ -438,7 +438,7 @@ def test_a_name_that_is_neither_dataset_nor_file_keeps_its_error(tmp_path: Path)
 def test_the_cli_copies_of_library_defaults_agree():
     """What the help shows without importing the library is the library's value."""
     from shardcat.cli import ingest, migrate
-    from shardcat.legacy.verify import DEFAULT_SAMPLE
+    from shardcat.migrations.legacy.verify import DEFAULT_SAMPLE
     from shardcat.sample import SAMPLE_FORMATS
 
     assert migrate.DEFAULT_SAMPLE == DEFAULT_SAMPLE

@@ -27,9 +27,9 @@ from shardcat import (
     TFRecordWriter,
     make_example,
 )
-from shardcat.readers import tar
-from shardcat.readers.formats import Format, get_format
-from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.formats import tar
+from shardcat.formats.base import Format, get_format
+from shardcat.formats.tfrecord import TFRecordFormat
 from shardcat.testing.required import need
 
 tfd_utils = need("tfd_utils", why="shardcat[bench]")

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from shardcat.readers.formats import float32_shortest
+from shardcat.formats.base import float32_shortest
 
 _F32 = struct.Struct("<f")
 _BITS = struct.Struct("<I")

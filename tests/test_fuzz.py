@@ -61,9 +61,9 @@ from shardcat import (
     TFRecordWriter,
     make_example,
 )
+from shardcat.formats.recordio import MAGIC, IRHeader, RecordIOWriter, idx_path_for, pack
+from shardcat.formats.tfrecord import masked_crc
 from shardcat.pb2 import Example
-from shardcat.readers.recordio import MAGIC, IRHeader, RecordIOWriter, idx_path_for, pack
-from shardcat.readers.tfrecord import masked_crc
 from shardcat.testing.required import need
 
 FORMATS = ("tfrecord", "tar", "recordio")

@@ -1,4 +1,4 @@
-"""The one-pass gzip indexer (``shardcat.readers._inflate``) against the two-pass
+"""The one-pass gzip indexer (``shardcat.sources._inflate``) against the two-pass
 fallback (Python's gzip, then indexed_gzip's ``build_full_index``): same bytes, same
 seek points, same reads through the stored index, same errors on damaged input."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from shardcat import Catalog, CorruptRecordError
-from shardcat.readers import compressed
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
+from shardcat.sources import compressed
 from shardcat.testing.required import CI, need, needs
 
 need("indexed_gzip", why="shardcat[compressed]")
@@ -27,7 +27,7 @@ def test_extension_is_built_on_ci():
     """CI must not silently fall back to the two-pass path."""
     if not CI:
         pytest.skip("only on CI")
-    assert compressed._INFLATE is not None, "CI=true but shardcat.readers._inflate did not build"
+    assert compressed._INFLATE is not None, "CI=true but shardcat.sources._inflate did not build"
 
 
 def _text(size: int, seed: int) -> bytes:

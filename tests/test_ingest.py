@@ -30,7 +30,7 @@ from shardcat import (
 )
 from shardcat.catalog.engine import DEFAULT_NAME, locate
 from shardcat.catalog.versions import SCHEMA_VERSION
-from shardcat.readers.formats import known_formats
+from shardcat.formats.base import known_formats
 
 # -- helpers -------------------------------------------------------------------
 
@@ -694,7 +694,7 @@ def test_processes_share_the_work(tmp_path: Path) -> None:
 _KILLED_CHILD = textwrap.dedent(
     """
     import sys, time
-    from shardcat.readers.tfrecord import TFRecordFormat
+    from shardcat.formats.tfrecord import TFRecordFormat
     from shardcat import Catalog
 
     original = TFRecordFormat.scan

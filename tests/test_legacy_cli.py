@@ -1,4 +1,4 @@
-"""``catalog migrate``: the command line over :mod:`shardcat.legacy`."""
+"""``catalog migrate``: the command line over :mod:`shardcat.migrations.legacy`."""
 
 from __future__ import annotations
 

@@ -38,8 +38,8 @@ from shardcat import (
 )
 from shardcat.errors import LegacyIndexError
 from shardcat.facade.catalog import migrate
-from shardcat.legacy import load_pickle
-from shardcat.readers.recordio import MAGIC, RecordIOWriter
+from shardcat.formats.recordio import MAGIC, RecordIOWriter
+from shardcat.migrations.legacy import load_pickle
 
 GLOB = "*.tfrecord"
 

@@ -42,8 +42,8 @@ from shardcat import (
 from shardcat.cli import app
 from shardcat.errors import LegacyIndexError
 from shardcat.facade.catalog import migrate
+from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
 from shardcat.paths import resolve_paths
-from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
 
 GLOB = "*.tfrecord"
 runner = CliRunner()
@@ -327,7 +327,7 @@ def test_catalog_for_a_tfd_pickle_is_imported_beside_it_once(
     before = indexed_at(got)
 
     # once imported, the legacy index is not read again (nor anything said)
-    import shardcat.legacy.index as legacy_index_module
+    import shardcat.migrations.legacy.index as legacy_index_module
 
     def no_unpickling(path: object) -> None:
         raise AssertionError(f"{path} was unpickled again")

@@ -24,7 +24,7 @@ from shardcat import Catalog, CatalogError, SchemaVersionError
 from shardcat.catalog import versions as migrations
 from shardcat.cli import app
 from shardcat.errors import ShardcatWarning
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.required import missing
 
 # The catalog tables exactly as shardcat's schema version 1 created them (frozen:

@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 
 from shardcat import Catalog
 from shardcat.errors import CorruptRecordError
+from shardcat.formats import native, tfrecord
+from shardcat.formats.base import Columns, Format, float32_shortest
+from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, masked_crc
 from shardcat.pb2 import (
     Example,
     Feature,
@@ -28,9 +31,6 @@ from shardcat.pb2 import (
     Features,
     SequenceExample,
 )
-from shardcat.readers import native, tfrecord
-from shardcat.readers.formats import Columns, Format, float32_shortest
-from shardcat.readers.tfrecord import TFRecordFormat, TFRecordWriter, masked_crc
 from shardcat.sample import make_sample
 from shardcat.testing.required import CI, need, needs
 
@@ -114,7 +114,7 @@ def varied() -> list[bytes]:
 def test_ci_builds_the_extension() -> None:
     """CI must not silently test the fallback twice (no skip mark: it runs everywhere)."""
     if CI:
-        assert native.available(), "CI=true but shardcat.readers._scan did not build"
+        assert native.available(), "CI=true but shardcat.formats._scan did not build"
 
 
 @needs_native

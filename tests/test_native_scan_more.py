@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardcat.errors import CatalogError, CorruptRecordError
-from shardcat.readers import native
-from shardcat.readers.formats import Columns, Format
-from shardcat.readers.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
-from shardcat.readers.tar import TarFormat
+from shardcat.formats import native
+from shardcat.formats.base import Columns, Format
+from shardcat.formats.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
+from shardcat.formats.tar import TarFormat
 from shardcat.sample import make_sample
 from shardcat.testing.required import needs
 
@@ -422,7 +422,7 @@ def test_switch_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_native_walk_takes_plain_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference walk only reads what the extension cannot: here the pax member,
     the long name, the global header and what follows it, and the end of the archive."""
-    from shardcat.readers import tar_headers
+    from shardcat.formats import tar_headers
 
     path = tmp_path / "m.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:

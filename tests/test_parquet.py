@@ -18,14 +18,14 @@ import pytest
 
 import shardcat
 from shardcat import Catalog, CatalogError, CorruptRecordError
-from shardcat.readers.formats import Location, get_format, known_formats, register_format
-from shardcat.readers.source import FileSource
+from shardcat.formats.base import Location, get_format, known_formats, register_format
+from shardcat.sources.local import FileSource
 from shardcat.testing.required import needs
 
 if "parquet" not in known_formats():  # installed before its entry point was declared
     register_format(
         "parquet",
-        "shardcat.readers.parquet:ParquetFormat",
+        "shardcat.formats.parquet:ParquetFormat",
         install_hint="pip install 'shardcat[parquet]'",
     )
 
@@ -56,12 +56,12 @@ def test_registered_by_the_entry_point_only(tmp_path: Path):
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: parquet-probe\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
-        "[shardcat.formats]\nparquet = shardcat.readers.parquet:ParquetFormat\n"
+        "[shardcat.formats]\nparquet = shardcat.formats.parquet:ParquetFormat\n"
     )
     out = run_python(
         """
         from importlib import metadata
-        from shardcat.readers import formats
+        from shardcat.formats import base as formats
         assert "parquet" not in formats._registry, "parquet is not a built-in format"
         names = sorted(
             ep.dist.name for ep in metadata.entry_points(group=formats.ENTRY_POINT_GROUP)
@@ -81,7 +81,7 @@ def test_the_package_declares_its_entry_point_and_extra():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["shardcat.formats"] == {
-        "parquet": "shardcat.readers.parquet:ParquetFormat"
+        "parquet": "shardcat.formats.parquet:ParquetFormat"
     }
     assert project["optional-dependencies"]["parquet"] == ["pyarrow>=15"]
 
@@ -96,10 +96,10 @@ def test_without_pyarrow(tmp_path: Path):
         sys.modules["pyarrow"] = None
         sys.modules["pyarrow.parquet"] = None
         from shardcat import CatalogError
-        from shardcat.readers.formats import Location, get_format, known_formats, register_format
-        from shardcat.readers.source import FileSource
+        from shardcat.formats.base import Location, get_format, known_formats, register_format
+        from shardcat.sources.local import FileSource
         if "parquet" not in known_formats():
-            register_format("parquet", "shardcat.readers.parquet:ParquetFormat")
+            register_format("parquet", "shardcat.formats.parquet:ParquetFormat")
         fmt = get_format("parquet")
         print(fmt.sniff(b"PAR1" + bytes(8)), fmt.sniff(b"PAR2"))
         path = {str(path)!r}

@@ -25,8 +25,8 @@ from shardcat.catalog import postgres
 from shardcat.catalog.claims import claim_next
 from shardcat.catalog.engine import make_engine
 from shardcat.catalog.versions import SCHEMA_VERSION
+from shardcat.formats.tfrecord import HEADER
 from shardcat.pb2 import Example
-from shardcat.readers.tfrecord import HEADER
 from shardcat.sample import make_sample
 from shardcat.testing.postgres import find_binaries, fresh_database, postgres_server
 from shardcat.testing.required import missing, need

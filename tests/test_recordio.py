@@ -1,4 +1,4 @@
-"""shardcat.readers.recordio: dmlc framing, IRHeader, .idx keys, reader, DALI export.
+"""shardcat.formats.recordio: dmlc framing, IRHeader, .idx keys, reader, DALI export.
 
 The expected bytes come from an independent encoder written here from the
 dmlc-core spec (``include/dmlc/recordio.h``)::
@@ -35,9 +35,9 @@ from shardcat import Catalog, CatalogError, IngestError, RecordIOReader, StaleSh
 from shardcat.cli import app
 from shardcat.errors import CorruptRecordError, DuplicateKeyError
 from shardcat.facade.export import export_index, index_name
-from shardcat.readers import recordio_frames
-from shardcat.readers.formats import Location, detect_format
-from shardcat.readers.recordio import (
+from shardcat.formats import recordio_frames
+from shardcat.formats.base import Location, detect_format
+from shardcat.formats.recordio import (
     IRHeader,
     IRRecord,
     RecordIOFormat,
@@ -47,8 +47,8 @@ from shardcat.readers.recordio import (
     pack,
     unpack,
 )
-from shardcat.readers.source import FileSource
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
+from shardcat.sources.local import FileSource
 
 RIO = RecordIOFormat()
 decode, describe, detect_options, features = (
@@ -679,8 +679,8 @@ def test_duplicate_idx_keys_across_shards(tmp_path: Path):
 
 
 def test_dali_index_lines():
-    from shardcat.readers.formats import Entry
-    from shardcat.readers.tfrecord import TFRecordFormat
+    from shardcat.formats.base import Entry
+    from shardcat.formats.tfrecord import TFRecordFormat
 
     entries = [Entry("a", 0, 20), Entry("b", 20, 44)]
     assert list(RIO.index_lines(entries, {})) == ["0\t0", "1\t20"]

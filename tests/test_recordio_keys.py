@@ -22,7 +22,7 @@ from shardcat import Catalog, RecordIOReader, TFRecordWriter, make_example
 from shardcat.cli import app
 from shardcat.errors import CorruptRecordError
 from shardcat.facade.catalog import migrate
-from shardcat.readers.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
+from shardcat.formats.recordio import IRHeader, RecordIOFormat, RecordIOWriter, pack
 
 RIO = RecordIOFormat()
 key_rule, scan = RIO.key_rule, RIO.scan

@@ -24,9 +24,9 @@ from shardcat import (
     Location,
 )
 from shardcat import register_format as public_register_format
-from shardcat.readers import formats
-from shardcat.readers.formats import Entry, get_format, known_formats, register_format
-from shardcat.readers.rawio import Source, pread_exact
+from shardcat.formats import base as formats
+from shardcat.formats.base import Entry, get_format, known_formats, register_format
+from shardcat.sources.rawio import Source, pread_exact
 from shardcat.testing.formats import FormatContract, Records
 
 MAGIC = b"TOYREC1\n"

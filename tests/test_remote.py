@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError
 from shardcat.paths import brace_expand
-from shardcat.readers import cache, remote, remote_file
+from shardcat.sources import cache, remote, remote_file
 from shardcat.testing.required import need
 
 boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shardcat import Catalog, CorruptRecordError, ShardIOError, StaleShardError
-from shardcat.readers import remote
+from shardcat.sources import remote
 from shardcat.testing.lies import LIES
 from shardcat.testing.required import need
 from shardcat.testing.servers import RangeServer

@@ -25,7 +25,7 @@ from shardcat.testing.required import missing, need
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from shardcat import Catalog, MissingShardError, StaleShardError
-from shardcat.readers import remote
+from shardcat.sources import remote
 from shardcat.testing.servers import AzuriteServer, GCSServer, azurite_binary
 
 adlfs, _, gcsfs = (

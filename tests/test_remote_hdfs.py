@@ -25,7 +25,7 @@ from shardcat import (
     ShardIOError,
     StaleShardError,
 )
-from shardcat.readers import remote
+from shardcat.sources import remote
 from shardcat.testing.required import need
 
 need("fsspec.implementations.webhdfs", "requests", why="shardcat[remote] (fsspec, requests)")
@@ -328,7 +328,7 @@ def test_node_local_cache_is_filled_through_checked_reads(
 ) -> None:
     import time
 
-    from shardcat.readers import cache
+    from shardcat.sources import cache
 
     directory = tmp_path / "cache"
     cache.configure_cache(directory, 1 << 30)

@@ -300,7 +300,7 @@ def _rec_shards(directory: Path, shards: int, records: int, payload: Any, key: A
     """``part-<s>.rec`` with its MXNet ``.idx`` in ``directory`` for ``s < shards``:
     record ``i`` has IRHeader label and id ``i``, bytes ``payload(s, i)`` and
     ``.idx`` key ``key(s, i)`` (default ``k<s>_<i>``)."""
-    from shardcat.readers.recordio import IRHeader, RecordIOWriter, pack
+    from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
 
     directory.mkdir(parents=True, exist_ok=True)
     for s in range(shards):
@@ -506,6 +506,7 @@ def test_ingest_rule_read_off_a_first_record_longer_than_the_head(s3: Any, tmp_p
     first 64 KiB, then the rest of a longer first record (here a 200 KB
     SequenceExample, so ``message`` is ``sequence_example``) in one more request;
     never the 4 MiB head it was."""
+    from shardcat.formats.tfrecord import TFRecordWriter
     from shardcat.pb2 import (
         BytesList,
         Feature,
@@ -514,7 +515,6 @@ def test_ingest_rule_read_off_a_first_record_longer_than_the_head(s3: Any, tmp_p
         Features,
         SequenceExample,
     )
-    from shardcat.readers.tfrecord import TFRecordWriter
 
     def seq(key: str, frames: int) -> bytes:
         frame = Feature(bytes_list=BytesList(value=[bytes(range(256)) * 40]))
@@ -624,7 +624,7 @@ def _legacy_tree(root: Path) -> dict[str, list[Path]]:
     ``.idx`` files beside two RecordIO shards (``rec/``): ~1.5 MB per shard."""
     from legacy_fixtures import tfrecord2idx
 
-    from shardcat.readers.tfrecord import TFRecordWriter, make_example
+    from shardcat.formats.tfrecord import TFRecordWriter, make_example
 
     (root / "tf").mkdir(parents=True)
     _rec_shards(root / "rec", 2, 600, lambda s, i: bytes([s, i % 251]) * 1250)
@@ -893,7 +893,7 @@ def test_tfrecord_random_access_on_s3_with_a_tfd_index_file(
     from legacy_fixtures import dump, indexed_at, tfd_tfrecord_index, write_tfrecords
 
     from shardcat import TFRecordRandomAccess
-    from shardcat.readers import remote
+    from shardcat.sources import remote
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     old = tmp_path / "old"
@@ -950,7 +950,7 @@ def test_reader_given_a_remote_index_file_that_is_missing_corrupt_or_no_index(
 
     from shardcat import CatalogError, TFRecordRandomAccess
     from shardcat.errors import LegacyIndexError
-    from shardcat.readers import remote
+    from shardcat.sources import remote
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     write_tfrecords(tmp_path / "d", shards=1, per_shard=5)
@@ -979,7 +979,7 @@ def test_tar_random_access_on_s3_with_a_tfd_tar_index_file(s3: Any, tmp_path: Pa
     from legacy_fixtures import tfd_tar_index
 
     from shardcat import TarRandomAccess
-    from shardcat.readers import remote
+    from shardcat.sources import remote
 
     old = tmp_path / "tars"
     old.mkdir()

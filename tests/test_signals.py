@@ -30,7 +30,7 @@ RERUN = "run the same command again to finish (shards already indexed are not re
 _SLOW = """
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
-from shardcat.readers.tfrecord import TFRecordFormat
+from shardcat.formats.tfrecord import TFRecordFormat
 scan = TFRecordFormat.scan
 def slow_scan(self, path, options):
     time.sleep(1.0)  # a whole ingest lasts ~4 s: time to stop it, even on a loaded machine

@@ -26,7 +26,7 @@ from shardcat.catalog import mounts, snapshot, tables
 from shardcat.catalog import store as store_module
 from shardcat.cli import app
 from shardcat.errors import NetworkFilesystemWarning
-from shardcat.readers.tfrecord import TFRecordWriter, make_example
+from shardcat.formats.tfrecord import TFRecordWriter, make_example
 
 runner = CliRunner()
 

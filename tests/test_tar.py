@@ -25,10 +25,10 @@ from shardcat import (
     TarRandomAccess,
     TarReader,
 )
-from shardcat.readers import tar, tar_rules
-from shardcat.readers.formats import Location, detect_format
-from shardcat.readers.source import FileSource
-from shardcat.readers.tar import TarFormat
+from shardcat.formats import tar, tar_rules
+from shardcat.formats.base import Location, detect_format
+from shardcat.formats.tar import TarFormat
+from shardcat.sources.local import FileSource
 from shardcat.testing.required import need
 
 TAR = TarFormat()

@@ -19,11 +19,11 @@ import crc32c
 import pytest
 
 from shardcat import Catalog, CorruptRecordError
-from shardcat.readers import tar, tar_headers
-from shardcat.readers.compressed import IndexingStream
-from shardcat.readers.formats import Entry, Location
-from shardcat.readers.rawio import Source
-from shardcat.readers.tar import TarFormat
+from shardcat.formats import tar, tar_headers
+from shardcat.formats.base import Entry, Location
+from shardcat.formats.tar import TarFormat
+from shardcat.sources.compressed import IndexingStream
+from shardcat.sources.rawio import Source
 
 TAR = TarFormat()
 

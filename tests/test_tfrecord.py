@@ -1,4 +1,4 @@
-"""shardcat.readers.tfrecord: framing, CRCs, scan/read/decode and writing.
+"""shardcat.formats.tfrecord: framing, CRCs, scan/read/decode and writing.
 
 The expected bytes come from an independent implementation of TensorFlow's
 TFRecord framing written here from the format spec (``tf.io`` docs and
@@ -32,6 +32,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardcat.errors import CorruptRecordError, ShardcatError
+from shardcat.formats import tfrecord
+from shardcat.formats.base import Entry, Location
+from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, make_example, masked_crc
 from shardcat.pb2 import (
     Example,
     Feature,
@@ -40,10 +43,7 @@ from shardcat.pb2 import (
     Features,
     SequenceExample,
 )
-from shardcat.readers import tfrecord
-from shardcat.readers.formats import Entry, Location
-from shardcat.readers.source import FileSource
-from shardcat.readers.tfrecord import TFRecordFormat, TFRecordWriter, make_example, masked_crc
+from shardcat.sources.local import FileSource
 
 TFR = TFRecordFormat()
 decode, describe, detect_options = TFR.decode, TFR.describe, TFR.detect_options

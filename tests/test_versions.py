@@ -29,7 +29,7 @@ from shardcat import (
     make_example,
 )
 from shardcat.catalog import store as catalog_module
-from shardcat.readers.recordio import RecordIOWriter
+from shardcat.formats.recordio import RecordIOWriter
 from shardcat.testing.required import need
 
 COMPRESS: dict[str | None, Callable[[bytes], bytes]] = {
@@ -341,7 +341,7 @@ def test_keys_stay_in_the_catalog_while_their_shard_is_reindexed(
     """Between the sync and the commit of a re-index the old version stays: a reader
     holding the old file reads its bytes, a new reader finds the key (and a stale
     file, said so), nobody gets None; after the commit everyone reads the new bytes."""
-    from shardcat.readers.tfrecord import TFRecordFormat as Format  # its own scan_shard
+    from shardcat.formats.tfrecord import TFRecordFormat as Format  # its own scan_shard
 
     monkeypatch.setattr(catalog_module, "SNAPSHOT_SECONDS", 0.05)
     db, files, old = dataset(tmp_path, "tfrecord", None, n=20)

@@ -61,7 +61,7 @@ COMMIT_CACHE_KIB = 64 * 1024
 
 class Batch(Protocol):
     """What the store needs of one scanned shard: its records column by column
-    (a format's :class:`~shardcat.readers.formats.Columns`)."""
+    (a format's :class:`~shardcat.formats.base.Columns`)."""
 
     keys: list[str | None]
     offsets: list[int]

@@ -31,7 +31,7 @@ dataset, named after the dataset, may take any other name.
   ``crc`` (schema version 7): the record's check, the CRC32C of the payload
   its format reads XOR the CRC32C of its key (UTF-8; the payload's alone for
   datasets keyed by position: see :func:`~shardcat.catalog.commit.keyed_check`
-  and :mod:`shardcat.readers.checks`), compared by every read with the key it
+  and :mod:`shardcat.formats.checks`), compared by every read with the key it
   asked for, so a key index entry naming another row fails; NULL for records
   indexed before version 7 (reads then check their framing) and formats whose
   scan gives none. A dataset's first ingest builds the key index once its rows

@@ -16,7 +16,7 @@ would take an upgraded catalog for an empty one and add their own tables to it;
 with it they refuse it as too new, as every later shardcat does.
 
 Importing legacy index files (tfd-utils, MXNet/DALI, vahidk) lives in
-:mod:`shardcat.legacy`.
+:mod:`shardcat.migrations.legacy`.
 """
 
 from __future__ import annotations

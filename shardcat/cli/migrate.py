@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from shardcat.facade.migrate import MigrationStep
-    from shardcat.legacy.report import MigrationReport
+    from shardcat.migrations.legacy.report import MigrationReport
 
-# What migrate re-reads per shard by default (shardcat.legacy.verify.DEFAULT_SAMPLE, which
+# What migrate re-reads per shard by default (migrations.legacy.verify.DEFAULT_SAMPLE, which
 # a test keeps equal; imported here it would load the readers for --help).
 DEFAULT_SAMPLE = 64
 

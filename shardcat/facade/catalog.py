@@ -7,7 +7,7 @@ SQLite file, its datasets, read connections, ``drop``, ``checkpoint``,
 detect the format, sync the shard rows, scan the pending shards in workers and
 commit them: :mod:`shardcat.facade.ingest`), ``dataset()`` (a
 :class:`~shardcat.readers.reader.Reader`), ``verify`` and ``migrate``
-(legacy index files: :mod:`shardcat.legacy`).
+(legacy index files: :mod:`shardcat.migrations.legacy`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from shardcat.facade.ingest import (
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.facade.remote_detect import remote_dataset_options, remote_rule
-from shardcat.legacy.report import MigrationReport
+from shardcat.formats.base import detect_format, get_format
+from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
-from shardcat.readers.formats import detect_format, get_format
 from shardcat.readers.reader import Reader
-from shardcat.readers.remote import configure, is_url, protocol_of, public_options
 from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.sources.remote import configure, is_url, protocol_of, public_options
 from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "discard_if_empty", "migrate"]
@@ -193,7 +193,7 @@ class Catalog(Store):
         the ingest as Ctrl-C does: the workers end, their shards are given back,
         and the process then exits with 128 + the signal number (143, 129).
         ``storage_options``: for URLs (``s3://``, ``https://``...: see
-        :mod:`shardcat.readers.remote`), the fsspec options (``endpoint_url``,
+        :mod:`shardcat.sources.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
         passwords), which this process keeps in memory only.
         Raises :class:`IngestError` naming each shard that failed (the others

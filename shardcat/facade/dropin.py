@@ -8,7 +8,7 @@ new or changed shards unless ``readonly``, and read the dataset of those files
 with their own rule (key feature, tar grouping), creating one when another
 rule reads them already (:mod:`shardcat.catalog.reuse`). A tfd-utils pickle
 given as ``index_file`` is imported once into a catalog beside it
-(:mod:`shardcat.legacy`). They keep the last record of a duplicate key (in
+(:mod:`shardcat.migrations.legacy`). They keep the last record of a duplicate key (in
 shard path order, as tfd-utils' dict does when it indexes the files in sorted
 order) and say so once: one warning when the open that indexed them dropped
 some, and ``get_stats()["duplicates_dropped"]``.
@@ -28,8 +28,8 @@ from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
+from shardcat.formats.base import get_format
 from shardcat.paths import PathsLike, names_as_given, resolve_paths
-from shardcat.readers.formats import get_format
 from shardcat.readers.reader import Reader
 
 __all__ = [

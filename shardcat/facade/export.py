@@ -4,7 +4,7 @@ DALI's readers take one index file per shard. The catalog already knows every
 record's offset, so the index files are written from it instead of re-reading
 the shards: the catalog stays the single source of truth. The store gives the rows
 (:mod:`shardcat.catalog.export`); each format writes its own lines
-(:meth:`~shardcat.readers.formats.Format.index_lines`):
+(:meth:`~shardcat.formats.base.Format.index_lines`):
 
 - RecordIO: what DALI's ``tools/rec2idx`` writes, ``<n>\\t<offset>`` per record
   (``n`` = 0, 1, ... in file order, ``offset`` = its first frame);
@@ -27,7 +27,7 @@ from shardcat.catalog import export as rows
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path
 from shardcat.errors import CatalogError, StaleShardError
-from shardcat.readers.formats import Entry, get_format
+from shardcat.formats.base import Entry, get_format
 
 __all__ = ["export_index", "index_name"]
 

@@ -4,14 +4,14 @@ hand the entries to the store's commit.
 The store (:mod:`shardcat.catalog`) syncs shard rows, hands out claims and
 commits; this module does what needs the files: it stats them, judges whether
 a file is still the version its row indexed (size and mtime, then inode/ctime
-and the fingerprint: :func:`~shardcat.readers.source.mismatch`, the readers'
+and the fingerprint: :func:`~shardcat.sources.local.mismatch`, the readers'
 rule too), and scans each claimed shard with its format
-(:meth:`~shardcat.readers.formats.Format.scan_shard`: plain or compressed, with
+(:meth:`~shardcat.formats.base.Format.scan_shard`: plain or compressed, with
 seek points) in this process or in forked workers, each claiming shards until none
 is left. Other processes doing the same at the same time share the work; every
 shard is indexed once.
 
-A shard stored as a URL (see :mod:`shardcat.readers.remote`) is judged by its
+A shard stored as a URL (see :mod:`shardcat.sources.remote`) is judged by its
 object identity (size, ETag/version, Last-Modified), and indexed by streaming it
 once into a temporary local file (large sequential reads, each conditional on
 the ETag of the first) that the format scans as usual, then deleted.
@@ -60,9 +60,7 @@ from shardcat.errors import (
     ShardcatError,
 )
 from shardcat.facade.remote_detect import local_copy, warnings_naming
-from shardcat.paths import require_regular
-from shardcat.readers import remote
-from shardcat.readers.formats import (
+from shardcat.formats.base import (
     BAD_RECORDS,
     BadRecord,
     Format,
@@ -70,8 +68,10 @@ from shardcat.readers.formats import (
     get_format,
     other_format,
 )
-from shardcat.readers.source import Identity, fingerprint_file, mismatch
+from shardcat.paths import require_regular
 from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.sources import remote
+from shardcat.sources.local import Identity, fingerprint_file, mismatch
 
 __all__ = [
     "ProvideEntries",

@@ -33,7 +33,7 @@ the URL; a corrupt pickle a :class:`LegacyIndexError` naming it.
 
 The reader's shards may be on object storage too, the index made over local
 copies of them (or stored beside them): a shard it records is the reader's
-file of the same name (see :class:`~shardcat.legacy.index.ReaderFiles`).
+file of the same name (see :class:`~shardcat.migrations.legacy.index.ReaderFiles`).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from shardcat.errors import CatalogError, MissingShardError, ShardcatError, Shar
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.migrate import migrate_for_reader
 from shardcat.facade.options import IngestOptions
-from shardcat.legacy.index import FORMAT_OF, TFD_TAR, TFD_TFRECORD
-from shardcat.legacy.pickles import pickled_dict
-from shardcat.legacy.report import MigrationReport
+from shardcat.migrations.legacy.index import FORMAT_OF, TFD_TAR, TFD_TFRECORD
+from shardcat.migrations.legacy.pickles import pickled_dict
+from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike
-from shardcat.readers.remote import is_url, remote_info
-from shardcat.readers.remote_file import downloaded
+from shardcat.sources.remote import is_url, remote_info
+from shardcat.sources.remote_file import downloaded
 
 __all__ = ["CATALOG_SUFFIX", "catalog_for_legacy_index", "catalog_path_for"]
 

@@ -1,5 +1,5 @@
 """``migrate``: legacy indexes into the catalog, each shard verified before it is
-committed (see :mod:`shardcat.legacy` for what, :mod:`.plans` for which dataset,
+committed (see :mod:`shardcat.migrations.legacy` for what, :mod:`.plans` for which dataset,
 :mod:`.verify` for the checks).
 
 Verified entries go through the ingest's own claim and commit
@@ -47,16 +47,16 @@ from shardcat.errors import CatalogError, IngestError, MissingShardError
 from shardcat.facade.ingest import ProvideEntries, ShardOutcome
 from shardcat.facade.options import KEEP, IngestOptions, Progress
 from shardcat.facade.remote_detect import SNIFF_HEAD, SNIFF_REMOTE, head_copy
-from shardcat.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
-from shardcat.legacy.plans import Plan, make_plans, source_of
-from shardcat.legacy.remote import discover_remote
-from shardcat.legacy.report import DatasetReport, MigrationReport, ShardReport
-from shardcat.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
+from shardcat.formats import mxnet_idx
+from shardcat.formats.base import SNIFF_BYTES, Columns, Entry, Mismatch, ShardScan, get_format
+from shardcat.migrations.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
+from shardcat.migrations.legacy.plans import Plan, make_plans, source_of
+from shardcat.migrations.legacy.remote import discover_remote
+from shardcat.migrations.legacy.report import DatasetReport, MigrationReport, ShardReport
+from shardcat.migrations.legacy.verify import DEFAULT_SAMPLE, infer_key, verify_shard
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
-from shardcat.readers import mxnet_idx
-from shardcat.readers.formats import SNIFF_BYTES, Columns, Entry, Mismatch, ShardScan, get_format
-from shardcat.readers.remote import configure, is_url, listed_info, protocol_of, remote_info
 from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.sources.remote import configure, is_url, listed_info, protocol_of, remote_info
 
 __all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
 
@@ -420,11 +420,11 @@ def migrate(
 
     ``paths``: directories (walked ``max_depth`` levels down, None: the whole
     tree), legacy index files, shard files or globs (see
-    :mod:`shardcat.legacy` for discovery, re-rooting and verification).
+    :mod:`shardcat.migrations.legacy` for discovery, re-rooting and verification).
     ``pattern``: shell patterns of the index file names looked for in
     directories (default: ``*.index``, ``*.tar_index``, ``*.idx``,
     ``*.tfindex``). Each legacy index becomes one dataset (see
-    :mod:`shardcat.legacy.plans`). ``catalog``: a
+    :mod:`shardcat.migrations.legacy.plans`). ``catalog``: a
     :class:`Catalog` or a catalog path (default: the one readers of the shards
     use, ``shardcat.sqlite`` beside them). ``dataset``: the dataset name (only
     when the indexes make one dataset; default: the dataset already holding

@@ -17,9 +17,9 @@ from typing import Any
 
 from shardcat.catalog.reuse import Rule
 from shardcat.errors import MissingShardError
-from shardcat.readers import remote, remote_file
-from shardcat.readers.compressed import detect_compression
-from shardcat.readers.formats import Format, detect_format, get_format
+from shardcat.formats.base import Format, detect_format, get_format
+from shardcat.sources import remote, remote_file
+from shardcat.sources.compressed import detect_compression
 
 __all__ = [
     "SNIFF_HEAD",

@@ -31,10 +31,10 @@ from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
-from shardcat.legacy.report import MigrationReport
+from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, resolve_paths
-from shardcat.readers.remote import configure, is_url, protocol_of
 from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.sources.remote import configure, is_url, protocol_of
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
 __all__ = [

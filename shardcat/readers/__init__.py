@@ -1,21 +1,13 @@
-"""Formats (one module each behind :class:`~shardcat.readers.formats.Format`), byte
-sources (:mod:`~shardcat.readers.source`, :mod:`~shardcat.readers.compressed`),
-and the :class:`~shardcat.readers.reader.Reader` that combines them with the
-store's lookups."""
+"""The readers: the :class:`~shardcat.readers.reader.Reader` that combines the
+store's lookups with a format (:mod:`shardcat.formats`) and a byte source
+(:mod:`shardcat.sources`), its ``reader.index``, its verification, the
+``RecordSampler`` and the torch ``RecordDataset``."""
 
 from __future__ import annotations
 
-from shardcat.readers.formats import (
-    Entry,
-    Format,
-    Location,
-    detect_format,
-    get_format,
-    known_formats,
-    register_format,
-)
+from typing import Any
 
-__all__ = [
+_MOVED_NAMES = {
     "Entry",
     "Format",
     "Location",
@@ -23,4 +15,20 @@ __all__ = [
     "get_format",
     "known_formats",
     "register_format",
-]
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    from shardcat import formats
+
+    warnings.warn(
+        f"shardcat.readers.{name} moved to shardcat.formats.{name} in shardcat 0.2.0",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    globals()[name] = getattr(formats, name)
+    return globals()[name]

@@ -1,5 +1,5 @@
 """The :class:`Reader`: the store says where a record is (:mod:`shardcat.catalog.lookup`),
-a source fetches its bytes (:mod:`shardcat.readers.source`), its format decodes them.
+a source fetches its bytes (:mod:`shardcat.sources.local`), its format decodes them.
 
 A lookup by key or by position is one indexed point query (a cached prepared
 statement on a read-only DBAPI connection) plus one ``os.pread``. Batches are
@@ -14,13 +14,13 @@ with the one the shard list was loaded at, and the list is reloaded when
 another process committed since. A record's location is therefore always read
 together with the indexed version (``generation`` and file identity) of its
 shard, and bytes are read only from a file that is that version (see
-:mod:`shardcat.readers.source`): a shard re-indexed while a reader runs is
+:mod:`shardcat.sources.local`): a shard re-indexed while a reader runs is
 seen as the old or the new version, never a mix, never missing. A file that
 matches no indexed version raises :class:`StaleShardError`.
 
 **Checks.** Every read compares the bytes it hands back with the catalog's
 check of the record (or tar member), its CRC32C mixed with the key's, in the
-native extension (:mod:`shardcat.readers.checks`), with the key it asked for
+native extension (:mod:`shardcat.formats.checks`), with the key it asked for
 (reads by position: the row's): a mismatch is a :class:`CorruptRecordError`
 naming shard, byte offset and key. Rows without a stored check (indexed before
 schema version 7, Parquet) are checked by the record's framing instead.
@@ -48,7 +48,7 @@ a read-only view of the catalog (:mod:`shardcat.readers.index`).
 
 **Processes.** After ``fork`` (DataLoader workers) the catalog connection and
 every open file, decompressor and seek index are reopened in the child: the
-pool of sources (:mod:`shardcat.readers.pool`) is keyed by fork generation,
+pool of sources (:mod:`shardcat.sources.pool`) is keyed by fork generation,
 checked on every read.
 """
 
@@ -70,12 +70,12 @@ from shardcat.errors import (
     ShardIOError,
     StaleShardError,
 )
-from shardcat.readers.checks import checked_chunks, crc32c, key_check, mismatch
-from shardcat.readers.formats import Location
+from shardcat.formats.base import Location
+from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers.index import DatasetIndex
-from shardcat.readers.rawio import Source
 from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex, one_call
+from shardcat.sources.rawio import Source
 
 __all__ = ["CatalogLike", "Reader"]
 
@@ -438,7 +438,7 @@ class Reader(DatasetView):
 
     def _prefetch(self, ranges: Sequence[tuple[int, int, int]]) -> list[Source]:
         """Hand the sources that fetch ahead (remote shards: see
-        :mod:`shardcat.readers.remote`) the ``(shard, offset, length)`` ranges a batch
+        :mod:`shardcat.sources.remote`) the ``(shard, offset, length)`` ranges a batch
         is about to read, widened by a frame's header/footer; local sources have no
         ``prefetch`` and are left alone. Returns the sources that took them (their
         ``check()`` ends the batch); their reads check each record's frame (TFRecord

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from shardcat.catalog import lookup
 from shardcat.errors import CorruptRecordError, ShardcatError, StaleShardError, masked
-from shardcat.readers.formats import Location
-from shardcat.readers.rawio import Source
+from shardcat.formats.base import Location
 from shardcat.readers.view import CatalogLike, _Shard
+from shardcat.sources.rawio import Source
 
 __all__ = ["extents_of", "verify_records"]
 

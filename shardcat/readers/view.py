@@ -6,8 +6,8 @@ every public call takes :meth:`DatasetView._conn` once (a read snapshot of the
 store, with the shard list reloaded when the dataset's ``version`` moved),
 maps positions to ``(shard, ordinal)`` with the layout the reader was opened
 with (pinned until :meth:`refresh`), and opens a shard's source only for its
-indexed version (:func:`~shardcat.readers.source.open_source`), from a pool
-kept per process (:mod:`shardcat.readers.pool`).
+indexed version (:func:`~shardcat.sources.local.open_source`), from a pool
+kept per process (:mod:`shardcat.sources.pool`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from shardcat.catalog import lookup
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
-from shardcat.readers.formats import get_format
-from shardcat.readers.pool import SourcePool
-from shardcat.readers.rawio import Source
-from shardcat.readers.source import Identity, open_source
+from shardcat.formats.base import get_format
+from shardcat.sources import pool as _pool
+from shardcat.sources.local import Identity, open_source
+from shardcat.sources.pool import SourcePool
+from shardcat.sources.rawio import Source
 
 #: the dataset option holding the storage options of remote shards (without secrets)
 STORAGE_OPTIONS = "storage_options"
@@ -247,7 +248,7 @@ class DatasetView:
 
         Every public call takes it once and runs all its queries on it.
         """
-        if self._pool.generation != _engine._fork_generation:  # (inlined: every call)
+        if self._pool.generation != _pool._generation:  # (inlined: every call)
             self._pool.for_this_process()  # a forked child never reads its parent's sources
         conn, serial = self.catalog.read_snapshot()
         if serial != self._serial:

@@ -49,8 +49,7 @@ from typing import Any, ClassVar
 import pytest
 
 from shardcat import Catalog, CatalogError, CorruptRecordError, IngestError
-from shardcat.readers.checks import crc32c
-from shardcat.readers.formats import (
+from shardcat.formats.base import (
     Entry,
     Format,
     Location,
@@ -58,7 +57,8 @@ from shardcat.readers.formats import (
     get_format,
     known_formats,
 )
-from shardcat.readers.source import FileSource
+from shardcat.formats.checks import crc32c
+from shardcat.sources.local import FileSource
 from shardcat.testing.required import need
 
 __all__ = ["BIG_RECORDS", "COMPRESSORS", "RECORDS", "FormatContract", "Records"]
@@ -85,7 +85,7 @@ COMPRESSORS: dict[str, tuple[str, Callable[[bytes], bytes], str]] = {
     "xz": (".xz", lzma.compress, "xz"),
 }
 
-_FINGERPRINT_SPAN = 64 * 1024  # see shardcat.readers.source
+_FINGERPRINT_SPAN = 64 * 1024  # see shardcat.sources.local
 _CHILDREN = 3
 
 _contracts: dict[str, type[FormatContract]] = {}
@@ -173,7 +173,7 @@ class FormatContract:
 
     def assert_checks(self, entry: Entry, raw: Any) -> None:
         """The checks a scan gives (None: it gives none) are the CRC32C of the bytes
-        ``read`` returns: what every read compares (:mod:`shardcat.readers.checks`)."""
+        ``read`` returns: what every read compares (:mod:`shardcat.formats.checks`)."""
         if self.fmt.PARTS:
             for m in entry.members:
                 if len(m) > 4 and m[4] is not None:
