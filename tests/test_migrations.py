@@ -377,7 +377,7 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     gz.write_bytes(gzip.compress((tmp_path / "v1" / "a.tfrecord").read_bytes()))
     with Catalog(v1_catalog) as cat, cat.ingest(gz, "gz") as reader:
         assert reader.get_feature("r7", "image") == bytes([7]) * 50
-        assert cat.reader_connection().execute(
+        assert cat.store.reader_connection().execute(
             "SELECT kind FROM shardcat_seek_indexes"
         ).fetchall() == [("zran",)]
 

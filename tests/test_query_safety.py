@@ -213,7 +213,7 @@ def test_a_query_over_its_time_limit_stops(built: Path) -> None:
         # above has passed: a leftover handler would stop this raw statement).
         assert cat.query('SELECT count(*) FROM "train"', timeout=0.2) == [(N,)]
         bounded = FOREVER.replace("FROM c)", "FROM c WHERE x < 200000)")
-        assert cat.reader_connection().execute(bounded).fetchall() == [(200000,)]
+        assert cat.store.reader_connection().execute(bounded).fetchall() == [(200000,)]
         assert cat.query(bounded, timeout=None) == [(200000,)]
         for bad in (0, -1.0):
             with pytest.raises(CatalogError, match="timeout must be"):

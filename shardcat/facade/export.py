@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog import export as rows
-from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path
 from shardcat.errors import CatalogError, StaleShardError
+from shardcat.facade.catalog import Catalog
 from shardcat.formats.base import Entry, get_format
 
 __all__ = ["export_index", "index_name"]
@@ -42,7 +42,7 @@ def index_name(shard: str, extensions: tuple[str, ...]) -> str:
 
 
 def export_index(
-    catalog: Store,
+    catalog: Catalog,
     dataset: str,
     out_dir: str | os.PathLike[str] | None = None,
     *,
@@ -59,10 +59,10 @@ def export_index(
     """
     info = catalog.info(dataset)
     fmt = get_format(info.format)
-    conn = catalog.reader_connection()
+    conn = catalog.store.reader_connection()
     shards = rows.shards_of(conn, dataset)
     by_position = info.key_rule == "position"
-    files = [absolute_path(row[1], catalog.directory) for row in shards]
+    files = [absolute_path(row[1], catalog.store.directory) for row in shards]
     for row, path in zip(shards, files, strict=True):
         if row[2] != "ready":
             raise CatalogError(

@@ -198,7 +198,7 @@ def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> 
     """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`); returns how
     many records were checked with the problems. ``progress(done, total)``. The
     catalog file is checked first (:meth:`Catalog.damage`)."""
-    damage = catalog.damage()
+    damage = catalog.store.damage()
     if damage:
         return VerifyResult(0, [], damage=damage)
     checked = 0
