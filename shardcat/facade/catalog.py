@@ -278,7 +278,18 @@ class Catalog:
         rule = self._rule(files, opts, detected)
         name = dataset or self._name_for(paths, files, rule)
         new = not self.store.has_dataset(name)
-        job = self._job(self._plan(paths, files, name, rule, opts, new, provided), opts)
+        stats, same_file = judge_files(files, self.store.directory, remote_options)
+        plan = DatasetPlan(
+            name,
+            rule,
+            self._normalized_source(paths),
+            stats,
+            same_file,
+            first=self._first_options(files, rule, remote_options) if new else {},
+            rescan=opts.rescan,
+            seed=provided is None and not opts.rescan,
+        )
+        job = self._job(plan, opts)
         workers = opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
         work = Work(
             max(1, workers),
@@ -313,40 +324,15 @@ class Catalog:
         base = default_dataset_name(files) if other is None else reuse.variant_name(other, rule)
         return self.store.unused_name(base)
 
-    def _plan(
-        self,
-        paths: PathsLike,
-        files: Sequence[str],
-        name: str,
-        rule: reuse.Rule,
-        opts: IngestOptions,
-        new: bool,
-        provided: Mapping[str, ProvideEntries] | None,
-    ) -> DatasetPlan:
-        """What the dataset's rows become: its shard rows matching ``files`` (judged
-        against what they indexed). A new dataset may take options that only all its
-        shards tell (RecordIO: .idx keys that collide across shards); read outside the
-        write lock, once."""
-        remote_options = opts.options.get(STORAGE_OPTIONS)
-        first: dict[str, Any] = {}
-        if new:
-            fmt = get_format(rule.format)
-            first = (
-                remote_dataset_options(fmt, files, rule, remote_options)
-                if is_url(files[0])
-                else fmt.detect_dataset_options(files, rule.explicit)
-            )
-        stats, same_file = judge_files(files, self.store.directory, remote_options)
-        return DatasetPlan(
-            name,
-            rule,
-            self._normalized_source(paths),
-            stats,
-            same_file,
-            first=first,
-            rescan=opts.rescan,
-            seed=provided is None and not opts.rescan,
-        )
+    def _first_options(
+        self, files: Sequence[str], rule: reuse.Rule, remote_options: Any
+    ) -> dict[str, Any]:
+        """The options only all of a new dataset's shards tell (RecordIO: .idx keys that
+        collide across shards); read outside the write lock, once."""
+        fmt = get_format(rule.format)
+        if is_url(files[0]):
+            return remote_dataset_options(fmt, files, rule, remote_options)
+        return fmt.detect_dataset_options(files, rule.explicit)
 
     def _job(self, plan: DatasetPlan, opts: IngestOptions) -> IngestJob:
         """Sync the dataset's rows to ``plan`` (one write transaction); the job its

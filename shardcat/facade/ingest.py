@@ -420,9 +420,10 @@ def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
                 note(index_claimed(session, claimed, only[claimed.stored]))
         _share_work(session, work, note, outcomes)
     except BaseException:
+        session.close()  # (stopped mid-transaction, maybe: a fresh connection from here)
         with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
             session.give_back()  # claims and its workers' back
-        session.close()  # (the key index below on a fresh connection)
+        session.close()
         try:
             session.finish_key_index()  # whatever is in, the next ingest goes on from
         except Exception:
