@@ -382,6 +382,15 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
         ).fetchall() == [("zran",)]
 
 
+def test_the_upgrade_warning_points_at_the_code_that_opened_the_catalog(v1_catalog: Path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Catalog(v1_catalog).close()
+    (upgraded,) = [w for w in caught if "upgraded the catalog" in str(w.message)]
+    assert upgraded.category is ShardcatWarning
+    assert upgraded.filename == __file__  # not shardcat's own frames
+
+
 def test_a_failed_step_leaves_version_1(v1_catalog: Path, monkeypatch: pytest.MonkeyPatch):
     def broken(conn: object) -> None:
         migrations.STEPS[1].__wrapped__(conn)  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
+from shardcat.catalog.handle import ReadHandle
 from shardcat.cli import app
 
 runner = CliRunner()
@@ -222,7 +223,9 @@ def test_a_query_over_its_time_limit_stops(built: Path) -> None:
 
 def test_where_inherits_the_time_limit(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Catalog.query.__kwdefaults__["timeout"] == 60.0
-    monkeypatch.setitem(Catalog.query.__kwdefaults__, "timeout", 0.2)
+    # a reader's where runs through its read-only handle, with the same limits
+    assert {**ReadHandle.query.__kwdefaults__, "attach": None} == Catalog.query.__kwdefaults__
+    monkeypatch.setitem(ReadHandle.query.__kwdefaults__, "timeout", 0.2)
     with Catalog(built, readonly=True) as cat, cat.dataset("train") as reader:
         with pytest.raises(CatalogError) as err:
             reader.where(f"label = ({FOREVER})")

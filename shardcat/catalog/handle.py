@@ -17,7 +17,12 @@ from typing import Any
 
 from shardcat.catalog.datasets import DatasetRow
 from shardcat.catalog.lookup import ReadConnection
-from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, QueryResult, collect
+from shardcat.catalog.query import (
+    DEFAULT_QUERY_MEMORY,
+    DEFAULT_QUERY_TIMEOUT,
+    QueryResult,
+    collect,
+)
 from shardcat.catalog.store import Store
 from shardcat.errors import CatalogError
 
@@ -91,12 +96,17 @@ class ReadHandle:
         return self._store.dataset_row(name)
 
     def query(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+        memory: int | None = DEFAULT_QUERY_MEMORY,
     ) -> QueryResult:
-        """One read-only SQL statement with the default limits (see
-        :meth:`shardcat.Catalog.query`)."""
-        with self._store.query_rows(sql, params) as (columns, rows):
-            return QueryResult(collect(rows, DEFAULT_QUERY_MEMORY), columns)
+        """One read-only SQL statement, with the limits of
+        :meth:`shardcat.Catalog.query` (``reader.where``)."""
+        with self._store.query_rows(sql, params, timeout=timeout, memory=memory) as (cols, rows):
+            return QueryResult(collect(rows, memory), cols)
 
     def damaged(self, exc: BaseException) -> CatalogError:
         """The error for a database failure reading the catalog."""

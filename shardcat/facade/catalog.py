@@ -14,6 +14,7 @@ workers and commit them through the store's ingest session:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -516,11 +517,9 @@ class Catalog:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.location, "readonly": self.readonly, "immutable": self.immutable}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], readonly=state["readonly"], immutable=state["immutable"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as where and how to reopen it
+        reopen = functools.partial(type(self), readonly=self.readonly, immutable=self.immutable)
+        return (reopen, (self.location,))
 
 
 def _storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:
