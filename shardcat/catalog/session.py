@@ -59,8 +59,9 @@ class IngestSession:
     def engine(self) -> Engine:
         """The engine keeping this process's one connection (opened on first use)."""
         if self._engine is None or self._born != fork_generation():
+            if self._born != fork_generation():  # a forked child claims as itself
+                self.owner, self._born = owner_id(), fork_generation()
             self._engine = make_engine(self.job.catalog, keep_connection=True)
-            self._born = fork_generation()
             _open.add(self)
         return self._engine
 
