@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcat.formats.base import known_formats
 from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
+from shardcat.formats.registry import known_formats
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.formats import FormatContract, Records
 from shardcat.testing.required import need

@@ -24,8 +24,9 @@ from shardcat import (
     Location,
 )
 from shardcat import register_format as public_register_format
-from shardcat.formats import base as formats
-from shardcat.formats.base import Entry, get_format, known_formats, register_format
+from shardcat.formats import registry as formats
+from shardcat.formats.base import Entry
+from shardcat.formats.registry import get_format, known_formats, register_format
 from shardcat.sources.rawio import Source, pread_exact
 from shardcat.testing.formats import FormatContract, Records
 

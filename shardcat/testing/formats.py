@@ -49,15 +49,9 @@ from typing import Any, ClassVar
 import pytest
 
 from shardcat import Catalog, CatalogError, CorruptRecordError, IngestError
-from shardcat.formats.base import (
-    Entry,
-    Format,
-    Location,
-    detect_format,
-    get_format,
-    known_formats,
-)
+from shardcat.formats.base import Entry, Format, Location
 from shardcat.formats.checks import crc32c
+from shardcat.formats.registry import detect_format, get_format, known_formats
 from shardcat.sources.local import FileSource
 from shardcat.testing.required import need
 
