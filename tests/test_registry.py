@@ -90,23 +90,6 @@ def write_toy(path: Path, records: Records, magic: bytes = MAGIC) -> list[int]:
     return offsets
 
 
-@pytest.fixture
-def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``toy`` in the registry for one test (the registry as it was afterwards)."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
-    public_register_format("toy", ToyFormat)
-
-
-@pytest.mark.usefixtures("toy_registered")
-class TestToyFormat(FormatContract):
-    FORMAT = "toy"
-    SUFFIX = ".toy"
-    CHECKSUM = False
-
-    def write(self, path: Path, records: Records) -> list[int]:
-        return write_toy(path, records)
-
-
 class ToyPlus(ToyFormat):
     """The toy with capabilities beyond the core, defined as a format written against
     the old ``Format`` defined its optional methods: found by their names alone."""
@@ -134,18 +117,29 @@ class ToyPlus(ToyFormat):
 
 
 @pytest.fixture
-def toyplus_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``toy`` and ``toyplus`` in the registry for one test (the registry as it was
+    afterwards)."""
     monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    public_register_format("toy", ToyFormat)
     public_register_format("toyplus", ToyPlus)
 
 
-@pytest.mark.usefixtures("toyplus_registered")
-class TestToyPlusFormat(FormatContract):
+@pytest.mark.usefixtures("toy_registered")
+class TestToyFormat(FormatContract):
+    FORMAT = "toy"
+    SUFFIX = ".toy"
+    CHECKSUM = False
+
+    def write(self, path: Path, records: Records) -> list[int]:
+        return write_toy(path, records)
+
+
+class TestToyPlusFormat(TestToyFormat):
     """A third-party format gets the contract of each capability it has."""
 
     FORMAT = "toyplus"
     SUFFIX = ".toyp"
-    CHECKSUM = False
 
     def write(self, path: Path, records: Records) -> list[int]:
         return write_toy(path, records, ToyPlus.MAGIC)
@@ -172,12 +166,10 @@ def test_the_format_core_is_small():
     assert Format.__abstractmethods__ == {"sniff", "scan", "read", "decode", "feature_list"}
 
 
-def test_capabilities_are_found_by_their_methods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.usefixtures("toy_registered")
+def test_capabilities_are_found_by_their_methods(tmp_path: Path):
     """What a format without a capability gets, and one with it, through the catalog:
     features, declared SQL columns, detected options and DALI index files."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
-    register_format("toy", ToyFormat)
-    register_format("toyplus", ToyPlus)
     records: Records = [("a", {"label": b"x", "image": b"\0" * 9}), ("b", {"label": b"y"})]
     write_toy(tmp_path / "a.toy", records)
     starts = write_toy(tmp_path / "a.toyp", records, ToyPlus.MAGIC)
