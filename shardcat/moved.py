@@ -2,8 +2,8 @@
 
 Formats left ``shardcat.readers`` for :mod:`shardcat.formats`, byte sources for
 :mod:`shardcat.sources`, and the legacy index importers ``shardcat.legacy`` for
-:mod:`shardcat.migrations.legacy`. ``import shardcat`` puts :data:`FINDER` last on
-``sys.meta_path``: an old name (``from shardcat.readers.recordio import
+:mod:`shardcat.migrations.legacy`. ``import shardcat`` puts :data:`FINDER` first on
+``sys.meta_path`` (one dict lookup per import): an old name (``from shardcat.readers.recordio import
 RecordIOWriter``) then warns once and gives the module at its new place — the
 same module object, so patching either name patches both.
 """
@@ -70,4 +70,5 @@ FINDER = _MovedFinder()
 
 def install() -> None:
     if FINDER not in sys.meta_path:
-        sys.meta_path.append(FINDER)
+        sys.meta_path.insert(0, FINDER)  # before the path finder: shardcat.legacy's
+        # __path__ is the new folder, where it would load a second copy of a module
