@@ -48,7 +48,7 @@ class _MovedFinder:
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(name, self)
+        return ModuleSpec(name, self)  # type: ignore[arg-type]  # a Loader by its methods
 
     def create_module(self, spec: Any) -> ModuleType:
         new = MOVED[spec.name]
@@ -62,7 +62,8 @@ class _MovedFinder:
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = module.__spec__.loader_state  # the module's own spec back
+        ours: Any = module.__spec__
+        module.__spec__ = ours.loader_state  # the module's own spec back
 
 
 FINDER = _MovedFinder()
