@@ -90,24 +90,24 @@ class _FullOrder(_Order):
         return self.perm[start:stop:step]
 
 
-class _LazyFullOrder(_Order):
+class KeyedPermutation:
     """A keyed permutation of ``[0, n)`` computed place by place, never held.
 
     The domain is the smallest ``4**h >= n`` (under ``4 n``): a balanced Feistel
-    network on its ``2 h`` bits (six rounds, each key drawn from ``(seed,
-    epoch)``, the round function a 64-bit finalizer mix) is a bijection of it;
-    a value that falls at or past ``n`` is sent through the network again until
-    it lands below ``n`` (cycle walking), which keeps a bijection of ``[0, n)``
-    (at most four passes expected).
+    network on its ``2 h`` bits (six rounds, keys drawn from ``entropy``, e.g.
+    ``(seed, epoch, tag)``; the round function a 64-bit finalizer mix) is a
+    bijection of it; a value that falls at or past ``n`` is sent through the
+    network again until it lands below ``n`` (cycle walking), which keeps a
+    bijection of ``[0, n)`` (at most four passes expected).
     """
 
     ROUNDS = 6
 
-    def __init__(self, n: int, seed: int, epoch: int) -> None:
-        super().__init__(n)
+    def __init__(self, n: int, *entropy: int) -> None:
+        self.n = n
         self.half = max(1, ((n - 1).bit_length() + 1) // 2)
         self.mask = np.uint64((1 << self.half) - 1)
-        self.keys = np.random.SeedSequence([seed, epoch, 3]).generate_state(self.ROUNDS, np.uint64)
+        self.keys = np.random.SeedSequence(list(entropy)).generate_state(self.ROUNDS, np.uint64)
 
     def _network(self, x: np.ndarray) -> np.ndarray:
         half, mask = np.uint64(self.half), self.mask
@@ -119,15 +119,24 @@ class _LazyFullOrder(_Order):
             left, right = right, left ^ ((z ^ (z >> np.uint64(31))) & mask)
         return (left << half) | right
 
-    def part(self, start: int, stop: int, step: int) -> np.ndarray:
-        places = np.arange(start, stop, step, dtype=np.uint64)
-        values = self._network(places)
+    def at(self, places: np.ndarray) -> np.ndarray:
+        """The permutation's values at ``places`` (each in ``[0, n)``)."""
+        values = self._network(np.asarray(places, dtype=np.uint64))
         n = np.uint64(self.n)
         outside = np.flatnonzero(values >= n)
         while outside.size:
             values[outside] = self._network(values[outside])
             outside = outside[values[outside] >= n]
         return values.astype(np.int64)
+
+
+class _LazyFullOrder(_Order):
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        super().__init__(n)
+        self.permutation = KeyedPermutation(n, seed, epoch, 3)
+
+    def part(self, start: int, stop: int, step: int) -> np.ndarray:
+        return self.permutation.at(np.arange(start, stop, step, dtype=np.uint64))
 
 
 def blocks(n: int, starts: Sequence[int] | None, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,6 +265,11 @@ class RecordSampler:
         self.shard_starts: list[int] | None = None if starts is None else starts()
         bounds = np.asarray(self.shard_starts or [], dtype=np.int64)
         self._layout = zlib.crc32(bounds.tobytes())
+        # a Mixture's items are (stream, index) pairs, located from the epoch's places
+        self._locate = getattr(dataset, "locate", None)
+        if self._locate is not None:
+            mixed = np.int64(getattr(dataset, "layout", 0))  # its streams' sizes and counts
+            self._layout = zlib.crc32(mixed.tobytes(), self._layout)
         self.epoch = 0
         self._resume = 0  # the global place the next iteration starts at
         self._start = 0  # ... the current (or last) iteration started at
@@ -313,19 +327,27 @@ class RecordSampler:
         order = self._order()
         todo = count
         for chunk in order.chunks(first, stop, world):
-            for index in chunk.tolist():
+            for index in self._items(chunk):
                 if self._iteration == iteration:
                     self._yielded += 1
                 todo -= 1
                 yield index
         for k in range(count - todo, count):  # padding: places past the end wrap to the start
             place = (first + k * world - n) % n
-            for index in order.part(place, place + 1, 1).tolist():
+            for index in self._items(order.part(place, place + 1, 1)):
                 if self._iteration == iteration:
                     self._yielded += 1
                 yield index
         if self._iteration == iteration:
             self._active = False
+
+    def _items(self, chunk: np.ndarray) -> list[Any]:
+        """What the loader gets for these indices of the order: the indices, or a
+        mixture's ``(stream, index)`` pairs."""
+        if self._locate is None:
+            return chunk.tolist()
+        streams, indices = self._locate(self.seed, self.epoch, chunk)
+        return list(zip(streams.tolist(), indices.tolist(), strict=True))
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch to sample next; a saved place in the same epoch is kept."""
@@ -381,6 +403,8 @@ class RecordSampler:
         mine: dict[str, Any] = {"length": self.length, "seed": self.seed, "shuffle": self.shuffle}
         if self.shuffle == "block":
             mine.update(block_size=self.block_size, window=self.window, layout=self._layout)
+        if self._locate is not None:  # a mixture of other streams or counts is another order
+            mine.update(layout=self._layout)
         if self.shuffle == "full" and state.get("full", "array") not in _FULL_KINDS:
             raise SamplerStateError(
                 f"RecordSampler state of an unknown full order {state['full']!r}"
