@@ -116,11 +116,18 @@ class ToyPlus(ToyFormat):
             yield f"{entry.offset} {entry.length}"
 
 
+def private_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of the registry for one test, the installed formats (entry points) read
+    into the real one first: they are read once per process."""
+    formats.known_formats()
+    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+
+
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     """``toy`` and ``toyplus`` in the registry for one test (the registry as it was
     afterwards)."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     public_register_format("toy", ToyFormat)
     public_register_format("toyplus", ToyPlus)
 
@@ -207,7 +214,7 @@ class PiecesToy(ToyFormat):
 def test_a_one_range_format_with_pieces_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Readers of ONE_RANGE formats read offset and length only: a location of
     pieces would be read wrong, so the ingest refuses to index it."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("toy", PiecesToy)
     write_toy(tmp_path / "a.toy", [("a", {"image": b"x"})])
     with Catalog(tmp_path / "c.sqlite") as cat:
@@ -231,7 +238,7 @@ def test_a_name_is_registered_once(toy_registered: None):
 
 
 def test_a_lazy_format_names_what_to_install(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("ghost", "no_such_module_here:Ghost", install_hint="pip install ghost")
     assert "ghost" in known_formats()
     with pytest.raises(CatalogError) as err:
@@ -250,7 +257,7 @@ def test_a_lazy_format_names_what_to_install(monkeypatch: pytest.MonkeyPatch):
 def test_a_format_that_cannot_be_imported_is_no_candidate_for_detection(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("ghost", "no_such_module_here:Ghost")
     path = tmp_path / "x.toy"
     write_toy(path, [("a", {"image": b"1"})])

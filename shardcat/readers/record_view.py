@@ -15,7 +15,7 @@ needed), looked up here when a reader needs them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from shardcat.formats.base import Format, Location
 from shardcat.sources.rawio import Source
@@ -45,14 +45,26 @@ class ChunkedRead(Protocol):
         of ``verify`` first), joining to what ``read`` returns."""
 
 
+# format class -> whether it has a FeatureView: asked once per class, not per record
+# (a protocol's isinstance costs more than a feature view of a small record)
+_VIEWS: dict[type, bool] = {}
+
+
+def _has_view(fmt: Format) -> TypeGuard[FeatureView]:
+    found = _VIEWS.get(type(fmt))
+    if found is None:
+        found = _VIEWS[type(fmt)] = isinstance(fmt, FeatureView)
+    return found
+
+
 def features(fmt: Format, record: Any) -> dict[str, list[Any]]:
     """``{feature: [values]}`` of a record of ``fmt`` ({} without a :class:`FeatureView`)."""
-    return fmt.features(record) if isinstance(fmt, FeatureView) else {}
+    return fmt.features(record) if _has_view(fmt) else {}
 
 
 def describe(fmt: Format, record: Any) -> dict[str, str]:
     """Feature name -> type of a record of ``fmt`` ({} without a :class:`FeatureView`)."""
-    return fmt.describe(record) if isinstance(fmt, FeatureView) else {}
+    return fmt.describe(record) if _has_view(fmt) else {}
 
 
 def read_chunks(fmt: Format, source: Source, location: Location, verify: bool) -> Iterator[bytes]:
