@@ -346,7 +346,10 @@ class Reader(DatasetView):
             positions = range(*positions.indices(self._len))
         if self._by_position:
             return [str(s.first + o) for s, o in map(self._shard_at, positions)]
-        return [str(row[-1]) for row in self._rows_at(conn, positions)] if positions else []
+        keys = [""] * len(positions)
+        for row in self._rows_at(conn, positions) if positions else ():
+            keys[row[0]] = str(row[-1])  # row[0]: its place in the batch
+        return keys
 
     def shard_starts(self) -> list[int]:
         """The first position of each shard, in position order (a shard's records are
