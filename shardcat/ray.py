@@ -9,7 +9,8 @@ returns a ``ray.data.Dataset`` built on Ray Data's public ``Datasource`` API:
   matching records (8 bytes each); only those records are ever read.
 - **Read tasks.** The positions are cut at shard boundaries and into runs of
   about ``len / override_num_blocks`` records (Ray's parallelism when not given);
-  each read task holds its runs and what reopens the catalog (its path or URL,
+  each read task (at least :data:`TASK_RECORDS` records when Ray picks the
+  number) holds its runs and what reopens the catalog (its path or URL,
   never a ``Catalog`` or a reader), opens it read-only where the task runs, and
   reads its records in batches (``Reader.keys_at`` and ``Reader.get_many_at``: one
   query per batch, then ranged reads in file order, each checked against the
@@ -56,6 +57,9 @@ __all__ = ["CatalogDatasource", "read_dataset"]
 
 #: records a read task fetches per query, and rows per block it yields
 BATCH = 1024
+#: the fewest records a read task gets when Ray chooses the number of tasks (each
+#: task opens the catalog: tasks of a few records would cost more than they read)
+TASK_RECORDS = 4 * BATCH
 
 # a run of positions: a range (every record of a stretch) or an array (the matches)
 Run = Sequence[int]
@@ -153,12 +157,17 @@ class CatalogDatasource(ray.data.Datasource):  # type: ignore[misc]  # Ray is un
     docstring), made by :func:`read_dataset`."""
 
     def __init__(
-        self, opening: Opening, selected: np.ndarray | None, columns: Sequence[str] | None
+        self,
+        opening: Opening,
+        selected: np.ndarray | None,
+        columns: Sequence[str] | None,
+        blocks: int | None = None,
     ) -> None:
         super().__init__()
         self.opening = opening
         self.selected = selected
         self.columns = None if columns is None else list(columns)
+        self.blocks = blocks  # the number of read tasks asked for (None: Ray's choice)
 
     def get_name(self) -> str:
         return f"shardcat({self.opening.dataset})"
@@ -170,6 +179,9 @@ class CatalogDatasource(ray.data.Datasource):  # type: ignore[misc]  # Ray is un
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
     ) -> list[Any]:
         total, starts = self.opening.layout
+        if self.blocks is None:  # Ray's parallelism, but no task of a few records
+            count = total if self.selected is None else len(self.selected)
+            parallelism = min(parallelism, -(-count // TASK_RECORDS))
         tasks = []
         for runs in split(starts, total, self.selected, parallelism):
             count = sum(len(r) for r in runs)
@@ -247,5 +259,5 @@ def read_dataset(
     else:
         with Catalog(catalog, readonly=True, immutable=immutable) as opened:
             opening, selected = _plan(opened, dataset, where, params, columns)
-    source = CatalogDatasource(opening, selected, columns)
+    source = CatalogDatasource(opening, selected, columns, override_num_blocks)
     return ray.data.read_datasource(source, override_num_blocks=override_num_blocks)

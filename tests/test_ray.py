@@ -35,7 +35,7 @@ from shardcat.testing.servers import RangeServer  # noqa: E402
 
 SHARDS = 4
 RECORDS = 500  # per shard
-PAYLOAD = 2000
+PAYLOAD = 3000  # 1% of the records (every 100th) lie farther apart than a remote batch merges
 LIMIT = 300  # seconds any one Ray call may take before the test fails
 
 
@@ -102,6 +102,17 @@ def test_split_cuts_at_shards_and_into_equal_tasks() -> None:
     assert split([0], 0, None, 4) == []
 
 
+def test_ray_picks_the_number_of_tasks_but_none_of_a_few_records() -> None:
+    from shardcat.ray import TASK_RECORDS, CatalogDatasource, Opening
+
+    opening = Opening("cat.sqlite", False, "train", (10_000, (0, 5_000)))
+    tasks = CatalogDatasource(opening, None, None).get_read_tasks(200)
+    assert len(tasks) == -(-10_000 // TASK_RECORDS) == 3
+    assert sum(t.metadata.num_rows for t in tasks) == 10_000
+    asked = CatalogDatasource(opening, None, None, blocks=200).get_read_tasks(200)
+    assert len(asked) == 200 and {t.metadata.num_rows for t in asked} == {50}
+
+
 def test_every_row_exactly(cluster: Any, shards: tuple[Path, Any]) -> None:
     root, truth = shards
     assert len(alive_nodes()) == 2
@@ -139,7 +150,12 @@ def test_an_unknown_column_is_refused(shards: tuple[Path, Any]) -> None:
 def test_a_one_percent_where_reads_one_percent_of_the_bytes(
     cluster: Any, shards: tuple[Path, Any], tmp_path: Path
 ) -> None:
-    """Remote shards, read by the tasks: the server counts what they fetched."""
+    """Remote shards, read by the tasks: the server counts what they fetched. (Records
+    closer than ``MERGE_GAP`` are fetched in one request, gaps included: the matches
+    here are 100 records apart, farther than that.)"""
+    from shardcat.sources.remote import MERGE_GAP
+
+    assert 100 * PAYLOAD > MERGE_GAP
     root, truth = shards
     server = RangeServer(str(root / "data"))
     server.start()
@@ -153,6 +169,7 @@ def test_a_one_percent_where_reads_one_percent_of_the_bytes(
         check_rows(rows, {k: v for k, v in truth.items() if v["label"] == 7})
         assert len(rows) == SHARDS * RECORDS // 100
         one_percent = server.counter.body_bytes
+        assert len(server.counter.gets()) == len(rows)  # one ranged GET per record
         server.counter.reset()
         check_rows(rows_of(read_dataset(tmp_path / "web.sqlite", "web")), truth)
         everything = server.counter.body_bytes
