@@ -141,6 +141,20 @@ def test_where_and_columns_are_pushed_down(cluster: Any, shards: tuple[Path, Any
     assert rows_of(read_dataset(root / "cat.sqlite", "train", where="label > 1000")) == []
 
 
+def test_tar_samples_are_rows_of_their_members(cluster: Any, tmp_path: Path) -> None:
+    from remote_shards import sample_tar
+
+    sample_tar(tmp_path / "web-000.tar", samples=30)
+    with (
+        Catalog(tmp_path / "cat.sqlite") as cat,
+        cat.ingest(str(tmp_path / "*.tar"), "w") as reader,
+    ):
+        truth = {k: reader.get_raw(k) for k in reader.get_keys()}
+        rows = rows_of(read_dataset(cat, "w", where="cls >= 20", override_num_blocks=3))
+    assert sorted(r["key"] for r in rows) == [f"s{i:03d}" for i in range(20, 30)]
+    assert all({"jpg": r["jpg"], "cls": r["cls"]} == truth[r["key"]] for r in rows)
+
+
 def test_an_unknown_column_is_refused(shards: tuple[Path, Any]) -> None:
     root, _ = shards
     with pytest.raises(NoSuchFeatureError, match=r"'labels'.*it has: .*label"):
