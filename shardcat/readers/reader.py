@@ -276,9 +276,8 @@ class Reader(DatasetView):
         source = self._source(shard_id)
         by_crc = crc if self.verify_reads else None  # else framing only, if verifying
         location = Location(offset, length, extents_of(extents))
-        chunks = record_view.read_chunks(
-            self._fmt, source, location, self.verify_reads and by_crc is None
-        )
+        framing = self.verify_reads and by_crc is None
+        chunks = record_view.read_chunks(self._fmt, source, location, framing)
         return (
             chunks
             if by_crc is None
