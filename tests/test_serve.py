@@ -348,3 +348,24 @@ def test_a_large_tar_member_is_streamed_never_held(tmp_path):
     assert page.status == 200 and page_peak < 16 << 20
     text = page.body.decode()
     assert "50,331,648 bytes</a>" in text and "dataset=big&amp;key=x&amp;feature=png" in text
+
+
+def test_command_line_errors_are_one_line(sample, tmp_path):
+    from typer.testing import CliRunner
+
+    from shardcat.cli import app
+
+    found, _ = sample
+    runner = CliRunner()
+    for args, message in (
+        (["--tensors", "emb"], "error: --tensors takes NAME=DIR, not 'emb'\n"),
+        (
+            ["--tensors", f"emb={tmp_path / 'none'}"],
+            f"error: tensor store 'emb': no TensorBlob or TensorDB at {tmp_path / 'none'}\n",
+        ),
+    ):
+        done = runner.invoke(app, ["serve", "-c", str(found.catalog), *args])
+        assert (done.exit_code, done.output) == (1, message)
+    done = runner.invoke(app, ["serve", "-c", str(tmp_path / "none.sqlite")])
+    assert done.exit_code == 1 and done.output.startswith("error: no catalog at ")
+    assert "Traceback" not in done.output

@@ -88,6 +88,8 @@ class Site:
         self.cat = cat
         self.limits = limits or pages.Limits()
         self.tensors = dict(tensors or {})
+        for name, path in self.tensors.items():  # (each must open now: a typo fails here)
+            pages.tensor_store(name, path)
         self._readers: dict[str, Reader] = {}
         self._lock = threading.Lock()
         env = jinja2.Environment(
@@ -268,6 +270,8 @@ def _error(request: Request, exc: Exception) -> Response:
         status, message = exc.status_code, str(exc.detail)
     elif isinstance(exc, (KeyNotFoundError, NoSuchFeatureError)):
         status, message = 404, str(exc)
+    elif isinstance(exc, OSError):
+        status, message = 503, str(exc)  # a shard or tensor store that cannot be read now
     else:
         status, message = 400, str(exc)
     return site.page("error.html", status, status=status, message=message)
@@ -286,7 +290,7 @@ def create_app(site: Site) -> Starlette:
             Route("/{dataset}", _records),
             Route("/{dataset}/{key:path}", _record),
         ],
-        exception_handlers={HTTPException: _error, ShardcatError: _error},
+        exception_handlers={HTTPException: _error, ShardcatError: _error, OSError: _error},
     )
     app.state.site = site
     return app

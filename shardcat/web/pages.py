@@ -140,7 +140,7 @@ def records_page(
     sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {table}"
     if paged:
         sql += " WHERE " + " AND ".join(paged)
-    sql += " ORDER BY key"
+    sql += f" ORDER BY key LIMIT {int(size) + 1}"
     names, rows, more = _rows(
         cat, sql, [*params, *([after] if after is not None else [])], limits, size
     )
@@ -154,7 +154,7 @@ def records_page(
             for row in _rows(
                 cat,
                 f"SELECT {quote(name)}, count(*) FROM {table}{where} "
-                f"GROUP BY {quote(name)} ORDER BY count(*) DESC",
+                f"GROUP BY {quote(name)} ORDER BY count(*) DESC LIMIT {FACET_VALUES}",
                 params,
                 limits,
                 FACET_VALUES,
@@ -235,3 +235,5 @@ def tensor_store(name: str, path: str | Path) -> TensorStore:
     except StorageValueError:  # (a TensorBlob)
         with TensorBlob.open(path, "r") as blob:
             return TensorStore(name, "TensorBlob", len(blob), {"data": (blob.dtype, blob.shape)})
+    except FileNotFoundError:
+        raise CatalogError(f"tensor store {name!r}: no TensorBlob or TensorDB at {path}") from None
