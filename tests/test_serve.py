@@ -154,6 +154,16 @@ def test_record_page_images_decode_with_the_records_bytes(
         shutil.copy(shot, keep)
 
 
+def test_records_page_shows_thumbnails(server, browser):
+    _open(browser, server + "/photos")
+    assert [row[0] for row in _table(browser, "records")] == [f"s{i:03d}" for i in range(5)]
+    assert {(i["alt"], i["width"]) for i in _images(browser)} == {("jpg", 80)}
+    _open(browser, server + "/train")
+    shown = _images(browser)  # (the record keyed <script>... has no image: its two are not)
+    decoded = sorted((i["alt"], i["width"]) for i in shown if i["width"])
+    assert decoded == [("image", 96)] * 12 + [("mask", 48)] * 12
+
+
 def test_record_page_shows_json_text_numbers_and_tensors(server, browser):
     _open(browser, server + "/train/rec_000003")
     text = browser.find_element("tag name", "main").text

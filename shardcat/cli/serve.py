@@ -13,6 +13,7 @@ from shardcat.errors import CatalogError
 __all__ = ["register", "serve"]
 
 INSTALL_HINT = "pip install 'shardcat[web]'"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @handle_errors
@@ -69,6 +70,10 @@ def serve(
         site = Site(cat, limits=limits, tensors=named)
         try:
             typer.echo(f"serving {cat.path} at http://{host}:{port}/ (Ctrl-C stops)", err=True)
+            if host not in LOOPBACK:
+                typer.echo(
+                    f"warning: listening on {host}: whoever reaches it reads every record", err=True
+                )
             run(site, host=host, port=port)
         finally:
             site.close()

@@ -37,6 +37,7 @@ __all__ = ["Site", "create_app"]
 PAGE_SIZE = 50  # records per page
 INLINE_MEMBER = 1 << 20  # tar members up to this size are read for the record page
 STREAM_PIECE = 1 << 20  # bytes per piece of a value held whole, as it is sent
+IMAGES = frozenset(values.IMAGE_TYPES.values())
 THUMBNAIL_PROBES = 5  # records of a page read to find which features hold images
 
 HTML_HEADERS = {
@@ -111,7 +112,9 @@ class Site:
         raise HTTPException(404, f"no dataset {name!r} in this catalog")
 
     def reader(self, name: str) -> Reader:
-        self.info(name)
+        """The reader of the dataset ``name`` (404 unless the catalog lists it)."""
+        if not self.cat.has_dataset(name):
+            raise HTTPException(404, f"no dataset {name!r} in this catalog")
         with self._lock:
             if name not in self._readers:
                 self._readers[name] = self.cat.dataset(name)
@@ -163,7 +166,7 @@ def _image_features(reader: Reader, key: str) -> list[str]:
     return [
         name
         for name, found in sorted(features_of(reader, key).items())
-        if found and isinstance(found[0], bytes) and values.show(found[:1])[0].kind == "image"
+        if found and isinstance(found[0], bytes) and values.content_type(found[0]) in IMAGES
     ]
 
 
