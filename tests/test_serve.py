@@ -251,6 +251,28 @@ def test_facets_filters_paging_and_histogram(server):
     assert get(server + "/-/histogram/train/caption")[0] == 400
 
 
+def test_listens_on_loopback_only_by_default(server):
+    """The server's listening sockets (the kernel's table) are all on 127.0.0.1."""
+    port = f"{int(server.rsplit(':', 1)[1]):04X}"
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and local.endswith(":" + port):  # LISTEN
+                listening.append(local.rsplit(":", 1)[0])
+    assert listening == ["0100007F"]  # 127.0.0.1, little-endian
+
+
+def test_parquet_and_recordio_record_pages(server):
+    status, _, body = get(server + "/table/row3")
+    page = body.decode()
+    assert status == 200 and '<pre class="text">text 3</pre>' in page
+    assert '<dt>label</dt>\n<dd>\n<span class="number">1</span>' in page
+    status, _, body = get(server + "/faces/2")
+    page = body.decode()
+    assert status == 200 and '<dt>label</dt>\n<dd>\n<span class="number">2.0</span>' in page
+
+
 def test_urls_never_reach_the_filesystem(server):
     for path in (
         "/..%2F..%2Fetc%2Fpasswd",
