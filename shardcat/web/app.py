@@ -28,7 +28,7 @@ from shardcat.catalog import DatasetInfo
 from shardcat.errors import CatalogError, KeyNotFoundError, NoSuchFeatureError, ShardcatError
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.records import feature_chunks, feature_value, features_of
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.readers.reader import Reader
 from shardcat.web import pages, values
 
