@@ -41,6 +41,7 @@ from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
+from shardcat.facade.dataset_options import detect_options, field_types
 from shardcat.facade.ingest import (
     ProvideEntries,
     Work,
@@ -49,8 +50,8 @@ from shardcat.facade.ingest import (
     run_ingest,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
-from shardcat.facade.remote_detect import remote_dataset_options, remote_rule
-from shardcat.formats.base import detect_format, get_format
+from shardcat.facade.remote_detect import dataset_wide_options, remote_rule
+from shardcat.formats.registry import detect_format, get_format
 from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
 from shardcat.readers.reader import Reader
@@ -155,7 +156,7 @@ class Catalog:
             return reuse.Rule(name, found, explicit, get_format(name).key_rule)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
-        return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)
+        return reuse.Rule(name, detect_options(fmt, files[0]), explicit, fmt.key_rule)
 
     def _choose(
         self, paths: PathsLike, files: Sequence[str], opts: IngestOptions
@@ -286,7 +287,9 @@ class Catalog:
             self._normalized_source(paths),
             stats,
             same_file,
-            first=self._first_options(files, rule, remote_options) if new else {},
+            first=dataset_wide_options(get_format(rule.format), files, rule, remote_options)
+            if new
+            else {},
             rescan=opts.rescan,
             seed=provided is None and not opts.rescan,
         )
@@ -325,16 +328,6 @@ class Catalog:
         base = default_dataset_name(files) if other is None else reuse.variant_name(other, rule)
         return self.store.unused_name(base)
 
-    def _first_options(
-        self, files: Sequence[str], rule: reuse.Rule, remote_options: Any
-    ) -> dict[str, Any]:
-        """The options only all of a new dataset's shards tell (RecordIO: .idx keys that
-        collide across shards); read outside the write lock, once."""
-        fmt = get_format(rule.format)
-        if is_url(files[0]):
-            return remote_dataset_options(fmt, files, rule, remote_options)
-        return fmt.detect_dataset_options(files, rule.explicit)
-
     def _job(self, plan: DatasetPlan, opts: IngestOptions) -> IngestJob:
         """Sync the dataset's rows to ``plan`` (one write transaction); the job its
         indexing processes are given."""
@@ -348,7 +341,7 @@ class Catalog:
             format=plan.rule.format,
             options=dataset_options,
             key_rule=key_rule,
-            field_types=fmt.field_types(dataset_options),
+            field_types=field_types(fmt, dataset_options),
             on_duplicate=opts.on_duplicate,
             lease=opts.lease,
             one_range=fmt.ONE_RANGE,

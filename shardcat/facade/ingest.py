@@ -42,15 +42,9 @@ from shardcat.errors import (
     LegacyIndexError,
     ShardcatError,
 )
-from shardcat.facade.remote_detect import local_copy, warnings_naming
-from shardcat.formats.base import (
-    BAD_RECORDS,
-    BadRecord,
-    Format,
-    ShardScan,
-    get_format,
-    other_format,
-)
+from shardcat.facade.remote_detect import local_copy, sidecar_of, warnings_naming
+from shardcat.formats.base import BAD_RECORDS, BadRecord, Format, ShardScan
+from shardcat.formats.registry import get_format, other_format
 from shardcat.paths import require_regular
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources import remote
@@ -281,7 +275,7 @@ def _index_remote(
     except BaseException as exc:
         renames = []
         if tmp:  # name the object (and its sidecar), not their local copies
-            near, far = fmt.sidecar(tmp), fmt.sidecar(url)
+            near, far = sidecar_of(fmt, tmp), sidecar_of(fmt, url)
             if near is not None and far is not None:
                 renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
             renames.append((tmp, url))

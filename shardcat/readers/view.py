@@ -25,7 +25,7 @@ from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.sources import pool as _pool
 from shardcat.sources.local import Identity, open_source
 from shardcat.sources.pool import SourcePool
