@@ -16,7 +16,7 @@ from shardcat.catalog.commit import IngestJob
 from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.store import Store
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.readers.reader import Reader
 from shardcat.sources.local import fingerprint_file
 
