@@ -64,7 +64,6 @@ from shardcat.catalog.bad_records import bad_records_of
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED
 from shardcat.errors import (
-    CatalogError,
     CorruptRecordError,
     KeyNotFoundError,
     ShardcatError,
@@ -569,13 +568,8 @@ class Reader(DatasetView):
         return verify_records(self, progress)
 
     def rebuild_index(self) -> None:
-        """Re-index every shard of this dataset from its source patterns (with what
-        opened this reader: :class:`shardcat.Catalog` and the path-taking readers)."""
-        if self._reindex is None:
-            raise CatalogError(
-                f"this reader of {self.dataset!r} cannot re-index it: open it through "
-                "shardcat.Catalog (or a path-taking reader), or run `catalog ingest --rescan`"
-            )
+        """Re-index every shard of this dataset from its source patterns (through what
+        opened this reader: :class:`shardcat.Catalog`, the path-taking readers)."""
         self._reindex(self.catalog, self.dataset)
         self.refresh()
 

@@ -34,7 +34,7 @@ from shardcat.sources.rawio import Source
 #: the dataset option holding the storage options of remote shards (without secrets)
 STORAGE_OPTIONS = "storage_options"
 
-__all__ = ["DatasetView", "Reindex", "follows_reindex", "one_call"]
+__all__ = ["DatasetView", "Reindex", "cannot_reindex", "follows_reindex", "one_call"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,6 +43,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: (the facade: :func:`shardcat.facade.catalog.rebuild`); called with the reader's
 #: handle and dataset name. A module-level function, so that it pickles with the reader.
 Reindex = Callable[[ReadHandle, str], None]
+
+
+def cannot_reindex(handle: ReadHandle, dataset: str) -> None:
+    """The :data:`Reindex` of a reader opened without one."""
+    raise CatalogError(
+        f"this reader of {dataset!r} cannot re-index it: open it through shardcat.Catalog "
+        "(or a path-taking reader), or run `catalog ingest --rescan`"
+    )
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,7 @@ class DatasetView:
         verify: bool = True,
         verify_crc: bool | None = None,
         file_pool_size: int = 1024,
-        reindex: Reindex | None = None,
+        reindex: Reindex = cannot_reindex,
     ) -> None:
         #: the read-only handle on the store this reader reads (closed with the reader
         #: when the handle opened its store)
