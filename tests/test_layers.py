@@ -193,7 +193,11 @@ def test_modules_are_small_and_say_what_they_hold(name: str):
 
 # The modules that know which database a catalog is on (issue 29): everything else asks
 # the catalog's backend object what it can do, never which one it is.
-BACKEND_MODULES = {"shardcat.catalog.backend", "shardcat.catalog.sqlite", "shardcat.catalog.postgres"}
+BACKEND_MODULES = {
+    "shardcat.catalog.backend",
+    "shardcat.catalog.sqlite",
+    "shardcat.catalog.postgres",
+}
 # what only a backend module may import (the PostgreSQL one: its URL test, its driver)
 BACKEND_ONLY = {"shardcat.catalog.postgres"}
 
@@ -212,12 +216,14 @@ def backend_checks(tree: ast.AST) -> list[str]:
             ident = node.attr if isinstance(node, ast.Attribute) else node.id
             if ident in {"server", "is_server_url"}:
                 what = ident
-        elif isinstance(node, ast.keyword | ast.arg):
-            if (node.arg if isinstance(node, ast.keyword) else node.arg) == "server":
-                what = "server="
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
-            if "sqlite3.Connection" in ast.unparse(node):
-                what = "isinstance sqlite3.Connection"
+        elif isinstance(node, ast.keyword | ast.arg) and node.arg == "server":
+            what = "server="
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "isinstance"
+            and "sqlite3.Connection" in ast.unparse(node)
+        ):
+            what = "isinstance sqlite3.Connection"
         if what is not None:
             found.append(f"line {getattr(node, 'lineno', '?')}: {what}")
     return found

@@ -22,8 +22,8 @@ from features import payloads
 
 from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
+from shardcat.catalog.backend import make_engine
 from shardcat.catalog.claims import claim_next
-from shardcat.catalog.engine import make_engine
 from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.formats.tfrecord import HEADER
 from shardcat.pb2 import Example
