@@ -388,7 +388,7 @@ def test_a_sqlite_url_is_a_file(tmp_path, monkeypatch):
     make_sample(tmp_path / "data", shards=1, records=10)
     with Catalog("sqlite:///rel.sqlite") as cat:  # SQLAlchemy's spelling of a file
         cat.ingest("data/*.tfrecord", "d").close()
-        assert not cat.server and cat.path == tmp_path / "rel.sqlite"
+        assert cat.backend.local_file == cat.path == tmp_path / "rel.sqlite"
     absolute = tmp_path / "abs.sqlite"
     with Catalog(f"sqlite:///{absolute}") as cat:
         assert cat.path == absolute and cat.datasets() == []

@@ -114,6 +114,8 @@ class Backend(Protocol):
     location: str
     #: the catalog's name in messages (a file's path, a URL without its password)
     display: str
+    #: what a read-only open says when the database holds no catalog
+    no_catalog: str
     #: the catalog is this local file (None: it is not a file)
     local_file: Path | None
     #: where relative shard paths start ("": every shard path is stored absolute)

@@ -408,6 +408,7 @@ class PostgresBackend:
         self.where: Path | str = url
         self.location = url
         self.display = display(url)
+        self.no_catalog = f"no catalog at {self.display} (it has no shardcat tables)"
 
     def check_mode(self, *, immutable: bool) -> None:
         if immutable:

@@ -164,6 +164,7 @@ class SQLiteBackend:
         self.where: Path | str = file
         self.location = str(file)
         self.display = str(file)
+        self.no_catalog = f"{file} is not a shardcat catalog (it records no schema version)"
         self.local_file: Path | None = file
         self.directory = str(file.parent)
         self._file = file

@@ -155,9 +155,7 @@ class Store:
             )
         version = self._read_version()
         if version is None:
-            raise CatalogError(
-                f"{self.path} is not a shardcat catalog (it records no schema version)"
-            )
+            raise CatalogError(self.backend.no_catalog)
         if version > SCHEMA_VERSION:
             raise too_new(str(self.path), version)
         if version < SCHEMA_VERSION:
