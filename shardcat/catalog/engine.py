@@ -352,18 +352,6 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     return conn
 
 
-def make_readonly_engine(path: Path, *, immutable: bool = False) -> Engine:
-    """A SQLAlchemy engine on :func:`connect_readonly` connections (no pool), whose
-    transactions are read transactions (one snapshot of the file each)."""
-    engine = create_engine(
-        "sqlite+pysqlite://",
-        creator=lambda: connect_readonly(path, immutable=immutable),
-        poolclass=NullPool,
-    )
-    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
-    return engine
-
-
 def file_identity(path: Path) -> tuple[int, ...] | None:
     """``(device, inode, size, mtime_ns, ctime_ns)`` of a file; None when it is gone.
     A file replaced (another inode) or rewritten in place (size, mtime, ctime) has

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from shardcat.catalog import engine as files
 from shardcat.catalog import schema
@@ -204,7 +205,16 @@ class SQLiteBackend:
         return files.connect_readonly(self._file, immutable=immutable)
 
     def read_engine(self, *, immutable: bool = False) -> Engine:
-        return files.make_readonly_engine(self._file, immutable=immutable)
+        """An engine on read-only connections (no pool), whose transactions are read
+        transactions (one snapshot of the file each)."""
+        file = self._file
+        engine = create_engine(
+            "sqlite+pysqlite://",
+            creator=lambda: files.connect_readonly(file, immutable=immutable),
+            poolclass=NullPool,
+        )
+        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+        return engine
 
     def read_version(self, conn: ReadConnection) -> int | None:
         sql = "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
