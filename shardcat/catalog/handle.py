@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shardcat.catalog.backend import Backend
 from shardcat.catalog.datasets import DatasetRow
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import (
@@ -66,8 +67,10 @@ class ReadHandle:
         return self._store.directory
 
     @property
-    def server(self) -> bool:
-        return self._store.server
+    def backend(self) -> Backend:
+        """What differs between a SQLite file and a PostgreSQL server (the readers'
+        statements ask it)."""
+        return self._store.backend
 
     @property
     def readonly(self) -> bool:

@@ -22,9 +22,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from shardcat.catalog import claims, commit
+from shardcat.catalog.backend import make_engine
 from shardcat.catalog.claims import ClaimedShard, Waiting, owner_id
 from shardcat.catalog.commit import IngestJob, ShardVersion
-from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.catalog.engine import fork_generation
 
 __all__ = ["ClaimedShard", "IngestSession", "ShardVersion", "open_sessions"]
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.commit import IngestJob, catalog_error, dedupe_within
 from shardcat.catalog.processes import end_with_parent, stops_held
@@ -244,7 +244,7 @@ def _failed(
             raise
         # the claim dies with this process; the next ingest takes it over
     if isinstance(exc, SQLAlchemyError):  # the catalog itself failed (disk full, I/O error)
-        raise catalog_error(postgres.display(session.job.catalog), exc) from None
+        raise catalog_error(backend_for(session.job.catalog).display, exc) from None
     raise exc
 
 
@@ -326,8 +326,8 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     taken over at once by the next ingest). A worker that dies leaves its claim to
     the caller's next round."""
     ctx = multiprocessing.get_context("fork")
-    # a server catalog takes concurrent writers: no turns there
-    turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
+    # turns only where the catalog has one writer at a time (a server takes several)
+    turns = ctx.Lock() if backend_for(job.catalog).one_writer else None
     procs: list[Any] = []
     live: list[Any] = []
     try:

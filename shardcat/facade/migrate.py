@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
@@ -267,7 +267,8 @@ def _migrate_plan(
     where: Path | str | None = None
     if _is_open(catalog):
         directory = catalog.store.directory
-    elif postgres.is_server_url(catalog):  # shard paths stored absolute there
+    elif catalog is not None and backend_for(catalog).local_file is None:
+        # a catalog that is no local file stores shard paths absolute
         where, directory = str(catalog), ""
     else:
         # remote shards: the default catalog (there is no "beside them" on object storage)

@@ -10,7 +10,6 @@ script at all."""
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -102,7 +101,8 @@ class Site:
         env.filters["cell"] = _cell
         self.env = env
         #: what the header names: a file's name (not where it lies), a server's URL
-        self.title = str(cat.path) if cat.store.server else os.path.basename(cat.path)
+        file = cat.store.backend.local_file
+        self.title = str(cat.path) if file is None else file.name
 
     def info(self, name: str) -> DatasetInfo:
         """The dataset ``name`` (404 unless the catalog lists it)."""
