@@ -28,7 +28,7 @@ is refused as a write); the DuckDB session has no file access but to the
 mirror directory (``enable_external_access = false``, extensions never
 installed), no temporary directory (nothing spills to disk), a memory limit
 (``memory_limit``: past it the query fails with :class:`CatalogError`) and a
-time limit (``interrupt()`` from a timer thread). One session per process and
+time limit (``interrupt()`` from the session's watchdog thread). One session per process and
 mirror directory (a DuckDB connection costs ~15 ms to open; a statement on a
 warm one is a few), its statements one at a time (the memory limit is the
 session's).
@@ -43,6 +43,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,14 +216,58 @@ def mirrors(source: Source, directory: Path, sql: str) -> dict[str, Path]:
 # --- the DuckDB session -----------------------------------------------------
 
 
+class _Watchdog:
+    """One thread per session that interrupts its statement past a deadline (a
+    ``threading.Timer`` per statement costs a thread start, ~0.5 ms here)."""
+
+    def __init__(self, interrupt: Any) -> None:
+        self._interrupt = interrupt
+        self._changed = threading.Condition()
+        self._deadline: float | None = None
+        self.fired = False
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._run, name="shardcat-duckdb-timeout", daemon=True
+        )
+        self._thread.start()
+
+    def arm(self, timeout: float | None) -> None:
+        with self._changed:
+            self.fired = False
+            self._deadline = None if timeout is None else time.monotonic() + timeout
+            self._changed.notify()
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with self._changed:
+            while not self._stopped:
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self.fired, self._deadline = True, None
+                    self._interrupt()
+                else:
+                    self._changed.wait(left)
+
+
 @dataclass
 class _Session:
-    """One guarded DuckDB connection, the views it has (name -> file) and its lock."""
+    """One guarded DuckDB connection, the views it has (name -> file), its memory
+    limit, its watchdog and its lock (one statement at a time)."""
 
     conn: Any
     directory: Path
     views: dict[str, Path] = field(default_factory=dict)
+    memory: int | None = -1  # (not set yet)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    watchdog: _Watchdog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watchdog = _Watchdog(self.conn.interrupt)
 
     def show(self, files: Mapping[str, Path]) -> None:
         """Exactly the views ``files`` (dataset name -> mirror file)."""
@@ -234,6 +279,13 @@ class _Session:
                 path = str(file).replace("'", "''")
                 self.conn.execute(f"CREATE VIEW \"{name}\" AS SELECT * FROM read_parquet('{path}')")
                 self.views[name] = file
+
+    def limit(self, memory: int | None) -> None:
+        if memory != self.memory:
+            self.conn.execute(
+                "RESET memory_limit" if memory is None else f"SET memory_limit = '{memory}B'"
+            )
+            self.memory = memory
 
 
 _sessions: dict[tuple[int, Path], _Session] = {}
@@ -266,6 +318,7 @@ def _close_sessions() -> None:
     with _sessions_lock:
         for (pid, _), session in list(_sessions.items()):
             if pid == os.getpid():
+                session.watchdog.stop()
                 session.conn.close()
         _sessions.clear()
 
@@ -306,44 +359,37 @@ def streamed(
     with session.lock:
         _refuse_writes(session, sql)
         session.show(mirrors(source, session.directory, sql))
-        limit = "RESET memory_limit" if memory is None else f"SET memory_limit = '{memory}B'"
-        session.conn.execute(limit)
-        cursor = session.conn.cursor()
-        timer = None if timeout is None else threading.Timer(timeout, cursor.interrupt)
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
+        session.limit(memory)
+        session.watchdog.arm(timeout)
         try:
             try:
-                cursor.execute(sql, params or None)
+                session.conn.execute(sql, params or None)
             except duckdb.Error as exc:
-                raise _failed(duckdb, exc, timer, timeout, memory) from None
-            columns = [d[0] for d in cursor.description or ()]
-            yield columns, _fetched(duckdb, cursor, timer, timeout, memory)
+                raise _failed(duckdb, exc, session, timeout, memory) from None
+            columns = [d[0] for d in session.conn.description or ()]
+            yield columns, _fetched(duckdb, session, timeout, memory)
         finally:
-            if timer is not None:
-                timer.cancel()
-            cursor.close()
+            session.watchdog.arm(None)
 
 
 def _fetched(
-    duckdb: Any, cursor: Any, timer: Any, timeout: float | None, memory: int | None
+    duckdb: Any, session: _Session, timeout: float | None, memory: int | None
 ) -> Iterator[tuple[Any, ...]]:
     while True:
         try:
-            rows = cursor.fetchmany(1024)
+            rows = session.conn.fetchmany(1024)
         except duckdb.Error as exc:
-            raise _failed(duckdb, exc, timer, timeout, memory) from None
+            raise _failed(duckdb, exc, session, timeout, memory) from None
         if not rows:
             return
         yield from rows
 
 
 def _failed(
-    duckdb: Any, exc: Exception, timer: Any, timeout: float | None, memory: int | None
+    duckdb: Any, exc: Exception, session: _Session, timeout: float | None, memory: int | None
 ) -> BaseException:
     if isinstance(exc, duckdb.InterruptException):
-        if timer is not None and timeout is not None and timer.finished.is_set():
+        if timeout is not None and session.watchdog.fired:
             return over_time(timeout)
         return interruption()
     if isinstance(exc, duckdb.OutOfMemoryException) and memory is not None:
