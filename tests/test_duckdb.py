@@ -308,3 +308,24 @@ def test_processes_building_one_mirror_at_once(built: Path) -> None:
 def _count_in_child(path: str) -> int:
     with Catalog(path, readonly=True) as cat:
         return int(cat.query("SELECT count(*) FROM train", engine="duckdb")[0][0])
+
+
+def test_a_query_inside_the_rows_of_another(built: Path) -> None:
+    with Catalog(built) as cat:
+        seen = []
+        sql = "SELECT label FROM train GROUP BY label ORDER BY label"
+        with cat.query_rows(sql, engine="duckdb") as (columns, rows):
+            for (label,) in rows:
+                inner = "SELECT count(*) AS n FROM val WHERE label = ?"
+                seen.append((label, cat.query(inner, [label], engine="duckdb")[0][0]))
+        assert columns == ["label"]
+        assert seen == [(label, cat.query(inner, [label])[0][0]) for label in range(10)]
+
+
+def test_forked_children_after_the_parent_queried(built: Path) -> None:
+    import multiprocessing
+
+    with Catalog(built) as cat:
+        assert cat.query("SELECT count(*) FROM train", engine="duckdb") == [(3 * PER_SHARD,)]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        assert pool.map(_count_in_child, [str(built)] * 4) == [3 * PER_SHARD] * 4

@@ -220,8 +220,8 @@ class _Watchdog:
     """One thread per session that interrupts its statement past a deadline (a
     ``threading.Timer`` per statement costs a thread start, ~0.5 ms here)."""
 
-    def __init__(self, interrupt: Any) -> None:
-        self._interrupt = interrupt
+    def __init__(self) -> None:
+        self._interrupt: Any = None
         self._changed = threading.Condition()
         self._deadline: float | None = None
         self.fired = False
@@ -231,9 +231,12 @@ class _Watchdog:
         )
         self._thread.start()
 
-    def arm(self, timeout: float | None) -> None:
+    def arm(self, timeout: float | None, interrupt: Any = None) -> None:
+        """Call ``interrupt()`` once ``timeout`` seconds have passed (None: disarm)."""
         with self._changed:
-            self.fired = False
+            if interrupt is not None:
+                self.fired = False
+            self._interrupt = interrupt
             self._deadline = None if timeout is None else time.monotonic() + timeout
             self._changed.notify()
 
@@ -249,7 +252,8 @@ class _Watchdog:
                 left = None if self._deadline is None else self._deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self.fired, self._deadline = True, None
-                    self._interrupt()
+                    if self._interrupt is not None:
+                        self._interrupt()
                 else:
                     self._changed.wait(left)
 
@@ -267,7 +271,7 @@ class _Session:
     watchdog: _Watchdog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.watchdog = _Watchdog(self.conn.interrupt)
+        self.watchdog = _Watchdog()
 
     def show(self, files: Mapping[str, Path]) -> None:
         """Exactly the views ``files`` (dataset name -> mirror file)."""
@@ -356,28 +360,32 @@ def streamed(
         )
     duckdb = _duckdb()
     session = _session(duckdb, mirror_directory(Path(source.path)))
-    with session.lock:
-        _refuse_writes(session, sql)
+    with session.lock:  # (DuckDB computes the whole result in execute: then the
+        _refuse_writes(session, sql)  # rows are fetched from the cursor, lock released)
         session.show(mirrors(source, session.directory, sql))
         session.limit(memory)
-        session.watchdog.arm(timeout)
+        cursor = session.conn.cursor()
+        session.watchdog.arm(timeout, cursor.interrupt)
         try:
-            try:
-                session.conn.execute(sql, params or None)
-            except duckdb.Error as exc:
-                raise _failed(duckdb, exc, session, timeout, memory) from None
-            columns = [d[0] for d in session.conn.description or ()]
-            yield columns, _fetched(duckdb, session, timeout, memory)
+            cursor.execute(sql, params or None)
+        except duckdb.Error as exc:
+            cursor.close()
+            raise _failed(duckdb, exc, session, timeout, memory) from None
         finally:
             session.watchdog.arm(None)
+    try:
+        columns = [d[0] for d in cursor.description or ()]
+        yield columns, _fetched(duckdb, cursor, session, timeout, memory)
+    finally:
+        cursor.close()
 
 
 def _fetched(
-    duckdb: Any, session: _Session, timeout: float | None, memory: int | None
+    duckdb: Any, cursor: Any, session: _Session, timeout: float | None, memory: int | None
 ) -> Iterator[tuple[Any, ...]]:
     while True:
         try:
-            rows = session.conn.fetchmany(1024)
+            rows = cursor.fetchmany(1024)
         except duckdb.Error as exc:
             raise _failed(duckdb, exc, session, timeout, memory) from None
         if not rows:
