@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,34 @@ def test_forked_children_after_the_parent_queried(built: Path) -> None:
         assert cat.query("SELECT count(*) FROM train", engine="duckdb") == [(3 * PER_SHARD,)]
     with multiprocessing.get_context("fork").Pool(2) as pool:
         assert pool.map(_count_in_child, [str(built)] * 4) == [3 * PER_SHARD] * 4
+
+
+_CTRL_C = """
+import sys
+from shardcat import Catalog
+with Catalog(sys.argv[1]) as cat:
+    print("running", flush=True)
+    try:
+        cat.query("SELECT count(*) FROM range(100000000000) a WHERE a.range % 7 = 3",
+                  engine="duckdb", timeout=None)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print(cat.query("SELECT count(*) FROM train", engine="duckdb")[0][0], flush=True)
+"""
+
+
+def test_ctrl_c_stops_a_running_statement(built: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C, str(built)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "running\n"
+    time.sleep(1.0)  # (into the statement)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert out == f"interrupted\n{3 * PER_SHARD}\n"
+    assert child.returncode == 0

@@ -28,7 +28,8 @@ is refused as a write); the DuckDB session has no file access but to the
 mirror directory (``enable_external_access = false``, extensions never
 installed), no temporary directory (nothing spills to disk), a memory limit
 (``memory_limit``: past it the query fails with :class:`CatalogError`) and a
-time limit (``interrupt()`` from the session's watchdog thread). One session per process and
+time limit (the statement runs on the session's thread; the caller's wait ends
+at the limit or on Ctrl-C, then ``interrupt()`` stops it). One session per process and
 mirror directory (a DuckDB connection costs ~15 ms to open; a statement on a
 warm one is a few), its statements one at a time (the memory limit is the
 session's).
@@ -43,8 +44,8 @@ import os
 import re
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -216,62 +217,34 @@ def mirrors(source: Source, directory: Path, sql: str) -> dict[str, Path]:
 # --- the DuckDB session -----------------------------------------------------
 
 
-class _Watchdog:
-    """One thread per session that interrupts its statement past a deadline (a
-    ``threading.Timer`` per statement costs a thread start, ~0.5 ms here)."""
-
-    def __init__(self) -> None:
-        self._interrupt: Any = None
-        self._changed = threading.Condition()
-        self._deadline: float | None = None
-        self.fired = False
-        self._stopped = False
-        self._thread = threading.Thread(
-            target=self._run, name="shardcat-duckdb-timeout", daemon=True
-        )
-        self._thread.start()
-
-    def arm(self, timeout: float | None, interrupt: Any = None) -> None:
-        """Call ``interrupt()`` once ``timeout`` seconds have passed (None: disarm)."""
-        with self._changed:
-            if interrupt is not None:
-                self.fired = False
-            self._interrupt = interrupt
-            self._deadline = None if timeout is None else time.monotonic() + timeout
-            self._changed.notify()
-
-    def stop(self) -> None:
-        with self._changed:
-            self._stopped = True
-            self._changed.notify()
-        self._thread.join()
-
-    def _run(self) -> None:
-        with self._changed:
-            while not self._stopped:
-                left = None if self._deadline is None else self._deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    self.fired, self._deadline = True, None
-                    if self._interrupt is not None:
-                        self._interrupt()
-                else:
-                    self._changed.wait(left)
-
-
 @dataclass
 class _Session:
     """One guarded DuckDB connection, the views it has (name -> file), its memory
-    limit, its watchdog and its lock (one statement at a time)."""
+    limit, the thread its statements run on and its lock (one statement at a time).
+
+    A statement runs on the session's thread while the caller waits for it: the
+    wait ends at the time limit or with Ctrl-C (a thread blocked in DuckDB would
+    never see either), and the statement is then interrupted."""
 
     conn: Any
     directory: Path
     views: dict[str, Path] = field(default_factory=dict)
     memory: int | None = -1  # (not set yet)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    watchdog: _Watchdog = field(init=False)
+    runner: futures.ThreadPoolExecutor = field(
+        default_factory=lambda: futures.ThreadPoolExecutor(1, thread_name_prefix="shardcat-duckdb")
+    )
 
-    def __post_init__(self) -> None:
-        self.watchdog = _Watchdog()
+    def run(self, cursor: Any, sql: str, params: Any, timeout: float | None) -> None:
+        """``cursor.execute(sql, params)``; ``futures.TimeoutError`` past ``timeout``
+        seconds, ``KeyboardInterrupt`` on Ctrl-C (the statement interrupted first)."""
+        running = self.runner.submit(cursor.execute, sql, params)
+        try:
+            running.result(timeout)  # (the statement's own error is raised here)
+        except (futures.TimeoutError, KeyboardInterrupt):
+            cursor.interrupt()
+            futures.wait([running])
+            raise
 
     def show(self, files: Mapping[str, Path]) -> None:
         """Exactly the views ``files`` (dataset name -> mirror file)."""
@@ -322,7 +295,7 @@ def _close_sessions() -> None:
     with _sessions_lock:
         for (pid, _), session in list(_sessions.items()):
             if pid == os.getpid():
-                session.watchdog.stop()
+                session.runner.shutdown()
                 session.conn.close()
         _sessions.clear()
 
@@ -365,40 +338,37 @@ def streamed(
         session.show(mirrors(source, session.directory, sql))
         session.limit(memory)
         cursor = session.conn.cursor()
-        session.watchdog.arm(timeout, cursor.interrupt)
         try:
-            cursor.execute(sql, params or None)
+            session.run(cursor, sql, params or None, timeout)
+        except futures.TimeoutError:
+            cursor.close()
+            raise over_time(timeout or 0) from None
         except duckdb.Error as exc:
             cursor.close()
-            raise _failed(duckdb, exc, session, timeout, memory) from None
-        finally:
-            session.watchdog.arm(None)
+            raise _failed(duckdb, exc, memory) from None
+        except BaseException:
+            cursor.close()
+            raise
     try:
         columns = [d[0] for d in cursor.description or ()]
-        yield columns, _fetched(duckdb, cursor, session, timeout, memory)
+        yield columns, _fetched(duckdb, cursor, memory)
     finally:
         cursor.close()
 
 
-def _fetched(
-    duckdb: Any, cursor: Any, session: _Session, timeout: float | None, memory: int | None
-) -> Iterator[tuple[Any, ...]]:
+def _fetched(duckdb: Any, cursor: Any, memory: int | None) -> Iterator[tuple[Any, ...]]:
     while True:
         try:
             rows = cursor.fetchmany(1024)
         except duckdb.Error as exc:
-            raise _failed(duckdb, exc, session, timeout, memory) from None
+            raise _failed(duckdb, exc, memory) from None
         if not rows:
             return
         yield from rows
 
 
-def _failed(
-    duckdb: Any, exc: Exception, session: _Session, timeout: float | None, memory: int | None
-) -> BaseException:
-    if isinstance(exc, duckdb.InterruptException):
-        if timeout is not None and session.watchdog.fired:
-            return over_time(timeout)
+def _failed(duckdb: Any, exc: Exception, memory: int | None) -> BaseException:
+    if isinstance(exc, duckdb.InterruptException):  # (not ours: another interrupt())
         return interruption()
     if isinstance(exc, duckdb.OutOfMemoryException) and memory is not None:
         return over_memory(memory)
