@@ -361,3 +361,18 @@ def test_ctrl_c_stops_a_running_statement(built: Path) -> None:
     out, _ = child.communicate(timeout=60)
     assert out == f"interrupted\n{3 * PER_SHARD}\n"
     assert child.returncode == 0
+
+
+def test_a_catalog_made_anew_at_the_same_path_is_not_its_old_mirror(built: Path) -> None:
+    sql = "SELECT label, count(*) AS n FROM val GROUP BY label ORDER BY label"
+    with Catalog(built) as cat:
+        before = cat.query(sql, engine="duckdb")
+    for suffix in ("", "-wal", "-shm"):
+        built.with_name(built.name + suffix).unlink(missing_ok=True)
+    # the same shard path, record count and keys; other labels
+    _write(built.parent / "val-0.tfrecord", [{**r, "label": 9} for r in _records(0, 3)])
+    with Catalog(built) as cat:  # (the same dataset ids: train 1, val 2)
+        cat.ingest(str(built.parent / "train-*.tfrecord"), "train").close()
+        cat.ingest(str(built.parent / "val-*.tfrecord"), "val").close()
+        after = cat.query(sql, engine="duckdb")
+        assert after == cat.query(sql) == [(9, PER_SHARD)] != before

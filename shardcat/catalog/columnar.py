@@ -9,7 +9,9 @@ directory under the system's temporary directory). The catalog stays the truth:
 - a mirror file is named after the dataset's id and its *state*, a hash of the
   dataset's ``version`` (bumped by every commit that changes its shards or
   records), its options, its view's SQL (fields added or hidden) and its shards'
-  ``(id, path, generation, first_position, num_records)``. Before each
+  indexed versions (generation, positions, record count, when indexed, the file's
+  size, mtime, inode, ctime and fingerprint: a catalog made anew at the same path
+  over rewritten shards is not the old one). Before each
   statement the state of every dataset the SQL names is read from the catalog;
   a dataset without the file of its current state gets it (re)built, so a
   result is never older than the catalog (dropped datasets have no view).
@@ -126,7 +128,8 @@ def _state(conn: Any, dataset_id: int, name: str) -> str:
         ("SELECT version, options, key_rule FROM shardcat_datasets WHERE id = ?", dataset_id),
         ("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?", name),
         (
-            "SELECT id, path, generation, first_position, num_records FROM shardcat_shards "
+            "SELECT id, path, generation, first_position, num_records, indexed_at, size, "
+            "mtime_ns, ino, ctime_ns, fingerprint FROM shardcat_shards "
             "WHERE dataset_id = ? ORDER BY id",
             dataset_id,
         ),
