@@ -148,6 +148,7 @@ def test_a_new_field_and_a_dropped_dataset_are_seen(built: Path) -> None:
         cat.drop("val")
         with pytest.raises(CatalogError, match="query failed: Catalog Error: Table with name val"):
             cat.query("SELECT count(*) FROM val", engine="duckdb")
+        assert not list(mirror_directory(built).glob("2-*.parquet"))  # its file removed
         # a new dataset of the same name is not the old one's mirror
         _write(built.parent / "val-0.tfrecord", [{"key": "only", "label": 0}])
         cat.ingest(str(built.parent / "val-0.tfrecord"), "val").close()

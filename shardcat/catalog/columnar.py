@@ -18,7 +18,8 @@ directory under the system's temporary directory). The catalog stays the truth:
 - a mirror is written from the view itself in one read transaction (the state
   and the rows of the same commit), to a temporary file renamed over the
   target (``os.replace``): processes building the same mirror at once each
-  write a complete file; files of older states are then removed.
+  write a complete file; files of older states, and of dropped datasets,
+  are then removed.
 
 The packaged DuckDB (2.0) cannot read the SQLite file itself: its ``sqlite``
 extension is not bundled and ``INSTALL sqlite`` downloads it (no network here;
@@ -176,13 +177,22 @@ def _write(conn: Any, dataset_id: int, name: str, target: Path) -> None:
             os.unlink(temp)
 
 
-def _mentioned(conn: Any, sql: str) -> dict[str, int]:
+def _mentioned(datasets: Mapping[str, int], sql: str) -> dict[str, int]:
     """The datasets (name -> id) whose name appears in ``sql`` as a word."""
     return {
         name: dataset_id
-        for name, dataset_id in conn.execute("SELECT name, id FROM shardcat_datasets")
+        for name, dataset_id in datasets.items()
         if re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", sql, re.IGNORECASE)
     }
+
+
+def _forget_dropped(directory: Path, ids: set[int]) -> None:
+    """Remove the mirror files of datasets that are no more."""
+    for file in directory.glob("*-*.parquet"):
+        head = file.name.partition("-")[0]
+        if head.isdigit() and int(head) not in ids:
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
 
 
 def _current(conn: Any, directory: Path, name: str, dataset_id: int) -> Path:
@@ -207,9 +217,11 @@ def mirrors(source: Source, directory: Path, sql: str) -> dict[str, Path]:
     """The current mirror file of every dataset ``sql`` names (built when missing)."""
     conn = connect_readonly(Path(source.path), immutable=source.immutable)
     try:
+        datasets = dict(conn.execute("SELECT name, id FROM shardcat_datasets").fetchall())
+        _forget_dropped(directory, set(datasets.values()))
         return {
             name: _current(conn, directory, name, dataset_id)
-            for name, dataset_id in _mentioned(conn, sql).items()
+            for name, dataset_id in _mentioned(datasets, sql).items()
         }
     except OSError as exc:
         raise CatalogError(f"cannot write the columnar mirror in {directory}: {exc}") from None
