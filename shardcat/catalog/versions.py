@@ -24,13 +24,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspect, select, text
 
-from shardcat.catalog import postgres, schema, tables
-from shardcat.catalog.engine import make_engine
+from shardcat.catalog import schema, tables
+from shardcat.catalog.backend import backend_for, dialect_of
 from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
 
 __all__ = [
@@ -275,7 +274,7 @@ def _write_version(conn: Connection, version: int) -> None:
     docstring) once the meta table is no longer ``catalog_meta`` itself."""
     table = _meta_table(conn) or schema.catalog_meta.name
     _set_version(conn, table, version)
-    if table == OLD_META or conn.dialect.name != "sqlite":  # (no older build ran on a server)
+    if table == OLD_META or not dialect_of(conn).keeps_old_marker:
         return
     if OLD_META in inspect(conn).get_view_names():
         return  # a dataset took the name (allowed before the marker): no marker there
@@ -330,13 +329,13 @@ def upgrade(path: str | os.PathLike[str]) -> tuple[int, int]:
     when there is no file at ``path`` and :class:`SchemaVersionError` for a
     catalog newer than this library.
     """
-    where: Path | str = str(path) if postgres.is_server_url(path) else Path(path)
-    if isinstance(where, Path) and not where.is_file():
-        raise CatalogError(f"no catalog at {where}")
-    engine = make_engine(where)
+    backend = backend_for(path)
+    if backend.local_file is not None and not backend.local_file.is_file():
+        raise CatalogError(f"no catalog at {path}")
+    engine = backend.engine()
     try:
         with engine.begin() as conn:
-            found = ensure_schema(conn, postgres.display(str(where)))
+            found = ensure_schema(conn, backend.display)
     finally:
         engine.dispose()
     return found, SCHEMA_VERSION

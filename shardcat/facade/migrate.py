@@ -38,17 +38,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
+from shardcat.facade.dataset_options import detect_options
 from shardcat.facade.ingest import ProvideEntries, ShardOutcome
 from shardcat.facade.options import KEEP, IngestOptions, Progress
 from shardcat.facade.remote_detect import SNIFF_HEAD, SNIFF_REMOTE, head_copy
 from shardcat.formats import mxnet_idx
-from shardcat.formats.base import SNIFF_BYTES, Columns, Entry, Mismatch, ShardScan, get_format
+from shardcat.formats.base import Columns, Entry, Mismatch, ShardScan
+from shardcat.formats.registry import SNIFF_BYTES, get_format
 from shardcat.migrations.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.migrations.legacy.plans import Plan, make_plans, source_of
 from shardcat.migrations.legacy.remote import discover_remote
@@ -111,9 +113,9 @@ def _detect_options(
     """The options ``fmt`` reads off the shard ``first`` (a remote one: off a local
     copy of its first bytes, up to the end of its first record, see :func:`_head_size`)."""
     if not is_url(first):
-        return get_format(fmt).detect_options(first)
+        return detect_options(get_format(fmt), first)
     with head_copy(first, storage, fmt, _head_size(fmt, rows)) as (head, _):
-        return get_format(fmt).detect_options(head)
+        return detect_options(get_format(fmt), head)
 
 
 def _options(
@@ -260,7 +262,8 @@ def _migrate_plan(
     where: Path | str | None = None
     if isinstance(catalog, Store):
         directory = catalog.directory
-    elif postgres.is_server_url(catalog):  # shard paths stored absolute there
+    elif catalog is not None and backend_for(catalog).local_file is None:
+        # a catalog that is no local file stores shard paths absolute
         where, directory = str(catalog), ""
     else:
         # remote shards: the default catalog (there is no "beside them" on object storage)

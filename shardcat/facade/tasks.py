@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.bad_records import SetAside
 from shardcat.catalog.engine import (
     ENV_VAR,
     cannot_create_in,
-    catalog_location,
     existing_ancestor,
     write_problem,
 )
@@ -69,7 +68,7 @@ def open_catalog(
     a :class:`CatalogError` saying why and what to do instead. A PostgreSQL URL
     is opened as it is (the server says what it refuses).
     """
-    if postgres.is_server_url(where):
+    if backend_for(where).local_file is None:  # (a server: it says what it refuses)
         return Catalog(str(where), readonly=readonly or immutable, immutable=immutable)
     where = Path(where)
     ancestor = existing_ancestor(where)
@@ -156,7 +155,8 @@ def ingest(
         if progress is not None:
             progress(outcome, total)
 
-    new = not postgres.is_server_url(catalog) and not Path(catalog).exists()
+    file = backend_for(catalog).local_file
+    new = file is not None and not file.exists()
     try:
         with (
             open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
@@ -318,6 +318,6 @@ class Upgraded:
 def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
     looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
-    where = catalog_location(path)
-    found, now = upgrade(where)
-    return Upgraded(postgres.display(where) if isinstance(where, str) else where, found, now)
+    backend = backend_for(path)
+    found, now = upgrade(backend.where)
+    return Upgraded(backend.local_file or backend.display, found, now)

@@ -10,7 +10,6 @@ script at all."""
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +27,7 @@ from shardcat.catalog import DatasetInfo
 from shardcat.errors import CatalogError, KeyNotFoundError, NoSuchFeatureError, ShardcatError
 from shardcat.facade.catalog import Catalog
 from shardcat.facade.records import feature_chunks, feature_value, features_of
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.readers.reader import Reader
 from shardcat.web import pages, values
 
@@ -102,7 +101,8 @@ class Site:
         env.filters["cell"] = _cell
         self.env = env
         #: what the header names: a file's name (not where it lies), a server's URL
-        self.title = str(cat.path) if cat.server else os.path.basename(cat.path)
+        file = cat.backend.local_file
+        self.title = str(cat.path) if file is None else file.name
 
     def info(self, name: str) -> DatasetInfo:
         """The dataset ``name`` (404 unless the catalog lists it)."""
