@@ -70,12 +70,20 @@ _BATCH = 262_144
 _READ_ONLY = "the catalog is read-only here: only SELECT statements are allowed"
 
 
+class _Backend(Protocol):
+    @property
+    def local_file(self) -> Path | None: ...
+    @property
+    def display(self) -> str: ...
+
+
 class Source(Protocol):
     """What the mirror needs of a catalog (a store or the facade's Catalog)."""
 
-    server: bool
-    path: Any
-    immutable: bool
+    @property
+    def backend(self) -> _Backend: ...
+    @property
+    def immutable(self) -> bool: ...
 
 
 def wants_duckdb(engine: str) -> bool:
@@ -212,9 +220,9 @@ def _current(conn: Any, directory: Path, name: str, dataset_id: int) -> Path:
     return target
 
 
-def mirrors(source: Source, directory: Path, sql: str) -> dict[str, Path]:
+def mirrors(catalog: Path, immutable: bool, directory: Path, sql: str) -> dict[str, Path]:
     """The current mirror file of every dataset ``sql`` names (built when missing)."""
-    conn = connect_readonly(Path(source.path), immutable=source.immutable)
+    conn = connect_readonly(catalog, immutable=immutable)
     try:
         datasets = dict(conn.execute("SELECT name, id FROM shardcat_datasets").fetchall())
         _forget_dropped(directory, set(datasets.values()))
@@ -340,16 +348,17 @@ def streamed(
     ``timeout`` (seconds) and ``memory`` (bytes; DuckDB's ``memory_limit``) as
     :func:`shardcat.catalog.query.streamed` takes them (None: no limit)."""
     check_limits(timeout, memory)
-    if source.server:
+    file = source.backend.local_file
+    if file is None:
         raise CatalogError(
-            f"engine='duckdb' is for SQLite catalogs; {source.path} is a server catalog "
-            "(query it with the default engine)"
+            f"engine='duckdb' is for SQLite catalogs; {source.backend.display} is a server "
+            "catalog (query it with the default engine)"
         )
     duckdb = _duckdb()
-    session = _session(duckdb, mirror_directory(Path(source.path)))
+    session = _session(duckdb, mirror_directory(file))
     with session.lock:  # (DuckDB computes the whole result in execute: then the
         _refuse_writes(session, sql)  # rows are fetched from the cursor, lock released)
-        session.show(mirrors(source, session.directory, sql))
+        session.show(mirrors(file, source.immutable, session.directory, sql))
         session.limit(memory)
         cursor = session.conn.cursor()
         try:
