@@ -377,3 +377,14 @@ def test_a_catalog_made_anew_at_the_same_path_is_not_its_old_mirror(built: Path)
         cat.ingest(str(built.parent / "val-*.tfrecord"), "val").close()
         after = cat.query(sql, engine="duckdb")
         assert after == cat.query(sql) == [(9, PER_SHARD)] != before
+
+
+def test_upper_case_names_datasets_without_fields_and_empty_sql(built: Path) -> None:
+    with Catalog(built) as cat:
+        cat.ingest(str(built.parent / "val-*.tfrecord"), "Bare", fields=False).close()
+        sql = "SELECT key, position, shard FROM \"Bare\" WHERE key < 'k0003' ORDER BY key"
+        assert cat.query(sql, engine="duckdb") == cat.query(sql)
+        assert cat.query(sql, engine="duckdb").columns == ["key", "position", "shard"]
+        assert cat.query("SELECT count(*) AS n FROM bare", engine="duckdb") == [(PER_SHARD,)]
+        with pytest.raises(CatalogError, match="one statement at a time \\(found 0\\)"):
+            cat.query("  ", engine="duckdb")
