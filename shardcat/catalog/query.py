@@ -150,6 +150,12 @@ def over_memory(memory: int) -> CatalogError:
     )
 
 
+def over_time(timeout: float) -> CatalogError:
+    return CatalogError(
+        f"query exceeded its time limit of {timeout:g} s; pass --timeout/timeout= to allow more"
+    )
+
+
 def _size(row: tuple[Any, ...]) -> int:
     """About what a fetched row costs in memory (CPython objects, 64-bit)."""
     return 56 + sum(
@@ -261,11 +267,8 @@ def _failed(guard: _Guard, exc: sqlite3.Error, memory: int | None) -> BaseExcept
 
 def _query_error(guard: _Guard, exc: sqlite3.DatabaseError) -> BaseException:
     message = str(exc)
-    if guard.timed_out:
-        return CatalogError(
-            f"query exceeded its time limit of {guard.timeout:g} s; "
-            "pass --timeout/timeout= to allow more"
-        )
+    if guard.timed_out and guard.timeout is not None:
+        return over_time(guard.timeout)
     if guard.interrupted is not None or message == "interrupted":
         # "interrupted" without a timeout: Ctrl-C came at the progress handler's
         # very first instruction, before its try, and sqlite3 swallowed it there.
