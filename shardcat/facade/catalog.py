@@ -419,7 +419,8 @@ class Catalog:
         if columnar.wants_duckdb(engine):
             if attach:
                 raise CatalogError("attach= is for engine='sqlite'")
-            with columnar.streamed(self, sql, params, timeout=timeout, memory=memory) as result:
+            store = self.store
+            with columnar.streamed(store, sql, params, timeout=timeout, memory=memory) as result:
                 yield result
             return
         files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
