@@ -224,7 +224,8 @@ def test_a_query_over_its_time_limit_stops(built: Path) -> None:
 def test_where_inherits_the_time_limit(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Catalog.query.__kwdefaults__["timeout"] == 60.0
     # a reader's where runs through its read-only handle, with the same limits
-    assert {**ReadHandle.query.__kwdefaults__, "attach": None} == Catalog.query.__kwdefaults__
+    limits = {k: Catalog.query.__kwdefaults__[k] for k in ("timeout", "memory")}
+    assert ReadHandle.query.__kwdefaults__ == limits
     monkeypatch.setitem(ReadHandle.query.__kwdefaults__, "timeout", 0.2)
     with Catalog(built, readonly=True) as cat, cat.dataset("train") as reader:
         with pytest.raises(CatalogError) as err:
