@@ -1,0 +1,357 @@
+/* The native single read by key of a TFRecord dataset (shardcat/readers/hot.py):
+ * the key lookup through a statement prepared once on the reader thread's own
+ * sqlite3 connection (the SQLite library Python's sqlite3 module uses, so the
+ * lookup runs in the same read snapshot as every other query of the call), the
+ * pread of the payload, the file check after it (fstat against what the source
+ * last saw), the end-to-end check (CRC32C of the payload XOR CRC32C of the key
+ * against the catalog's crc) and, for get_feature, the first value of one
+ * feature straight off the Example's wire.
+ *
+ * It settles the common, correct case only. Anything else (no source open yet
+ * for the shard, a source that is not a plain file, a short read, a file that
+ * changed, a check that fails, a row without a check, a row of the wrong types,
+ * an unusual or malformed Example, a closed connection, any SQLite error) is
+ * AGAIN: the Python path then does the whole read itself, so its errors and odd
+ * cases are the reference's by construction.
+ *
+ * Python API:
+ *   Lookup(conn, sql, file_source_type): `sql` prepared on `conn` (a
+ *       sqlite3.Connection); rows are (shard_id, offset, length, crc).
+ *   get(lookup, key, sources, feature, verify) -> MISS (no such key), AGAIN,
+ *       the payload (feature None) or the feature's first value (None when the
+ *       feature is missing or empty).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "wire.h"
+
+#define TFRECORD_HEADER 12
+
+/* The head of CPython's sqlite3.Connection (3.8 to 3.13): the sqlite3 * follows
+ * PyObject_HEAD. hot.py uses this module only where that holds and the library
+ * versions agree; Lookup() also checks the handle names the connection's file. */
+typedef struct {
+    PyObject_HEAD sqlite3 *db;
+} ConnHead;
+
+typedef struct {
+    PyObject_HEAD PyObject *conn;
+    PyObject *file_type;
+    sqlite3 *db;
+    sqlite3_stmt *stmt;
+    pid_t pid;
+} Lookup;
+
+static PyObject *MISS, *AGAIN, *s_fd, *s_seen, *connection_type;
+
+static void lookup_dealloc(Lookup *self) {
+    /* a forked child never touches its parent's statement (it leaks its copy) */
+    if (self->stmt != NULL && self->pid == getpid()) sqlite3_finalize(self->stmt);
+    Py_XDECREF(self->conn);
+    Py_XDECREF(self->file_type);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *lookup_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *conn, *file_type;
+    const char *sql, *filename;
+    if (!PyArg_ParseTuple(args, "OsOs", &conn, &sql, &file_type, &filename)) return NULL;
+    int is_conn = PyObject_IsInstance(conn, connection_type);
+    if (is_conn <= 0) {
+        if (is_conn == 0) PyErr_SetString(PyExc_ValueError, "not a sqlite3 connection");
+        return NULL;
+    }
+    sqlite3 *db = ((ConnHead *)conn)->db;
+    const char *own = db == NULL ? NULL : sqlite3_db_filename(db, "main");
+    if (own == NULL || strcmp(own, filename) != 0) {
+        PyErr_SetString(PyExc_ValueError, "not the sqlite3 connection of that file");
+        return NULL;
+    }
+    sqlite3_stmt *stmt = NULL;
+    if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, NULL) != SQLITE_OK) {
+        PyErr_Format(PyExc_ValueError, "cannot prepare: %s", sqlite3_errmsg(db));
+        return NULL;
+    }
+    Lookup *self = (Lookup *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        sqlite3_finalize(stmt);
+        return NULL;
+    }
+    self->conn = Py_NewRef(conn);
+    self->file_type = Py_NewRef(file_type);
+    self->db = db;
+    self->stmt = stmt;
+    self->pid = getpid();
+    return (PyObject *)self;
+}
+
+static PyTypeObject LookupType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardcat.readers._hot.Lookup",
+    .tp_basicsize = sizeof(Lookup),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = lookup_new,
+    .tp_dealloc = (destructor)lookup_dealloc,
+    .tp_doc = "A record lookup prepared on one sqlite3 connection.",
+};
+
+typedef struct {
+    int64_t shard_id, offset, length, crc;
+    int has_crc;
+} Row;
+
+/* The row of `key` (1), none (0) or AGAIN (-1). */
+static int find(Lookup *lk, const char *key, Py_ssize_t klen, Row *row) {
+    sqlite3_stmt *st = lk->stmt;
+    if (((ConnHead *)lk->conn)->db != lk->db || lk->pid != getpid()) return -1;
+    if (sqlite3_bind_text(st, 1, key, (int)klen, SQLITE_STATIC) != SQLITE_OK) return -1;
+    int rc = sqlite3_step(st), found = -1;
+    if (rc == SQLITE_DONE) {
+        found = 0;
+    } else if (rc == SQLITE_ROW && sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
+               sqlite3_column_type(st, 1) == SQLITE_INTEGER &&
+               sqlite3_column_type(st, 2) == SQLITE_INTEGER) {
+        row->shard_id = sqlite3_column_int64(st, 0);
+        row->offset = sqlite3_column_int64(st, 1);
+        row->length = sqlite3_column_int64(st, 2);
+        row->has_crc = sqlite3_column_type(st, 3) == SQLITE_INTEGER;
+        row->crc = row->has_crc ? sqlite3_column_int64(st, 3) : 0;
+        found = sqlite3_step(st) == SQLITE_DONE ? 1 : -1; /* one row: a unique key */
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return found;
+}
+
+/* Whether `seen` (None, or the source's (mtime_ns, ctime_ns, size)) still holds. */
+static int unchanged(int fd, PyObject *seen) {
+    if (seen == Py_None) return 1;
+    struct stat st;
+    if (!PyTuple_Check(seen) || PyTuple_GET_SIZE(seen) != 3 || fstat(fd, &st) != 0) return 0;
+    long long now[3] = {(long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
+                        (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec,
+                        (long long)st.st_size};
+    for (int i = 0; i < 3; i++) {
+        int overflow = 0;
+        long long want = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(seen, i), &overflow);
+        if (want == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (overflow || want != now[i]) return 0;
+    }
+    return 1;
+}
+
+/* The payload of `row` read from its plain file source (NULL: AGAIN, no error set). */
+static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
+    if (row->offset < 0 || row->length < 0 || row->length > 0x7FFFFFFF) return NULL;
+    PyObject *id = PyLong_FromLongLong(row->shard_id);
+    if (id == NULL) goto error;
+    PyObject *source = PyDict_GetItemWithError(sources, id); /* borrowed */
+    Py_DECREF(id);
+    if (source == NULL || (PyObject *)Py_TYPE(source) != lk->file_type) goto error;
+    PyObject *fdobj = PyObject_GetAttr(source, s_fd);
+    if (fdobj == NULL) goto error;
+    int fd = (int)PyLong_AsLong(fdobj);
+    Py_DECREF(fdobj);
+    if (fd == -1 && PyErr_Occurred()) goto error;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)row->length);
+    if (data == NULL) goto error;
+    char *buf = PyBytes_AS_STRING(data);
+    size_t done = 0, want = (size_t)row->length;
+    off_t at = (off_t)(row->offset + TFRECORD_HEADER);
+    ssize_t n = 1;
+    Py_BEGIN_ALLOW_THREADS while (done < want) {
+        n = pread(fd, buf + done, want - done, at + (off_t)done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += (size_t)n;
+    }
+    Py_END_ALLOW_THREADS if (done != want) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    PyObject *seen = PyObject_GetAttr(source, s_seen);
+    int same = seen != NULL && unchanged(fd, seen);
+    Py_XDECREF(seen);
+    if (!same) {
+        Py_DECREF(data);
+        goto error;
+    }
+    return data;
+error:
+    PyErr_Clear();
+    return NULL;
+}
+
+/* The first value of feature `name` of an Example: 1 and *out (None for a missing
+ * or empty feature), or 0 (AGAIN: what protobuf would merge, or a malformed wire). */
+static int first_value(const uint8_t *p, const uint8_t *end, const char *name, size_t nlen,
+                       PyObject **out) {
+    const uint8_t *fs = NULL, *fe = NULL, *a, *b, *vs = NULL, *ve = NULL;
+    uint32_t field;
+    int wt;
+    while (p < end) { /* Example: features = 1 */
+        if (tag(&p, end, &field, &wt)) return 0;
+        if (field == 1) {
+            if (wt != 2 || fs != NULL || delimited(&p, end, &fs, &fe)) return 0;
+        } else if (skip(&p, end, wt)) return 0;
+    }
+    for (p = fs; p != NULL && p < fe;) { /* Features: feature = 1, map entries */
+        if (tag(&p, fe, &field, &wt)) return 0;
+        if (field != 1) {
+            if (skip(&p, fe, wt)) return 0;
+            continue;
+        }
+        if (wt != 2 || delimited(&p, fe, &a, &b)) return 0;
+        const uint8_t *k = NULL, *ke = NULL, *v = NULL, *vend = NULL, *q = a;
+        while (q < b) { /* entry: key = 1, value = 2 */
+            if (tag(&q, b, &field, &wt)) return 0;
+            if ((field == 1 || field == 2) && wt != 2) return 0;
+            if (field == 1) {
+                if (k != NULL || delimited(&q, b, &k, &ke)) return 0;
+            } else if (field == 2) {
+                if (v != NULL || delimited(&q, b, &v, &vend)) return 0;
+            } else if (skip(&q, b, wt)) return 0;
+        }
+        if (k != NULL && (size_t)(ke - k) == nlen && memcmp(k, name, nlen) == 0) {
+            if (vs != NULL || v == NULL) return 0; /* a repeated key; no value */
+            vs = v, ve = vend;
+        }
+    }
+    if (vs == NULL) {
+        *out = Py_NewRef(Py_None);
+        return 1;
+    }
+    int kind = 0;
+    const uint8_t *ls = NULL, *le = NULL;
+    for (p = vs; p < ve;) { /* Feature: one of bytes_list 1, float_list 2, int64_list 3 */
+        if (tag(&p, ve, &field, &wt)) return 0;
+        if (field >= 1 && field <= 3) {
+            if (wt != 2 || kind != 0 || delimited(&p, ve, &ls, &le)) return 0;
+            kind = (int)field;
+        } else if (skip(&p, ve, wt)) return 0;
+    }
+    for (p = ls; p != NULL && p < le;) { /* the list: value = 1 */
+        if (tag(&p, le, &field, &wt)) return 0;
+        if (field != 1) {
+            if (skip(&p, le, wt)) return 0;
+            continue;
+        }
+        uint64_t iv;
+        if (kind == 1 && wt == 2) {
+            if (delimited(&p, le, &a, &b)) return 0;
+            *out = PyBytes_FromStringAndSize((const char *)a, b - a);
+            return *out != NULL;
+        } else if (kind == 2 && (wt == 2 || wt == 5)) {
+            if (wt == 2) {
+                if (delimited(&p, le, &a, &b) || (b - a) % 4) return 0;
+                if (a == b) continue; /* an empty packed run */
+            } else {
+                if (le - p < 4) return 0;
+                a = p, p += 4;
+            }
+            float f;
+            memcpy(&f, a, 4); /* little-endian, as the wire */
+            *out = PyFloat_FromDouble((double)f);
+            return *out != NULL;
+        } else if (kind == 3 && (wt == 2 || wt == 0)) {
+            if (wt == 2) {
+                if (delimited(&p, le, &a, &b)) return 0;
+                if (a == b) continue;
+                if (varint(&a, b, &iv)) return 0;
+            } else if (varint(&p, le, &iv)) return 0;
+            *out = PyLong_FromLongLong((long long)(int64_t)iv);
+            return *out != NULL;
+        }
+        return 0;
+    }
+    *out = Py_NewRef(Py_None); /* no kind, or an empty list */
+    return 1;
+}
+
+static PyObject *py_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyObject_TypeCheck(args[0], &LookupType) || !PyUnicode_Check(args[1]) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "get(lookup, key: str, sources: dict, feature, verify)");
+        return NULL;
+    }
+    Lookup *lk = (Lookup *)args[0];
+    Py_ssize_t klen;
+    const char *key = PyUnicode_AsUTF8AndSize(args[1], &klen);
+    if (key == NULL) { /* a key with surrogates: the Python path encodes it */
+        PyErr_Clear();
+        return Py_NewRef(AGAIN);
+    }
+    Row row;
+    int found = find(lk, key, klen, &row);
+    if (found <= 0) return Py_NewRef(found == 0 ? MISS : AGAIN);
+    int verify = PyObject_IsTrue(args[4]);
+    if (verify < 0 || (verify && !row.has_crc)) { /* no check stored: framing, in Python */
+        PyErr_Clear();
+        return Py_NewRef(AGAIN);
+    }
+    PyObject *data = payload(lk, args[2], &row);
+    if (data == NULL) return Py_NewRef(AGAIN);
+    const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(data);
+    size_t n = (size_t)PyBytes_GET_SIZE(data);
+    if (verify && (crc32c(p, n) ^ crc32c((const uint8_t *)key, (size_t)klen)) !=
+                      (uint32_t)row.crc) {
+        Py_DECREF(data);
+        return Py_NewRef(AGAIN); /* the Python path names the mismatch */
+    }
+    if (args[3] == Py_None) return data;
+    Py_ssize_t nlen;
+    const char *name = PyUnicode_Check(args[3]) ? PyUnicode_AsUTF8AndSize(args[3], &nlen) : NULL;
+    PyObject *value = NULL;
+    int settled = name != NULL && first_value(p, p + n, name, (size_t)nlen, &value);
+    Py_DECREF(data);
+    if (!settled) {
+        PyErr_Clear();
+        Py_XDECREF(value);
+        return Py_NewRef(AGAIN);
+    }
+    return value;
+}
+
+static PyMethodDef methods[] = {
+    {"get", (PyCFunction)(void (*)(void))py_get, METH_FASTCALL,
+     "get(lookup, key, sources, feature, verify): one checked read by key."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hot", "The native single read by key (see hot.py).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__hot(void) {
+    crc_setup();
+    if (PyType_Ready(&LookupType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    MISS = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    AGAIN = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    s_fd = PyUnicode_InternFromString("fd");
+    s_seen = PyUnicode_InternFromString("_seen");
+    PyObject *sqlite3_module = PyImport_ImportModule("sqlite3");
+    if (sqlite3_module == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    connection_type = PyObject_GetAttrString(sqlite3_module, "Connection");
+    Py_DECREF(sqlite3_module);
+    if (MISS == NULL || AGAIN == NULL || s_fd == NULL || s_seen == NULL || connection_type == NULL ||
+        PyModule_AddObjectRef(m, "MISS", MISS) < 0 ||
+        PyModule_AddObjectRef(m, "AGAIN", AGAIN) < 0 ||
+        PyModule_AddObjectRef(m, "Lookup", (PyObject *)&LookupType) < 0 ||
+        PyModule_AddIntConstant(m, "sqlite_version", sqlite3_libversion_number()) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
