@@ -251,3 +251,69 @@ class _NotSqlite:
 
     def fetchall(self) -> list[tuple[int, str, str]]:
         return [(0, "main", "")]
+
+
+def test_native_dataset_items_equal_to_dict_of_the_decoded_records(catalog: Path) -> None:
+    from shardcat.readers.torch import RecordDataset
+
+    with Catalog(catalog) as cat, cat.dataset("d") as reader:
+        assert (reader.native_dicts is not None) == hot.available()
+        dataset = RecordDataset(reader)
+        n = len(reader)
+        indices = [*range(n), n - 1, 0, 5]  # every record (the odd ones too), repeats
+        expected = [reader.to_dict(reader.get_record_at(i)) for i in indices]
+        assert dataset.__getitems__(indices) == expected
+        keyed = RecordDataset(reader, keys=["k3", "twice", "run", "k3"])
+        assert keyed.__getitems__([0, 1, 2, 3]) == [keyed[i] for i in range(4)]
+        assert keyed.__getitems__([1])[0]["image"] == b"second"
+        assert keyed.__getitems__([0])[0]["label"] == [-27, 7]
+        assert keyed.__getitems__([0])[0]["empty"] == []
+        if hot.available():  # the odd wires are left to protobuf
+            raw = reader.get_many_at(list(range(n)), raw=True)
+            odd = [i for i, r in enumerate(raw) if hot.example_dict(r) is AGAIN]
+            assert [reader.key_at(i) for i in odd] == ["twice"]
+
+
+@pytest.mark.skipif(not hot.available(), reason="the native read is not built")
+def test_example_dict_settles_or_defers_every_damaged_wire() -> None:
+    from shardcat.formats.tfrecord import TFRecordFormat
+
+    fmt = TFRecordFormat()
+    rng = random.Random(7)
+    good = _records(8)
+    for raw in good[:-2]:
+        assert hot.example_dict(raw) == {
+            k: v[0] if len(v) == 1 else v for k, v in fmt.features(fmt.decode(raw, {})).items()
+        }
+    settled = 0
+    for _ in range(3000):  # bytes flipped, cut or inserted: the same as protobuf, or AGAIN
+        data = bytearray(rng.choice(good))
+        at = rng.randrange(len(data))
+        kind = rng.randrange(3)
+        if kind == 0:
+            data[at] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            del data[at:]
+        else:
+            data.insert(at, rng.randrange(256))
+        got = hot.example_dict(bytes(data))
+        if got is AGAIN:
+            continue
+        settled += 1
+        record = fmt.decode(bytes(data), {})  # parses wherever the native walk settled
+        want = {k: v[0] if len(v) == 1 else v for k, v in fmt.features(record).items()}
+        assert sorted((k, repr(v)) for k, v in got.items()) == sorted(
+            (k, repr(v)) for k, v in want.items()
+        )  # (repr: a flipped float may be NaN)
+    assert settled > 100
+
+
+@pytest.mark.skipif(not hot.available(), reason="the native read is not built")
+def test_a_map_entry_with_an_unknown_field_is_left_to_protobuf() -> None:
+    from shardcat.formats.tfrecord import TFRecordFormat
+
+    fmt = TFRecordFormat()
+    entry = _field(1, b"many") + _field(2, b"") + _field(3, b"\x00\x01")
+    raw = _field(1, _field(1, entry) + _field(1, _field(1, b"key") + _field(2, b"")))
+    assert hot.example_dict(raw) is AGAIN  # upb keeps that entry out of the map
+    assert sorted(fmt.features(fmt.decode(raw, {}))) == ["key"]

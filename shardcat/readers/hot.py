@@ -1,4 +1,6 @@
-"""The native single read by key (``shardcat.readers._hot``): for a TFRecord
+"""The native single read by key and Example dicts (``shardcat.readers._hot``).
+
+For a TFRecord
 dataset keyed by a feature on a SQLite catalog, ``get_record``/``get_feature``/
 ``reader[key]`` look the key up, ``pread`` the payload, check the file and the
 record (CRC32C of payload and key against the catalog's), and for
@@ -11,6 +13,9 @@ the same snapshot as the rest of the call. The extension settles only the common
 correct case; anything else (a shard not opened yet, a changed file, a failed
 check, an unusual Example, any SQLite error) comes back as ``AGAIN`` and the
 reader does the whole read in Python, whose errors are the reference.
+
+:data:`example_dict` gives a ``RecordDataset`` batch's items (``to_dict`` of each
+Example) straight from the checked payloads, without protobuf objects.
 
 Measured and kept (``benchmarks/hotpath.py``; see ``benchmarks/HISTORY.md``);
 ``SHARDCAT_NATIVE=0`` turns it off (the pure-Python path is the tested fallback).
@@ -27,7 +32,7 @@ from typing import Any
 
 from shardcat.sources.local import FileSource
 
-__all__ = ["AGAIN", "MISS", "HotLookups", "available", "read"]
+__all__ = ["AGAIN", "MISS", "HotLookups", "available", "example_dict", "read"]
 
 _hot: ModuleType | None
 try:
@@ -41,6 +46,9 @@ MISS: object = getattr(_hot, "MISS", object())
 #: read(lookup, key, sources, feature, verify): ``AGAIN``, ``MISS``, the payload
 #: (``feature`` None) or the feature's first value (None: missing or empty)
 read: Any = getattr(_hot, "get", None)
+#: example_dict(payload): ``Reader.to_dict`` of the Example, straight off the wire,
+#: or ``AGAIN`` (an odd or malformed wire: decode it)
+example_dict: Any = getattr(_hot, "example_dict", None)
 
 # the sqlite3.Connection layout the extension reads (its sqlite3 * after the object head)
 _KNOWN_PYTHONS = ((3, 8), (3, 13))

@@ -170,12 +170,14 @@ class DatasetView:
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)
         self._plain = self._one_range and not self._parts and not self._by_position
+        examples = self.format == "tfrecord" and self.options.get("message") != "sequence_example"
+        #: records as ``to_dict`` gives them straight off the wire (None: decode them)
+        self.native_dicts = hot.example_dict if examples and hot.available() else None
         #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
         self._hot = (
             hot.HotLookups(self._sql.one)
             if self._plain
-            and self.format == "tfrecord"
-            and self.options.get("message") != "sequence_example"
+            and examples
             and catalog.backend.dialect.native_lookups
             and hot.available()
             else None
