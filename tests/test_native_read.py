@@ -19,6 +19,7 @@ from checked import write
 from features import b, ex_bytes, f32, i64
 
 from shardcat import Catalog, CorruptRecordError, StaleShardError
+from shardcat.catalog import lookup
 from shardcat.formats.tfrecord import TFRecordWriter
 from shardcat.readers import hot
 from shardcat.readers.hot import AGAIN
@@ -317,3 +318,35 @@ def test_a_map_entry_with_an_unknown_field_is_left_to_protobuf() -> None:
     raw = _field(1, _field(1, entry) + _field(1, _field(1, b"key") + _field(2, b"")))
     assert hot.example_dict(raw) is AGAIN  # upb keeps that entry out of the map
     assert sorted(fmt.features(fmt.decode(raw, {}))) == ["key"]
+
+
+def test_native_batches_equal_the_python_path_and_check_each_record(
+    catalog: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = [f"k{i}" for i in range(59, -1, -3)] + ["twice", "k3", "k3"]
+    with Catalog(catalog) as cat, cat.dataset("d") as reader:
+        many, at = reader.get_many(keys, raw=True), reader.get_many_at([5, 0, 61, 5], raw=True)
+        if hot.available():  # read natively
+            ordered = sorted(
+                lookup.records_by_key(reader._conn(), reader._sql, keys), key=lambda r: r[1:3]
+            )
+            assert reader._read_natively(ordered, keys) == many
+        monkeypatch.setenv("SHARDCAT_NATIVE", "0")
+        with cat.dataset("d") as python:
+            assert python._read_natively([], None) is AGAIN
+            assert python.get_many(keys, raw=True) == many
+            assert python.get_many_at([5, 0, 61, 5], raw=True) == at
+            decoded = [r.SerializeToString() for r in python.get_many(keys)]
+        assert [r.SerializeToString() for r in reader.get_many(keys)] == decoded
+        # a row whose crc lies: the batch is refused, naming the record
+        with sqlite3.connect(catalog) as conn:
+            flip = "(crc | 1) - (crc & 1)"  # its lowest bit flipped
+            conn.execute(f"UPDATE shardcat_records_1 SET crc = {flip} WHERE key = 'k30'")
+        reader.refresh()
+        with pytest.raises(CorruptRecordError, match="record 'k30': the bytes read are not"):
+            reader.get_many([*keys[:5], "k30"])
+        path, _ = _payload_at(catalog, "k0")
+        with open(path, "ab") as f:  # a shard changed under the batch
+            f.write(b"appended")
+        with pytest.raises(StaleShardError, match="changed after it was indexed"):
+            reader.get_many(["k1", "k0"])

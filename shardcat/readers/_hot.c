@@ -155,24 +155,37 @@ static int unchanged(int fd, PyObject *seen) {
     return 1;
 }
 
-/* The payload of `row` read from its plain file source (NULL: AGAIN, no error set). */
-static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
-    if (row->offset < 0 || row->length < 0 || row->length > 0x7FFFFFFF) return NULL;
-    PyObject *id = PyLong_FromLongLong(row->shard_id);
-    if (id == NULL) goto error;
-    PyObject *source = PyDict_GetItemWithError(sources, id); /* borrowed */
-    Py_DECREF(id);
-    if (source == NULL || (PyObject *)Py_TYPE(source) != lk->file_type) goto error;
-    PyObject *fdobj = PyObject_GetAttr(source, s_fd);
+/* The descriptor of shard `id`'s source in `sources` when it is a plain file source
+ * (else -1, no error set); *source: the source (borrowed). */
+static int file_fd(PyObject *file_type, PyObject *sources, int64_t id, PyObject **source) {
+    PyObject *key = PyLong_FromLongLong(id);
+    if (key == NULL) goto error;
+    *source = PyDict_GetItemWithError(sources, key); /* borrowed */
+    Py_DECREF(key);
+    if (*source == NULL || (PyObject *)Py_TYPE(*source) != file_type) goto error;
+    PyObject *fdobj = PyObject_GetAttr(*source, s_fd);
     if (fdobj == NULL) goto error;
-    int fd = (int)PyLong_AsLong(fdobj);
+    long fd = PyLong_AsLong(fdobj);
     Py_DECREF(fdobj);
-    if (fd == -1 && PyErr_Occurred()) goto error;
-    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)row->length);
-    if (data == NULL) goto error;
+    if (fd < 0 || fd > 0x7FFFFFFF) goto error;
+    return (int)fd;
+error:
+    PyErr_Clear();
+    return -1;
+}
+
+/* A TFRecord payload of `length` bytes at frame `offset` of `fd` (NULL: AGAIN, no
+ * error set). */
+static PyObject *pread_payload(int fd, int64_t offset, int64_t length) {
+    if (offset < 0 || length < 0 || length > 0x7FFFFFFF) return NULL;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (data == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
     char *buf = PyBytes_AS_STRING(data);
-    size_t done = 0, want = (size_t)row->length;
-    off_t at = (off_t)(row->offset + TFRECORD_HEADER);
+    size_t done = 0, want = (size_t)length;
+    off_t at = (off_t)(offset + TFRECORD_HEADER);
     ssize_t n = 1;
     Py_BEGIN_ALLOW_THREADS while (done < want) {
         n = pread(fd, buf + done, want - done, at + (off_t)done);
@@ -184,17 +197,25 @@ static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
         Py_DECREF(data);
         return NULL;
     }
+    return data;
+}
+
+/* The payload of `row` read from its plain file source, the file checked after it
+ * (NULL: AGAIN, no error set). */
+static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
+    PyObject *source;
+    int fd = file_fd(lk->file_type, sources, row->shard_id, &source);
+    PyObject *data = fd < 0 ? NULL : pread_payload(fd, row->offset, row->length);
+    if (data == NULL) return NULL;
     PyObject *seen = PyObject_GetAttr(source, s_seen);
     int same = seen != NULL && unchanged(fd, seen);
     Py_XDECREF(seen);
     if (!same) {
+        PyErr_Clear();
         Py_DECREF(data);
-        goto error;
+        return NULL;
     }
     return data;
-error:
-    PyErr_Clear();
-    return NULL;
 }
 
 /* The Features message of an Example: 1 and [*fs, *fe) (NULL: none), or 0 (AGAIN). */
@@ -370,6 +391,77 @@ static PyObject *py_example_dict(PyObject *module, PyObject *arg) {
     return out;
 }
 
+/* One checked payload of a batch row (a new reference; NULL: AGAIN, no error set). */
+static PyObject *row_payload(PyObject *row, Py_ssize_t at, int fd, int verify, PyObject *key) {
+    int64_t offset = PyLong_AsLongLong(PyTuple_GET_ITEM(row, at));
+    int64_t length = PyLong_AsLongLong(PyTuple_GET_ITEM(row, at + 1));
+    PyObject *crcobj = PyTuple_GET_ITEM(row, at + 2);
+    long long crc = crcobj == Py_None ? -1 : PyLong_AsLongLong(crcobj);
+    if (PyErr_Occurred() || (verify && (crc < 0 || crc > 0xFFFFFFFFLL))) return NULL;
+    PyObject *data = pread_payload(fd, offset, length);
+    if (data == NULL || !verify) return data;
+    uint32_t got = crc32c((const uint8_t *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+    if (key != NULL) {
+        Py_ssize_t klen;
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &klen) : NULL;
+        if (k == NULL) {
+            Py_DECREF(data);
+            return NULL;
+        }
+        got ^= crc32c((const uint8_t *)k, (size_t)klen);
+    }
+    if (got != (uint32_t)crc) {
+        Py_DECREF(data);
+        return NULL; /* the Python path names the mismatch */
+    }
+    return data;
+}
+
+/* read_rows(rows, at, sources, file_type, verify, keyed, names) -> the payloads in
+ * batch order (row[0] is a row's place), or AGAIN. Rows are those of Reader._load, in
+ * file order; no file check here (the caller checks each shard once at the end). */
+static PyObject *py_read_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_rows(rows: list, at, sources: dict, file_type, verify, keyed, names)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *names = args[6];
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]), n = PyList_GET_SIZE(rows);
+    int verify = PyObject_IsTrue(args[4]), keyed = PyObject_IsTrue(args[5]), fd = -1;
+    if (at < 1 || verify < 0 || keyed < 0) return NULL;
+    PyObject *out = PyList_New(n), *source;
+    if (out == NULL) return NULL;
+    int64_t shard = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *key = NULL, *data;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < at + 3) goto again;
+        Py_ssize_t place = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
+        int64_t id = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 1));
+        if (PyErr_Occurred() || place < 0 || place >= n || PyList_GET_ITEM(out, place) != NULL)
+            goto again;
+        if (id != shard || fd < 0) {
+            fd = file_fd(args[3], args[2], id, &source);
+            shard = id;
+            if (fd < 0) goto again;
+        }
+        if (keyed) {
+            key = names == Py_None ? PyTuple_GET_ITEM(row, PyTuple_GET_SIZE(row) - 1)
+                                   : PySequence_GetItem(names, place);
+            if (key == NULL) goto again;
+        }
+        data = row_payload(row, at, fd, verify, key);
+        if (keyed && names != Py_None) Py_DECREF(key);
+        if (data == NULL) goto again;
+        PyList_SET_ITEM(out, place, data);
+    }
+    return out;
+again:
+    PyErr_Clear();
+    Py_DECREF(out);
+    return Py_NewRef(AGAIN);
+}
+
 static PyObject *py_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyObject_TypeCheck(args[0], &LookupType) || !PyUnicode_Check(args[1]) ||
         !PyDict_Check(args[2])) {
@@ -417,6 +509,8 @@ static PyObject *py_get(PyObject *module, PyObject *const *args, Py_ssize_t narg
 static PyMethodDef methods[] = {
     {"get", (PyCFunction)(void (*)(void))py_get, METH_FASTCALL,
      "get(lookup, key, sources, feature, verify): one checked read by key."},
+    {"read_rows", (PyCFunction)(void (*)(void))py_read_rows, METH_FASTCALL,
+     "read_rows(rows, at, sources, file_type, verify, keyed, names): a batch's payloads."},
     {"example_dict", py_example_dict, METH_O,
      "example_dict(payload): {feature: value} of an Example, or AGAIN."},
     {NULL, NULL, 0, NULL},

@@ -1,8 +1,7 @@
-"""The native single read by key and Example dicts (``shardcat.readers._hot``).
+"""The native reads of TFRecord datasets (``shardcat.readers._hot``).
 
-For a TFRecord
-dataset keyed by a feature on a SQLite catalog, ``get_record``/``get_feature``/
-``reader[key]`` look the key up, ``pread`` the payload, check the file and the
+For a dataset keyed by a feature on a SQLite catalog, ``get_record``/
+``get_feature``/``reader[key]`` look the key up, ``pread`` the payload, check the file and the
 record (CRC32C of payload and key against the catalog's), and for
 ``get_feature`` take the feature's first value off the Example's wire, in one
 call to C.
@@ -14,8 +13,10 @@ correct case; anything else (a shard not opened yet, a changed file, a failed
 check, an unusual Example, any SQLite error) comes back as ``AGAIN`` and the
 reader does the whole read in Python, whose errors are the reference.
 
-:data:`example_dict` gives a ``RecordDataset`` batch's items (``to_dict`` of each
-Example) straight from the checked payloads, without protobuf objects.
+:data:`read_rows` reads and checks a batch's payloads (``get_many``,
+``get_many_at``, ``RecordDataset`` batches) in one call; :data:`example_dict`
+gives a ``RecordDataset`` batch's items (``to_dict`` of each Example) straight from
+the checked payloads, without protobuf objects.
 
 Measured and kept (``benchmarks/hotpath.py``; see ``benchmarks/HISTORY.md``);
 ``SHARDCAT_NATIVE=0`` turns it off (the pure-Python path is the tested fallback).
@@ -32,7 +33,7 @@ from typing import Any
 
 from shardcat.sources.local import FileSource
 
-__all__ = ["AGAIN", "MISS", "HotLookups", "available", "example_dict", "read"]
+__all__ = ["AGAIN", "MISS", "HotLookups", "available", "example_dict", "read", "read_rows"]
 
 _hot: ModuleType | None
 try:
@@ -46,6 +47,9 @@ MISS: object = getattr(_hot, "MISS", object())
 #: read(lookup, key, sources, feature, verify): ``AGAIN``, ``MISS``, the payload
 #: (``feature`` None) or the feature's first value (None: missing or empty)
 read: Any = getattr(_hot, "get", None)
+#: read_rows(rows, at, sources, file_type, verify, keyed, names): a batch's checked
+#: TFRecord payloads in batch order, or ``AGAIN`` (see ``DatasetView._read_natively``)
+read_rows: Any = getattr(_hot, "read_rows", None)
 #: example_dict(payload): ``Reader.to_dict`` of the Example, straight off the wire,
 #: or ``AGAIN`` (an odd or malformed wire: decode it)
 example_dict: Any = getattr(_hot, "example_dict", None)

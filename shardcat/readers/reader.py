@@ -416,6 +416,12 @@ class Reader(DatasetView):
         keyed = not self._by_position  # the stored check mixes the record's key
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
         ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        got: Any = self._read_natively(ordered, names) if plain is not None and not ahead else AGAIN
+        if got is not AGAIN:
+            try:
+                return got if raw else [decode(data, options) for data in got]
+            except Exception:
+                pass
         for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)

@@ -29,7 +29,7 @@ from shardcat.formats.registry import get_format
 from shardcat.readers import hot
 from shardcat.readers.hot import AGAIN, MISS
 from shardcat.sources import pool as _pool
-from shardcat.sources.local import Identity, open_source
+from shardcat.sources.local import FileSource, Identity, open_source
 from shardcat.sources.pool import SourcePool
 from shardcat.sources.rawio import Source
 
@@ -173,6 +173,7 @@ class DatasetView:
         examples = self.format == "tfrecord" and self.options.get("message") != "sequence_example"
         #: records as ``to_dict`` gives them straight off the wire (None: decode them)
         self.native_dicts = hot.example_dict if examples and hot.available() else None
+        self._native_rows = self.native_dicts is not None  # batches read by hot.read_rows
         #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
         self._hot = (
             hot.HotLookups(self._sql.one)
@@ -319,6 +320,24 @@ class DatasetView:
         key = key if type(key) is str else str(key)
         got = hot.read(lookup, key, self._pool.sources, feature, self.verify_reads)
         return None if got is MISS else got
+
+    def _read_natively(self, ordered: list[lookup.Row], names: Sequence[Any] | None) -> Any:
+        """The payloads of a batch's rows (one range each, in file order; ``names``: as
+        ``Reader._load``) read and checked in one native call, each shard's file
+        checked once after; ``AGAIN`` where that does not apply or is not sure."""
+        if not (self._native_rows and self._files_only):
+            return AGAIN
+        shards = {row[1] for row in ordered}
+        for shard_id in shards:
+            self._source(shard_id)
+        keyed = not self._by_position
+        got = hot.read_rows(
+            ordered, self._at, self._pool.sources, FileSource, self.verify_reads, keyed, names
+        )
+        if got is not AGAIN:
+            for shard_id in shards:  # one file check per shard covers its reads
+                self._pool.sources[shard_id].check()
+        return got
 
     # -- locating records ------------------------------------------------------
 
