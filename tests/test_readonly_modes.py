@@ -154,7 +154,7 @@ def test_read_commands_refuse_to_upgrade(tmp_path: Path) -> None:
     before = _file_state(db)
     result = runner.invoke(app, ["query", "SELECT count(*) FROM train", "-c", str(db)])
     assert result.exit_code == 1
-    assert "catalog migrate --upgrade" in result.output
+    assert f"catalog upgrade -c {db}" in result.output
     assert len(result.output.splitlines()) == 1
     assert _file_state(db) == before
 

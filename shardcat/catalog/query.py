@@ -14,7 +14,7 @@ from typing import Any
 from shardcat.catalog import schema
 from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
 from shardcat.catalog.processes import interruption
-from shardcat.errors import CatalogError
+from shardcat.errors import MORE_TIME, CatalogError
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
@@ -263,8 +263,8 @@ def _query_error(guard: _Guard, exc: sqlite3.DatabaseError) -> BaseException:
     message = str(exc)
     if guard.timed_out:
         return CatalogError(
-            f"query exceeded its time limit of {guard.timeout:g} s; "
-            "pass --timeout/timeout= to allow more"
+            f"query exceeded its time limit of {guard.timeout:g} s;",
+            hint=MORE_TIME,
         )
     if guard.interrupted is not None or message == "interrupted":
         # "interrupted" without a timeout: Ctrl-C came at the progress handler's

@@ -56,8 +56,15 @@ from shardcat.catalog.query import (
     streamed,
 )
 from shardcat.catalog.sync import Judge
-from shardcat.catalog.versions import OLD_META, SCHEMA_VERSION, ensure_schema, read_version, too_new
-from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.catalog.versions import (
+    OLD_META,
+    SCHEMA_VERSION,
+    ensure_schema,
+    read_version,
+    too_new,
+    too_old,
+)
+from shardcat.errors import CatalogError, Hint, checkpoint_hint
 
 __all__ = ["Store", "check_name", "open_catalogs"]
 
@@ -197,10 +204,7 @@ class Store:
         if version is not None and version > SCHEMA_VERSION:
             raise too_new(str(self.path), version)
         if version is not None and version < SCHEMA_VERSION and self.readonly:
-            raise SchemaVersionError(
-                f"{self.path} has catalog schema version {version}, this shardcat writes "
-                f"version {SCHEMA_VERSION}: open it once without readonly=True to upgrade it"
-            )
+            raise too_old(str(self.path), version)
 
     def _open_readonly_file(self, file: Path) -> None:
         """Check a file opened read-only: there, holding every commit, not newer or older."""
@@ -208,11 +212,15 @@ class Store:
             raise CatalogError(f"no catalog at {self.path}")
         unsaved = unsaved_wal(file) if self.immutable else None
         if unsaved is not None:
+            then = checkpoint_hint(self.path)
             raise CatalogError(
-                f"{self.path} has commits in {self.path}-wal that {unsaved} in the main "
-                "file, so immutable=True would not see them: open it with readonly=True "
-                "instead, or checkpoint it where it is written "
-                f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                f"{self.path} has commits in {self.path}-wal that {unsaved} in the main file,",
+                hint=Hint(
+                    "so immutable=True would not see them: open it with readonly=True instead, "
+                    f"or checkpoint it where it is written {then.python}",
+                    "so --immutable would not see them: open it with --readonly instead, "
+                    f"or checkpoint it where it is written {then.cli}",
+                ),
             )
         version = self._read_version()
         if version is None:
@@ -222,11 +230,7 @@ class Store:
         if version > SCHEMA_VERSION:
             raise too_new(str(self.path), version)
         if version < SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path} has catalog schema version {version}, this shardcat "
-                f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
-                "(or run `catalog migrate --upgrade`) to upgrade it"
-            )
+            raise too_old(str(self.path), version)
 
     def _open_schema(self, engine: Engine) -> int | None:
         """The schema version found, creating or upgrading the schema when needed.
@@ -289,8 +293,10 @@ class Store:
                     raise CatalogError(
                         f"cannot open {self.path} read-only: SQLite needs to create "
                         f"{self.path}-shm (the directory is read-only) to read the commits "
-                        f"in {self.path}-wal; checkpoint it where it is written "
-                        f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                        f"in {self.path}-wal;",
+                        hint=checkpoint_hint(
+                            self.path, before="checkpoint it where it is written "
+                        ),
                     ) from None
                 self._reads.close()
                 self.immutable = True

@@ -31,7 +31,7 @@ from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspec
 
 from shardcat.catalog import postgres, schema, tables
 from shardcat.catalog.engine import make_engine
-from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning
+from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning, upgrade_hint
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -302,6 +302,16 @@ def too_new(where: str, found: int) -> SchemaVersionError:
         f"{where} has catalog schema version {found}, but this shardcat only "
         f"knows versions up to {SCHEMA_VERSION}: upgrade shardcat "
         "(pip install -U shardcat) to open it"
+    )
+
+
+def too_old(where: str, found: int) -> SchemaVersionError:
+    """The error for a catalog of an older schema opened where it must not be
+    upgraded (read-only): its hint names ``catalog upgrade``."""
+    return SchemaVersionError(
+        f"{where} has catalog schema version {found}, this shardcat writes version "
+        f"{SCHEMA_VERSION}:",
+        hint=upgrade_hint(where),
     )
 
 

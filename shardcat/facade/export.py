@@ -26,7 +26,7 @@ from typing import Any
 from shardcat.catalog import export as rows
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path
-from shardcat.errors import CatalogError, StaleShardError
+from shardcat.errors import REPLACE, CatalogError, StaleShardError
 from shardcat.formats.base import Entry, get_format
 
 __all__ = ["export_index", "index_name"]
@@ -90,7 +90,7 @@ def export_index(
             raise CatalogError(f"{seen[target]} and {path} would both get the index {target}")
         seen[target] = path
         if not overwrite and target.exists():
-            raise CatalogError(f"{target} exists (overwrite=True / --force replaces it)")
+            raise CatalogError(f"{target} exists", hint=REPLACE)
     for row, target in zip(shards, targets, strict=True):
         entries = [
             Entry(str(row[6] + ordinal) if by_position else key, offset, length)

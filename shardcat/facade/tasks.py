@@ -27,7 +27,7 @@ from shardcat.catalog.engine import (
 )
 from shardcat.catalog.versions import upgrade
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
-from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.errors import CatalogError, CorruptRecordError, Hint
 from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
@@ -83,8 +83,8 @@ def open_catalog(
         raise CatalogError(f"no catalog at {where}: {why}")
     if create and not make_dirs and ancestor != where.parent and ancestor.is_dir():
         raise CatalogError(
-            f"cannot create catalog {where}: no directory {where.parent} "
-            "(create it, or pass make_dirs=True)"
+            f"cannot create catalog {where}: no directory {where.parent}",
+            hint=Hint.naming("make_dirs=True", "--mkdir", before="(create it, or pass ", after=")"),
         )
     if not (readonly or immutable):
         problem = write_problem(where)

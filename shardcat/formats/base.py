@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, Hint
 from shardcat.sources.compressed import IndexingStream, detect_compression, read_head
 from shardcat.sources.rawio import Source
 
@@ -510,8 +510,13 @@ def detect_format(path: str) -> str:
             if ext_match:
                 return ext_match[0]
         raise CatalogError(
-            f"{path}: cannot tell the container format from its first {len(head)} bytes; "
-            f"pass format= (one of {', '.join(known_formats())})"
+            f"{path}: cannot tell the container format from its first {len(head)} bytes;",
+            hint=Hint.naming(
+                "format=",
+                "--format",
+                before="pass ",
+                after=f" (one of {', '.join(known_formats())})",
+            ),
         )
     return matches[0]
 
