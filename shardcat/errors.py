@@ -115,10 +115,18 @@ MORE_TIME = Hint("pass --timeout/timeout= to allow more", "pass --timeout to all
 REPLACE = Hint("(overwrite=True / --force replaces it)", "(--force replaces it)")
 
 
-def checkpoint_hint(where: object, *, before: str = "") -> Hint:
-    """Checkpoint the catalog ``where`` where it is written."""
+def checkpoint_hint(where: object, *, before: str = "", unseen: bool = False) -> Hint:
+    """Checkpoint the catalog ``where`` where it is written (``unseen``: first say
+    that an immutable open would not see the commits, and to open it read-only)."""
     command = f"`catalog checkpoint -c {where}`"
-    return Hint(f"{before}({command}, Catalog.checkpoint())", f"{before}({command})")
+    python, cli = f"{before}({command}, Catalog.checkpoint())", f"{before}({command})"
+    if not unseen:
+        return Hint(python, cli)
+    said = "would not see them: open it with {} instead, or checkpoint it where it is written"
+    return Hint(
+        f"so immutable=True {said.format('readonly=True')} {python}",
+        f"so --immutable {said.format('--readonly')} {cli}",
+    )
 
 
 def upgrade_hint(where: object) -> Hint:
@@ -271,7 +279,10 @@ class StorageBusyError(ShardcatError, BlockingIOError):
 
 
 class SchemaVersionError(ShardcatError, RuntimeError):
-    """The catalog's schema version does not match this library."""
+    """The catalog's schema version does not match this library; ``found``: the
+    version an older catalog records (None: newer, or not known)."""
+
+    found: int | None = None
 
 
 class StorageTypeError(ShardcatError, TypeError):

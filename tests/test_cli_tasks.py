@@ -39,14 +39,14 @@ def test_ingest_returns_a_summary_and_creates_no_catalog_without_files(tmp_path:
 def test_verify_returns_the_count(tmp_path: Path):
     make_sample(tmp_path / "d", shards=2, records=7, image_bytes=8)
     tasks.ingest(tmp_path / "c.sqlite", str(tmp_path / "d"), "t", IngestOptions(workers=1))
-    with tasks.open_catalog(tmp_path / "c.sqlite", readonly=True) as cat:
+    with Catalog(tmp_path / "c.sqlite", readonly=True, create=False) as cat:
         result = tasks.verify(cat, "t")
     assert (result.records, result.problems) == (7, [])
 
 
 def test_open_catalog_refuses_a_missing_file(tmp_path: Path):
     with pytest.raises(CatalogError, match="no catalog at"):
-        tasks.open_catalog(tmp_path / "none.sqlite", readonly=True)
+        Catalog(tmp_path / "none.sqlite", readonly=True, create=False)
 
 
 def test_a_tar_feature_reads_one_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

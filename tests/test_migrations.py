@@ -21,10 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, SchemaVersionError
-from shardcat.catalog import versions as migrations
 from shardcat.cli import app
 from shardcat.errors import ShardcatWarning
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
+from shardcat.migrations import schema as migrations
 from shardcat.testing.required import missing
 
 # The catalog tables exactly as shardcat's schema version 1 created them (frozen:

@@ -215,7 +215,8 @@ def test_open_errors_are_catalog_errors_naming_the_file(
     directory.mkdir()
     with pytest.raises(CatalogError) as err:
         Catalog(directory)
-    assert str(err.value) == f"cannot open catalog {directory}: unable to open database file"
+    # (the opener's check, which the CLI alone made before: it says why)
+    assert str(err.value) == f"cannot open catalog {directory}: it is a directory"
 
 
 # -- 5. checkpoints and immutable opens ---------------------------------------------------

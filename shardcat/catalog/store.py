@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, postgres, reuse, schema, tables, versions
+from shardcat.catalog import datasets, postgres, reuse, schema, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
@@ -64,7 +64,7 @@ from shardcat.catalog.versions import (
     too_new,
     too_old,
 )
-from shardcat.errors import CatalogError, Hint, checkpoint_hint
+from shardcat.errors import CatalogError, checkpoint_hint
 
 __all__ = ["Store", "check_name", "open_catalogs"]
 
@@ -114,9 +114,9 @@ def _refuse_foreign(path: Path) -> None:
 class Store:
     """One catalog file as SQL: datasets, shards, keys and byte offsets.
 
-    ``Store(path)`` (and so ``Catalog(path)``) opens (creating or upgrading when
-    needed) the SQLite catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
-    ``./shardcat.sqlite``; the write lock is only taken to create or upgrade.
+    ``Store(path)`` opens (creating when needed) the SQLite catalog at ``path``
+    (None: ``$SHARDCAT_CATALOG``, then ``./shardcat.sqlite``); an older schema is
+    refused: the opener (:mod:`shardcat.facade.opener`) upgrades it first.
     ``readonly=True`` opens it without ever creating, upgrading or changing a
     file (for catalogs on shared filesystems that one host indexed); in a
     read-only directory or mount, where SQLite cannot create the ``-shm`` file,
@@ -212,15 +212,9 @@ class Store:
             raise CatalogError(f"no catalog at {self.path}")
         unsaved = unsaved_wal(file) if self.immutable else None
         if unsaved is not None:
-            then = checkpoint_hint(self.path)
             raise CatalogError(
                 f"{self.path} has commits in {self.path}-wal that {unsaved} in the main file,",
-                hint=Hint(
-                    "so immutable=True would not see them: open it with readonly=True instead, "
-                    f"or checkpoint it where it is written {then.python}",
-                    "so --immutable would not see them: open it with --readonly instead, "
-                    f"or checkpoint it where it is written {then.cli}",
-                ),
+                hint=checkpoint_hint(self.path, unseen=True),
             )
         version = self._read_version()
         if version is None:
@@ -233,13 +227,14 @@ class Store:
             raise too_old(str(self.path), version)
 
     def _open_schema(self, engine: Engine) -> int | None:
-        """The schema version found, creating or upgrading the schema when needed.
+        """The schema version found, creating the schema in a new catalog.
 
         The version is read without the write lock (a deferred transaction): an
         open that changes nothing never waits for another process's ingest.
-        Creating or upgrading takes the lock, and ``ensure_schema`` reads the
-        version again under it. Processes creating one new catalog at once may
-        see "database is locked" without a busy wait: retried up to the busy timeout.
+        Creating takes the lock; ``ensure_schema`` reads the version again under
+        it. An older catalog is refused: the opener upgrades it first. Processes
+        creating one new catalog at once may see "database is locked" without a
+        busy wait: retried up to the busy timeout.
         """
         deadline = time.monotonic() + engine_module.BUSY_TIMEOUT_MS / 1000
         while True:
@@ -247,11 +242,12 @@ class Store:
                 with engine.connect().execution_options(immediate=False) as conn:
                     with conn.begin():
                         version = read_version(conn)
-                    if version is None or version < SCHEMA_VERSION:
+                    if version is not None and version < SCHEMA_VERSION:
+                        raise too_old(str(self.path), version)  # the opener upgrades it
+                    if version is None:
                         conn.execution_options(immediate=True)
                         with conn.begin():
-                            found = ensure_schema(conn, str(self.path))
-                        versions.say_upgraded(str(self.path), found)  # once committed
+                            ensure_schema(conn, str(self.path))
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:

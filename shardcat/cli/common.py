@@ -61,9 +61,9 @@ def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | 
     PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
     from shardcat.catalog import postgres
-    from shardcat.catalog.engine import catalog_location
+    from shardcat.facade.opener import location
 
-    where = catalog_location(option)
+    where = location(option)
     _now.catalog = postgres.display(str(where))
     if option is None and announce:
         source = f"from ${ENV_VAR}" if os.environ.get(ENV_VAR) else f"default: ./{DEFAULT_NAME}"
@@ -76,15 +76,16 @@ def open_catalog(
     *,
     readonly: bool = False,
     immutable: bool = False,
-    create: bool = False,
 ) -> Catalog:
-    """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
-    (it must exist unless ``create``; commands that only read pass ``readonly=True``
-    or ``immutable=True``, so the file is never created, upgraded or changed)."""
-    from shardcat.facade import tasks
+    """The catalog of :func:`catalog_path`, opened as the library opens it
+    (``Catalog``, through :mod:`shardcat.facade.opener`) but never creating a file
+    or a directory (only ``catalog ingest`` creates one); commands that only read
+    pass ``readonly=True`` or ``immutable=True``, so the file is never created,
+    upgraded or changed."""
+    from shardcat.facade.catalog import Catalog
 
-    return tasks.open_catalog(
-        catalog_path(path), readonly=readonly, immutable=immutable, create=create
+    return Catalog(
+        catalog_path(path), readonly=readonly, immutable=immutable, create=False, make_dirs=False
     )
 
 

@@ -37,6 +37,7 @@ from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
+from shardcat.facade import opener
 from shardcat.facade.ingest import (
     ProvideEntries,
     judge_files,
@@ -62,12 +63,33 @@ class Catalog(Store):
     :meth:`query`, plus the store's :meth:`datasets`, :meth:`info`, :meth:`drop`,
     :meth:`checkpoint`.
 
-    ``Catalog(path, readonly=False, immutable=False)`` opens the file as the
-    store does (:class:`~shardcat.catalog.store.Store`: created or upgraded
-    when needed; without a path ``$SHARDCAT_CATALOG``, then
+    ``Catalog(path, readonly=False, immutable=False)`` opens the file through the
+    opener (:mod:`shardcat.facade.opener`, as every ``catalog`` command does):
+    created or upgraded when needed; without a path ``$SHARDCAT_CATALOG``, then
     ``./shardcat.sqlite``; ``readonly`` never writes, ``immutable`` takes no
-    locks at all). Errors opening the file are :class:`CatalogError` naming it.
+    locks at all. ``create=False``: a missing file is refused instead of created;
+    ``make_dirs=False``: so is a missing directory. Errors opening the file are
+    :class:`CatalogError` naming it (and what to do, as its ``hint``).
     """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        readonly: bool = False,
+        immutable: bool = False,
+        create: bool = True,
+        make_dirs: bool = True,
+    ) -> None:
+        where, mode = opener.location(path), opener.Mode.of(readonly=readonly, immutable=immutable)
+        opener.check(where, mode, create=create, make_dirs=make_dirs)
+
+        def open_(where: Path | str, mode: opener.Mode) -> None:
+            Store.__init__(
+                self, where, readonly=mode.readonly, immutable=mode is opener.Mode.IMMUTABLE
+            )
+
+        opener.open_store(open_, where, mode)
 
     def normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""

@@ -1,7 +1,6 @@
 """Whole tasks as the ``catalog`` commands run them, each one call that returns a
-result to print: open a command's catalog (:func:`open_catalog`), ingest with a
-summary (:func:`ingest`), convert tar archives (:func:`convert`), verify with the
-record count (:func:`verify`), migrate whatever the paths are
+result to print: ingest with a summary (:func:`ingest`), convert tar archives
+(:func:`convert`), verify with the record count (:func:`verify`), migrate whatever the paths are
 (:func:`migrate_any`: tensorblob directories converted in place, the rest legacy
 indexes imported) and upgrade a catalog's schema (:func:`upgrade_catalog`).
 
@@ -18,16 +17,9 @@ from typing import Any
 
 from shardcat.catalog import postgres
 from shardcat.catalog.bad_records import SetAside
-from shardcat.catalog.engine import (
-    ENV_VAR,
-    cannot_create_in,
-    catalog_location,
-    existing_ancestor,
-    write_problem,
-)
-from shardcat.catalog.versions import upgrade
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
-from shardcat.errors import CatalogError, CorruptRecordError, Hint
+from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.facade import opener
 from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.catalog import migrate as migrate_legacy
 from shardcat.facade.options import IngestOptions, Progress
@@ -46,70 +38,9 @@ __all__ = [
     "convert",
     "ingest",
     "migrate_any",
-    "open_catalog",
     "upgrade_catalog",
     "verify",
 ]
-
-
-def open_catalog(
-    where: str | os.PathLike[str],
-    *,
-    readonly: bool = False,
-    immutable: bool = False,
-    create: bool = False,
-    make_dirs: bool = False,
-) -> Catalog:
-    """The catalog at ``where``; it must exist unless ``create`` (ingest), and its
-    directory must exist unless ``make_dirs`` (a mistyped path makes no directories).
-
-    ``readonly=True`` (or ``immutable=True``): the file is never created,
-    upgraded or changed. Without either it is opened for writing (and upgraded
-    when older), after checking that it can be written at all. Each refusal is
-    a :class:`CatalogError` saying why and what to do instead. A PostgreSQL URL
-    is opened as it is (the server says what it refuses).
-    """
-    if postgres.is_server_url(where):
-        return Catalog(str(where), readonly=readonly or immutable, immutable=immutable)
-    where = Path(where)
-    ancestor = existing_ancestor(where)
-    if not create and not where.is_file():
-        if where.is_dir():
-            why = "it is a directory"
-        elif not ancestor.is_dir():
-            why = f"{ancestor} is not a directory"
-        else:
-            why = f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
-        raise CatalogError(f"no catalog at {where}: {why}")
-    if create and not make_dirs and ancestor != where.parent and ancestor.is_dir():
-        raise CatalogError(
-            f"cannot create catalog {where}: no directory {where.parent}",
-            hint=Hint.naming("make_dirs=True", "--mkdir", before="(create it, or pass ", after=")"),
-        )
-    if not (readonly or immutable):
-        problem = write_problem(where)
-        if problem is not None:
-            read_only = problem.startswith("cannot write")
-            raise CatalogError(
-                problem + (" (commands that only read it work)" if read_only else "")
-            )
-    try:
-        return Catalog(where, readonly=readonly or immutable, immutable=immutable)
-    except CatalogError as exc:
-        # SQLite refuses a read-only open it cannot create the -shm file for when the
-        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
-        blocked = cannot_create_in(where.parent)
-        if (
-            not readonly
-            or immutable
-            or blocked is None
-            or not str(exc).endswith("attempt to write a readonly database")
-        ):
-            raise
-        raise CatalogError(
-            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
-            f"beside it, but {blocked}; --immutable reads it without one"
-        ) from None
 
 
 # -- ingest ------------------------------------------------------------------------
@@ -138,8 +69,8 @@ def ingest(
     progress: Progress | None = None,
     make_dirs: bool = False,
 ) -> IngestSummary:
-    """Ingest ``paths`` into the catalog file ``catalog`` (created when missing:
-    :func:`open_catalog` with ``create=True``; its directory too with ``make_dirs``),
+    """Ingest ``paths`` into the catalog file ``catalog`` (created when missing; its
+    directory too with ``make_dirs``),
     as :meth:`Catalog.ingest_with`; returns an :class:`IngestSummary`.
 
     No catalog is created when no file matches ``paths`` (:class:`CatalogError`
@@ -159,7 +90,7 @@ def ingest(
     new = not postgres.is_server_url(catalog) and not Path(catalog).exists()
     try:
         with (
-            open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
+            Catalog(catalog, make_dirs=make_dirs) as cat,
             cat.ingest_with(paths, dataset, opts, progress=count) as reader,
         ):
             stats = reader.get_stats()
@@ -317,7 +248,7 @@ class Upgraded:
 
 def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
-    looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
-    where = catalog_location(path)
-    found, now = upgrade(where)
+    looks, see :func:`~shardcat.facade.opener.location`) to this library's version."""
+    where = opener.location(path)
+    found, now = opener.upgrade(where)
     return Upgraded(postgres.display(where) if isinstance(where, str) else where, found, now)

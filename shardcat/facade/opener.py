@@ -1,0 +1,128 @@
+"""The one way a catalog is opened, by the library (``Catalog(path)``) and by every
+``catalog`` command alike: where it is (:func:`location`), in which :class:`Mode`
+(write, read-only, immutable), the checks before anything is opened
+(:func:`check`: the file there unless it may be created, its directory there
+unless it may be made, writable when opened for writing), and the schema upgrade
+of an older catalog before the store opens it for writing (:func:`open_store`:
+the steps of :mod:`shardcat.migrations.schema` under the store's create/upgrade
+lock; a read-only open never upgrades). Each refusal is a :class:`CatalogError`
+saying why, with a :class:`~shardcat.errors.Hint` where there is something to do.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from shardcat.catalog import postgres
+from shardcat.catalog.engine import (
+    ENV_VAR,
+    cannot_create_in,
+    catalog_location,
+    existing_ancestor,
+    write_problem,
+)
+from shardcat.catalog.versions import say_upgraded
+from shardcat.errors import CatalogError, Hint, SchemaVersionError
+from shardcat.migrations import schema
+
+__all__ = ["Mode", "check", "location", "open_store", "upgrade"]
+
+T = TypeVar("T")
+
+
+class Mode(enum.Enum):
+    """How a catalog is opened: for writing (created or upgraded when needed),
+    read-only (never created, upgraded or changed), or immutable (read-only, and no
+    process writes it: no locks taken)."""
+
+    WRITE = "write"
+    READ_ONLY = "readonly"
+    IMMUTABLE = "immutable"
+
+    @classmethod
+    def of(cls, *, readonly: bool = False, immutable: bool = False) -> Mode:
+        """The mode of ``Catalog(path, readonly=..., immutable=...)``."""
+        return cls.IMMUTABLE if immutable else cls.READ_ONLY if readonly else cls.WRITE
+
+    @property
+    def readonly(self) -> bool:
+        return self is not Mode.WRITE
+
+
+def location(path: str | os.PathLike[str] | None) -> Path | str:
+    """The catalog ``path`` names: a PostgreSQL URL as it is, else the file, absolute
+    (None: ``$SHARDCAT_CATALOG``, else ``./shardcat.sqlite``; see
+    :func:`~shardcat.catalog.engine.locate`)."""
+    return catalog_location(path)
+
+
+def check(where: Path | str, mode: Mode, *, create: bool = True, make_dirs: bool = True) -> None:
+    """Refuse, before anything is opened, a catalog file that is not there (unless
+    ``create``), whose directory is not there (unless ``make_dirs``), or that cannot
+    be written (``mode`` WRITE). A server URL is not checked (the server says what
+    it refuses)."""
+    if not isinstance(where, Path):
+        return
+    ancestor = existing_ancestor(where)
+    if not (create and mode is Mode.WRITE) and not where.is_file():
+        if where.is_dir():
+            raise CatalogError(f"no catalog at {where}: it is a directory")
+        if not ancestor.is_dir():
+            raise CatalogError(f"no catalog at {where}: {ancestor} is not a directory")
+        raise CatalogError(
+            f"no catalog at {where}:",
+            hint=Hint(
+                f"pass the catalog's path, set ${ENV_VAR}, or create one with Catalog.ingest()",
+                f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`",
+            ),
+        )
+    if create and not make_dirs and ancestor != where.parent and ancestor.is_dir():
+        raise CatalogError(
+            f"cannot create catalog {where}: no directory {where.parent}",
+            hint=Hint.naming("make_dirs=True", "--mkdir", before="(create it, or pass ", after=")"),
+        )
+    if mode is Mode.WRITE:
+        problem = write_problem(where)
+        if problem is not None:
+            read_only = problem.startswith("cannot write")
+            raise CatalogError(
+                problem + (" (commands that only read it work)" if read_only else "")
+            )
+
+
+def open_store(open_: Callable[[Path | str, Mode], T], where: Path | str, mode: Mode) -> T:
+    """``open_(where, mode)`` (the store's open); a catalog of an older schema opened
+    for writing is upgraded first (:func:`upgrade`, said once with a
+    :class:`~shardcat.ShardcatWarning`) and then opened. A read-only open of a file
+    SQLite cannot create the ``-shm`` file beside says so and names ``--immutable``."""
+    try:
+        return open_(where, mode)
+    except SchemaVersionError as exc:
+        if mode is not Mode.WRITE or exc.found is None:
+            raise
+    except CatalogError as exc:
+        # SQLite refuses a read-only open it cannot create the -shm file for when the
+        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
+        if mode is not Mode.READ_ONLY or not isinstance(where, Path):
+            raise
+        blocked = cannot_create_in(where.parent)
+        if blocked is None or not str(exc).endswith("attempt to write a readonly database"):
+            raise
+        raise CatalogError(
+            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
+            f"beside it, but {blocked};",
+            hint=Hint.naming("immutable=True", "--immutable", after=" reads it without one"),
+        ) from None
+    found, _ = upgrade(where)
+    say_upgraded(postgres.display(str(where)), found)
+    return open_(where, mode)
+
+
+def upgrade(where: Path | str) -> tuple[int, int]:
+    """Upgrade the schema of the catalog at ``where`` in place (see
+    :func:`shardcat.migrations.schema.upgrade`); returns ``(version found, version now)``."""
+    return schema.upgrade(where)
