@@ -341,15 +341,21 @@ class Catalog(Store):
         reader.indexed_duplicates = sum(o.duplicates for o in outcomes)
         return reader
 
-    def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
+    def migrate(
+        self, paths: PathsLike, *, progress: Progress | None = None, **options: Any
+    ) -> MigrationReport:
         """Import the legacy index files found for ``paths`` (tfd-utils pickles,
         MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
         verifying each shard first; returns the report. Directories are walked
         (``max_depth``, ``pattern``); each legacy index becomes one dataset.
-        ``options``: those of :func:`shardcat.facade.migrate.migrate` (``dataset``,
-        ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``, ``workers``,
-        ``max_depth``, ``pattern``, ...)."""
-        return legacy_import.migrate(paths, catalog=self, open_catalog=type(self), **options)
+        ``options``: the fields of :class:`~shardcat.facade.migrate.MigrateOptions`
+        (``dataset``, ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``,
+        ``workers``, ``max_depth``, ``pattern``, ...); ``progress(step, total)``
+        as for :func:`shardcat.facade.migrate.migrate`."""
+        opts = legacy_import.MigrateOptions(**options)
+        return legacy_import.migrate(
+            paths, opts, catalog=self, open_catalog=type(self), progress=progress
+        )
 
     def dataset(self, name: str, *, verify: bool = True, verify_crc: bool | None = None) -> Reader:
         """A reader over the dataset ``name`` (no re-indexing happens). Every read is
@@ -469,9 +475,17 @@ def discard_if_empty(path: Path) -> None:
 
 
 def migrate(
-    paths: PathsLike, *, catalog: str | os.PathLike[str] | None = None, **options: Any
+    paths: PathsLike,
+    *,
+    catalog: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    **options: Any,
 ) -> MigrationReport:
     """Import the legacy index files found for ``paths`` into the catalog at
     ``catalog`` (default: the one readers of the shards use, ``shardcat.sqlite``
-    beside them, per legacy index); ``options`` as for :meth:`Catalog.migrate`."""
-    return legacy_import.migrate(paths, catalog=catalog, open_catalog=Catalog, **options)
+    beside them, per legacy index); ``options`` and ``progress`` as for
+    :meth:`Catalog.migrate`."""
+    opts = legacy_import.MigrateOptions(**options)
+    return legacy_import.migrate(
+        paths, opts, catalog=catalog, open_catalog=Catalog, progress=progress
+    )

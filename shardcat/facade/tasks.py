@@ -21,11 +21,10 @@ from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError, CorruptRecordError
 from shardcat.facade import opener
 from shardcat.facade.catalog import Catalog, discard_if_empty
-from shardcat.facade.catalog import migrate as migrate_legacy
+from shardcat.facade.migrate import MigrateOptions, migrate
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.migrations.legacy.report import MigrationReport
-from shardcat.paths import PathsLike, as_patterns, resolve_paths
-from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.paths import PathsLike, as_patterns
 from shardcat.sources.remote import configure, is_url, protocol_of
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
@@ -73,12 +72,11 @@ def ingest(
     directory too with ``make_dirs``),
     as :meth:`Catalog.ingest_with`; returns an :class:`IngestSummary`.
 
-    No catalog is created when no file matches ``paths`` (:class:`CatalogError`
-    ``no files match ...``). ``progress(outcome, total_shards)`` as for
+    No catalog is left behind when no file matches ``paths`` (:class:`CatalogError`
+    ``no files match ...``: the paths are resolved once, by the ingest) or nothing
+    could be indexed. ``progress(outcome, total_shards)`` as for
     :meth:`Catalog.ingest`; :class:`IngestError` names the shards that failed.
     """
-    if not resolve_paths(paths, opts.options.get(STORAGE_OPTIONS)):  # remote globs list with them
-        raise CatalogError(f"no files match {as_patterns(paths)}")
     indexed = 0
 
     def count(outcome: Any, total: int) -> None:
@@ -208,23 +206,23 @@ class MigrateOutcome:
 
 def migrate_any(
     paths: Sequence[str],
+    opts: MigrateOptions | None = None,
     *,
     catalog: str | os.PathLike[str] | None = None,
-    dry_run: bool = False,
     progress: Progress | None = None,
-    **options: Any,
 ) -> MigrateOutcome:
     """Migrate ``paths`` whatever they are: each directory written by the tensorblob
     package is converted to a shardcat TensorBlob/TensorDB in place (no block
     copied; a dry run only lists it), every other path goes to the legacy index
-    import (:func:`shardcat.facade.catalog.migrate` with ``catalog``,
-    ``dry_run``, ``progress`` and ``options``)."""
+    import (:func:`shardcat.facade.migrate.migrate` with ``opts``, ``catalog``
+    and ``progress``)."""
     if not paths:
         raise CatalogError("give the directories or index files to migrate")
+    opts = opts or MigrateOptions()
     blobs = [p for p in paths if is_tensorblob_dir(p)]
     converted = []
     for directory in blobs:
-        if dry_run:
+        if opts.dry_run:
             converted.append(Converted(directory, None, None))
         else:
             kind, rows = convert_tensorblob(directory)
@@ -232,7 +230,7 @@ def migrate_any(
     rest = [p for p in paths if p not in blobs]
     if not rest:
         return MigrateOutcome(converted)
-    report = migrate_legacy(rest, catalog=catalog, dry_run=dry_run, progress=progress, **options)
+    report = migrate(rest, opts, catalog=catalog, open_catalog=Catalog, progress=progress)
     return MigrateOutcome(converted, report)
 
 
