@@ -81,15 +81,11 @@ class Catalog(Store):
         create: bool = True,
         make_dirs: bool = True,
     ) -> None:
-        where, mode = opener.location(path), opener.Mode.of(readonly=readonly, immutable=immutable)
-        opener.check(where, mode, create=create, make_dirs=make_dirs)
+        def store(where: Path | str, mode: opener.Mode) -> None:
+            Store.__init__(self, where, readonly=mode.readonly, immutable=mode.immutable)
 
-        def open_(where: Path | str, mode: opener.Mode) -> None:
-            Store.__init__(
-                self, where, readonly=mode.readonly, immutable=mode is opener.Mode.IMMUTABLE
-            )
-
-        opener.open_store(open_, where, mode)
+        mode = opener.Mode.of(readonly=readonly, immutable=immutable)
+        opener.open_with(store, path, mode, create=create, make_dirs=make_dirs)
 
     def normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""

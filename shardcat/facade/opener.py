@@ -1,11 +1,11 @@
 """The one way a catalog is opened, by the library (``Catalog(path)``) and by every
 ``catalog`` command alike: where it is (:func:`location`), in which :class:`Mode`
-(write, read-only, immutable), the checks before anything is opened
-(:func:`check`: the file there unless it may be created, its directory there
-unless it may be made, writable when opened for writing), and the schema upgrade
-of an older catalog before the store opens it for writing (:func:`open_store`:
-the steps of :mod:`shardcat.migrations.schema` under the store's create/upgrade
-lock; a read-only open never upgrades). Each refusal is a :class:`CatalogError`
+(write, read-only, immutable), the checks before anything is opened (the file
+there unless it may be created, its directory there unless it may be made,
+writable when opened for writing), and the schema upgrade of an older catalog
+before the store opens it for writing (the steps of :mod:`shardcat.migrations.schema`
+under the store's create/upgrade lock; a read-only open never upgrades).
+:func:`open_with` does all of it. Each refusal is a :class:`CatalogError`
 saying why, with a :class:`~shardcat.errors.Hint` where there is something to do.
 """
 
@@ -29,7 +29,7 @@ from shardcat.catalog.versions import say_upgraded
 from shardcat.errors import CatalogError, Hint, SchemaVersionError
 from shardcat.migrations import schema
 
-__all__ = ["Mode", "check", "location", "open_store", "upgrade"]
+__all__ = ["Mode", "location", "open_with", "upgrade"]
 
 T = TypeVar("T")
 
@@ -52,6 +52,10 @@ class Mode(enum.Enum):
     def readonly(self) -> bool:
         return self is not Mode.WRITE
 
+    @property
+    def immutable(self) -> bool:
+        return self is Mode.IMMUTABLE
+
 
 def location(path: str | os.PathLike[str] | None) -> Path | str:
     """The catalog ``path`` names: a PostgreSQL URL as it is, else the file, absolute
@@ -60,7 +64,25 @@ def location(path: str | os.PathLike[str] | None) -> Path | str:
     return catalog_location(path)
 
 
-def check(where: Path | str, mode: Mode, *, create: bool = True, make_dirs: bool = True) -> None:
+def open_with(
+    store: Callable[[Path | str, Mode], T],
+    path: str | os.PathLike[str] | None,
+    mode: Mode,
+    *,
+    create: bool = True,
+    make_dirs: bool = True,
+) -> T:
+    """Open the catalog ``path`` names (:func:`location`) in ``mode``: checked
+    (:func:`_check`), then ``store(where, mode)`` (the store's open), after
+    upgrading the schema of an older catalog opened for writing
+    (:func:`_open_upgrading`). ``create``/``make_dirs`` False: a missing file or
+    directory is refused instead of created (the commands but ``catalog ingest``)."""
+    where = location(path)
+    _check(where, mode, create=create, make_dirs=make_dirs)
+    return _open_upgrading(store, where, mode)
+
+
+def _check(where: Path | str, mode: Mode, *, create: bool, make_dirs: bool) -> None:
     """Refuse, before anything is opened, a catalog file that is not there (unless
     ``create``), whose directory is not there (unless ``make_dirs``), or that cannot
     be written (``mode`` WRITE). A server URL is not checked (the server says what
@@ -94,7 +116,7 @@ def check(where: Path | str, mode: Mode, *, create: bool = True, make_dirs: bool
             )
 
 
-def open_store(open_: Callable[[Path | str, Mode], T], where: Path | str, mode: Mode) -> T:
+def _open_upgrading(open_: Callable[[Path | str, Mode], T], where: Path | str, mode: Mode) -> T:
     """``open_(where, mode)`` (the store's open); a catalog of an older schema opened
     for writing is upgraded first (:func:`upgrade`, said once with a
     :class:`~shardcat.ShardcatWarning`) and then opened. A read-only open of a file
