@@ -22,6 +22,7 @@ SCRIPTS = {
     "storage": ("benchmarks.storage_bench", ["--quick"]),
     "mirror-floor": ("benchmarks.mirror_floor", ["--rows", "100000", "--repeats", "3"]),
     "migrate": ("benchmarks.migrate_bench", ["--quick"]),
+    "ray": ("benchmarks.ray_bench", ["--quick"]),
 }
 
 

@@ -13,7 +13,8 @@ the table has medians and ratios to ``DistributedSampler`` over the same
 (every order runs over both readers: like against like).
 
 The second table is the cost of the order alone (no reads) at 100M records:
-seconds to the first index of an epoch and per-rank indices per second.
+seconds and memory (tracemalloc's peak) to the first index of an epoch, and
+per-rank indices per second.
 
 Data: 8 shards of 125,000 tiny records (a 20-character key and an int64
 label), written once under ``benchmarks/data/sampler-1000000`` with the
@@ -127,9 +128,12 @@ def contenders(
     return runs
 
 
-def order_cost(n: int) -> list[tuple[str, str, str, str]]:
-    """Seconds to the first index and indices/s of rank 3 of 8, no reads, ``n`` records;
-    torch's ``DistributedSampler`` at ``min(n, 10M)`` (it builds a Python list of all)."""
+def order_cost(n: int) -> list[tuple[str, str, str, str, str]]:
+    """Seconds to the first index, the memory it took (tracemalloc's peak) and indices/s
+    of rank 3 of 8, no reads, ``n`` records; torch's ``DistributedSampler`` at
+    ``min(n, 10M)`` (it builds a Python list of all)."""
+    import tracemalloc
+
     from torch.utils.data import DistributedSampler
 
     class Sized:
@@ -150,17 +154,20 @@ def order_cost(n: int) -> list[tuple[str, str, str, str]]:
     samplers.append(("DistributedSampler", small, DistributedSampler(Sized(small), 8, 3)))  # type: ignore[arg-type]
     rows = []
     for name, size, sampler in samplers:
+        tracemalloc.start()
         start = time.perf_counter()
         it = iter(sampler)
         next(it)
         first = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
         count, start = 0, time.perf_counter()
         for _ in it:
             count += 1
             if count >= 2_000_000:
                 break
         rate = count / (time.perf_counter() - start)
-        rows.append((name, f"{size:,}", f"{first:.3f}", f"{rate / 1e6:.1f}M"))
+        rows.append((name, f"{size:,}", f"{first:.3f}", f"{peak / 1e6:.1f}", f"{rate / 1e6:.1f}M"))
     return rows
 
 
@@ -213,7 +220,8 @@ def main() -> None:
     )
     print("\nthe order alone, rank 3 of 8 (no reads)\n")
     print_table(
-        ("sampler", "records", "s to first index", "indices/s"), order_cost(args.order_records)
+        ("sampler", "records", "s to first index", "MB to first index", "indices/s"),
+        order_cost(args.order_records),
     )
 
 

@@ -2,8 +2,8 @@
 
 Formats left ``shardcat.readers`` for :mod:`shardcat.formats`, byte sources for
 :mod:`shardcat.sources`, and the legacy index importers ``shardcat.legacy`` for
-:mod:`shardcat.migrations.legacy`. ``import shardcat`` puts :data:`FINDER` last on
-``sys.meta_path``: an old name (``from shardcat.readers.recordio import
+:mod:`shardcat.migrations.legacy`. ``import shardcat`` puts :data:`FINDER` first on
+``sys.meta_path`` (one dict lookup per import): an old name (``from shardcat.readers.recordio import
 RecordIOWriter``) then warns once and gives the module at its new place — the
 same module object, so patching either name patches both.
 """
@@ -48,7 +48,7 @@ class _MovedFinder:
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(name, self)
+        return ModuleSpec(name, self)  # type: ignore[arg-type]  # a Loader by its methods
 
     def create_module(self, spec: Any) -> ModuleType:
         new = MOVED[spec.name]
@@ -62,7 +62,8 @@ class _MovedFinder:
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = module.__spec__.loader_state  # the module's own spec back
+        ours: Any = module.__spec__
+        module.__spec__ = ours.loader_state  # the module's own spec back
 
 
 FINDER = _MovedFinder()
@@ -70,4 +71,5 @@ FINDER = _MovedFinder()
 
 def install() -> None:
     if FINDER not in sys.meta_path:
-        sys.meta_path.append(FINDER)
+        sys.meta_path.insert(0, FINDER)  # before the path finder: shardcat.legacy's
+        # __path__ is the new folder, where it would load a second copy of a module

@@ -377,6 +377,11 @@ def test_positions(data: tuple[str, list[Rec]]) -> None:
             assert canon(reader.get_record_at(i)) == canon_raw(r.raw)
             assert reader.get_record_at(i - n, raw=True) == r.raw
             assert reader.key_at(i) == reader.key_at(i - n) == r.key
+        assert reader.keys_at([n - 1, 0, 23, -1, 0]) == [recs[i].key for i in (-1, 0, 23, -1, 0)]
+        assert reader.keys_at(slice(20, 26)) == [r.key for r in recs[20:26]]
+        assert reader.keys_at([]) == [] and reader.keys_at([5]) == [recs[5].key]
+        with pytest.raises(IndexError, match="out of range"):
+            reader.keys_at([0, n])
         assert reader.get_record_at(-1, raw=True) == recs[-1].raw
 
         idx = [69, 0, 23, 22, 23, -1, -70, 40]
@@ -499,6 +504,8 @@ def test_key_by_position(data: tuple[str, list[Rec]]) -> None:
             assert canon(reader[str(i)]) == canon_raw(recs[i].raw)
             assert reader.key_at(i) == str(i)
         assert reader.key_at(-1) == str(n - 1)
+        assert reader.keys_at([69, -1, 0]) == ["69", str(n - 1), "0"]
+        assert reader.keys_at(slice(-2, None)) == [str(n - 2), str(n - 1)]
         assert reader.get_many(["69", "0", "23", "0"], raw=True) == [
             recs[69].raw,
             recs[0].raw,

@@ -26,11 +26,16 @@ from shardcat import (
     TFRecordWriter,
     make_example,
 )
-from shardcat.readers.sampler import blocks
+from shardcat.readers import sampler as sampler_module
+from shardcat.readers.sampler import LAZY_FROM, blocks
 from shardcat.testing.required import need
 from shardcat.torch import RecordDataset, RecordSampler
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# the lazy order of 12 indices, seed 17, epoch 0: part of saved states, pinned across releases
+LAZY_12 = [0, 9, 2, 6, 10, 3, 7, 1, 5, 11, 4, 8]
 
 
 class Sized:
@@ -54,6 +59,22 @@ def interleave(per_rank: list[list[int]]) -> list[int]:
     """What the ranks took, in global order (rank r's k-th sample is place r + kW)."""
     assert len({len(p) for p in per_rank}) <= 1, "ranks of unequal length"
     return [p[k] for k in range(len(per_rank[0]) if per_rank else 0) for p in per_rank]
+
+
+LAZY = "full, computed lazily"  # a test parameter: "full" with the lazy order at any size
+
+
+@pytest.fixture
+def as_given(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The shuffle argument of a parameter; ``LAZY`` makes every "full" order lazy."""
+
+    def shuffle_of(shuffle: Any) -> Any:
+        if shuffle == LAZY:
+            monkeypatch.setattr(sampler_module, "LAZY_FROM", 0)
+            return "full"
+        return shuffle
+
+    return shuffle_of
 
 
 def take(sampler: RecordSampler, k: int) -> list[int]:
@@ -84,6 +105,68 @@ def test_full_shuffle_is_pinned() -> None:
     assert sorted(epoch1) == list(range(12))
     assert epoch1 != [3, 7, 0, 6, 2, 11, 5, 10, 4, 9, 8, 1]
     assert RecordSampler(Sized(12), seed=18, shuffle="full").global_order().tolist() != epoch1
+
+
+def test_lazy_full_order_is_pinned_and_a_permutation_of_every_size(as_given: Any) -> None:
+    as_given(LAZY)
+    sampler = RecordSampler(Sized(12), seed=17, shuffle="full")
+    assert sampler.global_order().tolist() == LAZY_12
+    for n in (0, 1, 2, 3, 4, 5, 15, 16, 17, 255, 256, 257, 1000, 4097, 65_537):
+        order = RecordSampler(Sized(n), seed=n, shuffle="full").global_order()
+        assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(n)), n
+
+
+def test_lazy_full_order_is_uniform_enough(as_given: Any) -> None:
+    # where index 0 lands over 4,000 epochs of a 10-index order: each place ~400 times
+    as_given(LAZY)
+    sampler = RecordSampler(Sized(10), seed=3, shuffle="full")
+    landed: Counter[int] = Counter()
+    for epoch in range(4000):
+        sampler.set_epoch(epoch)
+        landed[sampler.global_order().tolist().index(0)] += 1
+    assert sorted(landed) == list(range(10))
+    assert min(landed.values()) > 320 and max(landed.values()) < 480, landed
+    # and no trace of the identity: places and values of a long order are uncorrelated
+    order = RecordSampler(Sized(100_000), seed=3, shuffle="full").global_order()
+    assert abs(np.corrcoef(np.arange(100_000), order)[0, 1]) < 0.02
+
+
+def test_full_order_of_a_huge_dataset_starts_at_once() -> None:
+    # 100M indices: no array of them is built; the first batch of rank 3 of 8 is
+    # the order's places 3, 11, 19, ... computed on their own
+    import tracemalloc
+
+    tracemalloc.start()
+    sampler = RecordSampler(Sized(100_000_000), 8, 3, seed=1, shuffle="full")
+    it = iter(sampler)
+    batch = [next(it) for _ in range(64)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 << 20, peak  # one chunk of 65,536 places at most, not 100M
+    assert len(set(batch)) == 64 and all(0 <= i < 100_000_000 for i in batch)
+    assert batch == sampler._order().part(3, 3 + 64 * 8, 8).tolist()
+    assert sampler.state_dict()["full"] == "lazy"
+    assert LAZY_FROM <= 100_000_000
+
+
+def test_a_saved_state_keeps_its_full_order(as_given: Any) -> None:
+    # states saved before lazy orders existed (no "full") resume with the array order,
+    # whatever the size; a lazy state resumes lazily
+    array = RecordSampler(Sized(500), seed=4, shuffle="full")
+    state = array.state_dict()
+    assert state.pop("full") == "array"
+    as_given(LAZY)
+    resumed = RecordSampler(Sized(500), seed=4, shuffle="full")
+    lazy_order = resumed.global_order().tolist()
+    resumed.load_state_dict(state)
+    assert resumed.global_order().tolist() == array.global_order().tolist() != lazy_order
+    lazy = RecordSampler(Sized(500), seed=4, shuffle="full")
+    take(lazy, 9)
+    again = RecordSampler(Sized(500), seed=4, shuffle="full")
+    again.load_state_dict(lazy.state_dict())
+    assert list(again) == lazy_order[9:]
+    with pytest.raises(SamplerStateError, match="unknown full order 'feistel'"):
+        again.load_state_dict({**lazy.state_dict(), "full": "feistel"})
 
 
 def test_blocks_are_cut_at_shards() -> None:
@@ -124,9 +207,10 @@ def test_block_shuffle_is_pinned_and_shard_local() -> None:
     assert set(runs) == spans and len(runs) == len(spans)
 
 
-@pytest.mark.parametrize("shuffle", [False, "full", "block"])
+@pytest.mark.parametrize("shuffle", [False, "full", LAZY, "block"])
 @pytest.mark.parametrize("world", [1, 3, 4, 8])
-def test_ranks_cover_the_order(shuffle: Any, world: int) -> None:
+def test_ranks_cover_the_order(shuffle: Any, world: int, as_given: Any) -> None:
+    shuffle = as_given(shuffle)
     dataset = Sized(103, [0, 40, 41, 90])
     samplers = ranks(dataset, world, seed=9, shuffle=shuffle, block_size=8, window=3)
     order = samplers[0].global_order().tolist()
@@ -167,8 +251,9 @@ def test_set_epoch_changes_order_and_is_deterministic_across_processes() -> None
 # -- state ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shuffle", [False, "full", "block"])
-def test_resume_gives_exactly_the_rest(shuffle: Any) -> None:
+@pytest.mark.parametrize("shuffle", [False, "full", LAZY, "block"])
+def test_resume_gives_exactly_the_rest(shuffle: Any, as_given: Any) -> None:
+    shuffle = as_given(shuffle)
     dataset = Sized(101, [0, 50])
     kw = {"seed": 2, "shuffle": shuffle, "block_size": 7, "window": 3}
     whole = [list(s) for s in ranks(dataset, 4, **kw)]
@@ -224,8 +309,9 @@ def test_state_with_consumed_argument() -> None:
 
 
 @pytest.mark.parametrize(("old", "new"), [(4, 3), (4, 6), (8, 6), (8, 12), (2, 3)])
-@pytest.mark.parametrize("shuffle", ["full", "block"])
-def test_elastic_resume(old: int, new: int, shuffle: Any) -> None:
+@pytest.mark.parametrize("shuffle", ["full", LAZY, "block"])
+def test_elastic_resume(old: int, new: int, shuffle: Any, as_given: Any) -> None:
+    shuffle = as_given(shuffle)
     dataset = Sized(1001, [0, 100, 700])
     kw = {"seed": 11, "shuffle": shuffle, "block_size": 32, "window": 4}
     order = RecordSampler(dataset, **kw).global_order().tolist()

@@ -337,6 +337,20 @@ class Reader(DatasetView):
             return str(shard.first + ordinal)
         return str(self._row_at(conn, position)[-1])
 
+    @follows_reindex
+    def keys_at(self, positions: Sequence[int] | slice) -> list[str]:
+        """The keys at ``positions`` (a sequence or a slice), one query for the batch
+        (none for a dataset keyed by position)."""
+        conn = self._conn()
+        if isinstance(positions, slice):
+            positions = range(*positions.indices(self._len))
+        if self._by_position:
+            return [str(s.first + o) for s, o in map(self._shard_at, positions)]
+        keys = [""] * len(positions)
+        for row in self._rows_at(conn, positions) if positions else ():
+            keys[row[0]] = str(row[-1])  # row[0]: its place in the batch
+        return keys
+
     def shard_starts(self) -> list[int]:
         """The first position of each shard, in position order (a shard's records are
         positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""

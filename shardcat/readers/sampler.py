@@ -7,7 +7,11 @@ for ``shuffle="block"``, the dataset's shard layout; never on the world size:
 
 - ``shuffle=False``: ``0, 1, 2, ...``;
 - ``"full"`` (or ``True``, the default, as torch's ``DistributedSampler``): a
-  uniform permutation (numpy ``PCG64``, one array per epoch);
+  uniform permutation. Below :data:`LAZY_FROM` indices it is one numpy array
+  per epoch (``PCG64``); from there on it is computed lazily, place by place,
+  by a keyed bijection of ``[0, n)`` (a balanced Feistel network whose keys come
+  from ``(seed, epoch)``, cycle-walked back into range): no memory and no
+  start-up cost at any size, the same guarantees;
 - ``"block"``: the indices are cut into blocks of ``block_size`` consecutive
   indices that never straddle a shard (a dataset's ``shard_starts()``), the
   blocks are permuted, and each run of ``window`` consecutive blocks of that
@@ -46,6 +50,8 @@ STATE_KIND = "shardcat.RecordSampler"
 STATE_VERSION = 1
 Shuffle = Literal[False, True, "full", "block"]
 _CHUNK = 1 << 16  # indices handed out per numpy slice of the sequential and full orders
+LAZY_FROM = 1 << 24  # "full" orders of this many indices or more are computed lazily
+_FULL_KINDS = ("array", "lazy")
 
 
 class Sized(Protocol):
@@ -82,6 +88,55 @@ class _FullOrder(_Order):
 
     def part(self, start: int, stop: int, step: int) -> np.ndarray:
         return self.perm[start:stop:step]
+
+
+class KeyedPermutation:
+    """A keyed permutation of ``[0, n)`` computed place by place, never held.
+
+    The domain is the smallest ``4**h >= n`` (under ``4 n``): a balanced Feistel
+    network on its ``2 h`` bits (six rounds, keys drawn from ``entropy``, e.g.
+    ``(seed, epoch, tag)``; the round function a 64-bit finalizer mix) is a
+    bijection of it; a value that falls at or past ``n`` is sent through the
+    network again until it lands below ``n`` (cycle walking), which keeps a
+    bijection of ``[0, n)`` (at most four passes expected).
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, *entropy: int) -> None:
+        self.n = n
+        self.half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self.mask = np.uint64((1 << self.half) - 1)
+        self.keys = np.random.SeedSequence(list(entropy)).generate_state(self.ROUNDS, np.uint64)
+
+    def _network(self, x: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self.half), self.mask
+        left, right = x >> half, x & mask
+        for key in self.keys:
+            z = right ^ key
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            left, right = right, left ^ ((z ^ (z >> np.uint64(31))) & mask)
+        return (left << half) | right
+
+    def at(self, places: np.ndarray) -> np.ndarray:
+        """The permutation's values at ``places`` (each in ``[0, n)``)."""
+        values = self._network(np.asarray(places, dtype=np.uint64))
+        n = np.uint64(self.n)
+        outside = np.flatnonzero(values >= n)
+        while outside.size:
+            values[outside] = self._network(values[outside])
+            outside = outside[values[outside] >= n]
+        return values.astype(np.int64)
+
+
+class _LazyFullOrder(_Order):
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        super().__init__(n)
+        self.permutation = KeyedPermutation(n, seed, epoch, 3)
+
+    def part(self, start: int, stop: int, step: int) -> np.ndarray:
+        return self.permutation.at(np.arange(start, stop, step, dtype=np.uint64))
 
 
 def blocks(n: int, starts: Sequence[int] | None, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -210,6 +265,11 @@ class RecordSampler:
         self.shard_starts: list[int] | None = None if starts is None else starts()
         bounds = np.asarray(self.shard_starts or [], dtype=np.int64)
         self._layout = zlib.crc32(bounds.tobytes())
+        # a Mixture's items are (stream, index) pairs, located from the epoch's places
+        self._locate = getattr(dataset, "locate", None)
+        if self._locate is not None:
+            mixed = np.int64(getattr(dataset, "layout", 0))  # its streams' sizes and counts
+            self._layout = zlib.crc32(mixed.tobytes(), self._layout)
         self.epoch = 0
         self._resume = 0  # the global place the next iteration starts at
         self._start = 0  # ... the current (or last) iteration started at
@@ -217,6 +277,7 @@ class RecordSampler:
         self._iteration = 0  # which iterator counts (the newest one)
         self._active = False  # an iteration is under way (begun, not exhausted)
         self._cached: tuple[int, _Order] | None = None
+        self._full = "lazy" if self.length >= LAZY_FROM else "array"  # how "full" is computed
 
     # -- the order ---------------------------------------------------------------
 
@@ -225,7 +286,9 @@ class RecordSampler:
             return self._cached[1]
         n = self.length
         order: _Order
-        if self.shuffle == "full":
+        if self.shuffle == "full" and self._full == "lazy":
+            order = _LazyFullOrder(n, self.seed, self.epoch)
+        elif self.shuffle == "full":
             order = _FullOrder(n, self.seed, self.epoch)
         elif self.shuffle == "block":
             order = _BlockOrder(
@@ -264,19 +327,27 @@ class RecordSampler:
         order = self._order()
         todo = count
         for chunk in order.chunks(first, stop, world):
-            for index in chunk.tolist():
+            for index in self._items(chunk):
                 if self._iteration == iteration:
                     self._yielded += 1
                 todo -= 1
                 yield index
         for k in range(count - todo, count):  # padding: places past the end wrap to the start
             place = (first + k * world - n) % n
-            for index in order.part(place, place + 1, 1).tolist():
+            for index in self._items(order.part(place, place + 1, 1)):
                 if self._iteration == iteration:
                     self._yielded += 1
                 yield index
         if self._iteration == iteration:
             self._active = False
+
+    def _items(self, chunk: np.ndarray) -> list[Any]:
+        """What the loader gets for these indices of the order: the indices, or a
+        mixture's ``(stream, index)`` pairs."""
+        if self._locate is None:
+            return chunk.tolist()
+        streams, indices = self._locate(self.seed, self.epoch, chunk)
+        return list(zip(streams.tolist(), indices.tolist(), strict=True))
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch to sample next; a saved place in the same epoch is kept."""
@@ -303,6 +374,7 @@ class RecordSampler:
             "consumed": self._start + taken * self.num_replicas,
             "length": self.length,
             "shuffle": self.shuffle,
+            "full": self._full,
             "block_size": self.block_size,
             "window": self.window,
             "layout": self._layout,
@@ -315,6 +387,8 @@ class RecordSampler:
         self._check(state)
         consumed = _whole(state["consumed"], "consumed", 0)
         self.epoch = _whole(state["epoch"], "epoch", 0)
+        if self.shuffle == "full":  # the saved run's order goes on (states before 0.2: arrays)
+            self._full, self._cached = state.get("full", "array"), None
         self._resume = self._start = consumed
         self._yielded, self._active = 0, False
 
@@ -329,6 +403,12 @@ class RecordSampler:
         mine: dict[str, Any] = {"length": self.length, "seed": self.seed, "shuffle": self.shuffle}
         if self.shuffle == "block":
             mine.update(block_size=self.block_size, window=self.window, layout=self._layout)
+        if self._locate is not None:  # a mixture of other streams or counts is another order
+            mine.update(layout=self._layout)
+        if self.shuffle == "full" and state.get("full", "array") not in _FULL_KINDS:
+            raise SamplerStateError(
+                f"RecordSampler state of an unknown full order {state['full']!r}"
+            )
         wrong = [f"{k} {state.get(k)!r} (here {v!r})" for k, v in mine.items() if state.get(k) != v]
         if wrong:
             raise SamplerStateError(

@@ -1,0 +1,121 @@
+"""A real local Ray cluster for tests and benchmarks: a head and worker nodes on this
+machine (``ray.cluster_utils.Cluster``), small (one CPU and a ~128 MB object store
+per node by default), bounded in time, always shut down; and the node-kill helper
+(SIGKILL a worker node's raylet, wait until the cluster has marked it dead).
+
+Needs ``shardcat[ray]``. Every wait has a limit: a cluster that does not come up,
+or a call that hangs, fails with :class:`TimeoutError` rather than hanging CI
+(:func:`deadline` interrupts the main thread with ``SIGALRM``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the GCS marks a node whose raylet stopped answering dead after about
+#: period x threshold (the defaults take ~30 s; a test wants a few seconds)
+FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The size of a local cluster: ``workers`` nodes besides the head, each with
+    ``cpus`` CPUs and ``object_store`` bytes of object store (the head too:
+    ``head_cpus``, 0 keeps tasks off the driver's node)."""
+
+    workers: int = 1
+    cpus: int = 1
+    head_cpus: int = 1
+    object_store: int = 128 * 1024 * 1024
+    start_timeout: float = 120.0
+    system_config: dict[str, Any] = field(default_factory=lambda: dict(FAST_HEALTH_CHECKS))
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, what: str = "the Ray call") -> Iterator[None]:
+    """Raise :class:`TimeoutError` in the main thread when the block takes longer than
+    ``seconds`` (``SIGALRM``; the previous handler and timer are restored)."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"{what} took longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def local_cluster(spec: ClusterSpec | None = None) -> Iterator[Any]:
+    """A started ``ray.cluster_utils.Cluster`` of ``spec`` with this process connected
+    as its driver (``ray.init(address=...)``); shut down (driver, then every node's
+    processes) when the block ends, whatever happened in it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    spec = spec or ClusterSpec()
+    node: dict[str, Any] = {"object_store_memory": spec.object_store, "include_dashboard": False}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **node,
+            "num_cpus": spec.head_cpus,
+            "_system_config": spec.system_config,
+        },
+    )
+    try:
+        with deadline(spec.start_timeout, "starting the local Ray cluster"):
+            for _ in range(spec.workers):
+                cluster.add_node(**node, num_cpus=spec.cpus)
+            cluster.wait_for_nodes(timeout=spec.start_timeout)
+            ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def alive_nodes() -> set[str]:
+    """The node ids the cluster (its GCS) holds alive."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def raylet_pid(node: Any) -> int:
+    """The pid of a ``ray._private.node.Node``'s raylet process."""
+    from ray._private import ray_constants
+
+    return int(node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+
+
+def kill_raylet(cluster: Any, node: Any, *, timeout: float = 60.0) -> None:
+    """SIGKILL the raylet of worker ``node`` (of ``cluster``: taken out of its list of
+    workers) and wait until the cluster marks the node dead, else
+    :class:`TimeoutError`. What a lost host looks like to Ray: its tasks fail with a
+    node-died error and are retried elsewhere."""
+    if node is cluster.head_node:
+        raise ValueError("kill_raylet kills a worker node; the head holds the driver")
+    os.kill(raylet_pid(node), signal.SIGKILL)
+    end = time.monotonic() + timeout
+    while node.node_id in alive_nodes():
+        if time.monotonic() > end:
+            raise TimeoutError(f"the cluster still holds node {node.node_id} alive")
+        time.sleep(0.2)
+    # what is left of the node (its workers, which exit once their raylet is gone)
+    node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+    cluster.worker_nodes.remove(node)
