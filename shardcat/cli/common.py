@@ -1,6 +1,7 @@
 """What every command shares besides its options (those are in :mod:`.options`):
 which catalog it uses and opening it through the library, error handling (one line
-per failure, in the CLI's spelling), progress bars, and making text safe to print."""
+per failure, its hint in the CLI's spelling), progress bars, and making text safe to
+print."""
 
 from __future__ import annotations
 
