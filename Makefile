@@ -12,8 +12,15 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,ray,docs]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,ray,docs,web]'
 	touch $@
+
+# Headless Chromium and its driver (Debian's) for the `catalog serve` browser tests
+# (tests/test_serve.py), installed where missing.
+.PHONY: chromium
+chromium:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 # The core alone on the newest protobuf runtime (the main venv has protobuf 5,
 # which tfd-utils pins): proves shardcat.pb2 works on both ends of the range.
@@ -44,7 +51,7 @@ docs: $(VENV)/.installed
 	npm install --prefix .node azurite@3.37.0 --no-audit --no-fund
 	touch $@
 
-test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed lint docs
+test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed chromium lint docs
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
 	SHARDCAT_TEST_CORE_ONLY=1 $(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from shardcat.catalog.engine import make_engine
+from shardcat.catalog.backend import make_engine
 
 
 def _us(engine: Engine, n: int) -> float:

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from shardcat.catalog.bulk import value_groups
+from shardcat.catalog.sqlite import value_groups
 
 
 @dataclass(frozen=True)
 class Variant:
     key: str = "partial"  # "unique" (key TEXT UNIQUE), "partial" (WHERE key IS NOT NULL), "none"
-    grouped: bool = True  # multi-row VALUES (catalog.bulk.value_groups), else one row a statement
+    grouped: bool = True  # multi-row VALUES (catalog.sqlite.value_groups), else one row a statement
     build: tuple[str, ...] = ()  # PRAGMAs set around the index builds
     rowid: bool = True
     synchronous: str = "NORMAL"

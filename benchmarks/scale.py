@@ -15,7 +15,7 @@ Tiny records (a 20-character ``key`` and an int64 ``label`` 0..99) in shards of
   with an index on ``label``, median of 5;
 - ``--add-cache KIB ...``: only the *add one shard*, into copies of one big
   catalog, with the commit's SQLite page cache at each size in turn
-  (``commit.COMMIT_CACHE_KIB``; 2048 is SQLite's default), ``--rounds`` times
+  (``sqlite.COMMIT_CACHE_KIB``; 2048 is SQLite's default), ``--rounds`` times
   interleaved: median seconds and the ratio to the first size.
 
 The shards are written once under ``benchmarks/data/scale-<kind>-<records>``
@@ -40,7 +40,7 @@ import crc32c
 
 from benchmarks.util import print_table
 from shardcat import Catalog
-from shardcat.catalog import commit
+from shardcat.catalog import sqlite
 from shardcat.formats.tfrecord import make_example
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -169,7 +169,7 @@ def add_cache(kind: str, records: int, caches: list[int], rounds: int, workers: 
                 with open(copy, "rb") as f:  # the catalog's pages in the page cache too
                     while f.read(8 << 20):
                         pass
-                commit.COMMIT_CACHE_KIB = cache  # read at each commit; workers fork after
+                sqlite.COMMIT_CACHE_KIB = cache  # read at each commit; workers fork after
                 with Catalog(copy) as cat:
                     start = time.perf_counter()
                     cat.ingest(str(directory / "*.tfrecord"), "d", workers=workers).close()

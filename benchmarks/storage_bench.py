@@ -31,7 +31,7 @@ import torch
 
 from benchmarks import util
 from shardcat import TensorBlob, TensorDB
-from shardcat.catalog.bulk import value_groups
+from shardcat.catalog.sqlite import value_groups
 
 Contender = Callable[[], Any]
 

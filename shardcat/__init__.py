@@ -43,7 +43,8 @@ if TYPE_CHECKING:
         TFRecordReader,
     )
     from shardcat.facade.options import IngestOptions
-    from shardcat.formats.base import Format, Location, register_format
+    from shardcat.formats.base import Format, Location
+    from shardcat.formats.registry import register_format
     from shardcat.formats.tfrecord import TFRecordWriter, make_example
     from shardcat.readers.reader import Reader
     from shardcat.readers.sampler import RecordSampler
@@ -66,7 +67,7 @@ _LAZY = {
     "IngestOptions": "shardcat.facade.options",
     "Format": "shardcat.formats.base",
     "Location": "shardcat.formats.base",
-    "register_format": "shardcat.formats.base",
+    "register_format": "shardcat.formats.registry",
     "Reader": "shardcat.readers.reader",
     "RecordSampler": "shardcat.readers.sampler",
     "TFRecordWriter": "shardcat.formats.tfrecord",

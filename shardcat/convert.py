@@ -31,7 +31,7 @@ from shardcat.catalog.processes import end_with_parent, stopping_on_signals
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
 from shardcat.formats import tar as tar_format
 from shardcat.formats import tfrecord
-from shardcat.formats.base import detect_format
+from shardcat.formats.registry import detect_format
 from shardcat.formats.tar import TarFormat
 from shardcat.formats.tfrecord import TFRecordFormat
 from shardcat.paths import PathsLike, resolve_paths

@@ -29,7 +29,7 @@ _SOURCES = (
 
 MOVED: dict[str, str] = {
     **{f"shardcat.readers.{m}": f"shardcat.formats.{m}" for m in _FORMATS.split()},
-    "shardcat.readers.formats": "shardcat.formats.base",
+    "shardcat.readers.formats": "shardcat.formats",
     **{f"shardcat.readers.{m}": f"shardcat.sources.{m}" for m in _SOURCES.split()},
     "shardcat.readers.source": "shardcat.sources.local",
     "shardcat.legacy": "shardcat.migrations.legacy",

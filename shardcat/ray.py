@@ -216,7 +216,7 @@ def _plan(
     columns: Sequence[str] | None,
 ) -> tuple[Opening, np.ndarray | None]:
     """The opening of ``dataset`` and (with ``where``) the sorted positions it selects."""
-    location = catalog.location if catalog.server else os.path.abspath(catalog.location)
+    location = catalog.location  # what reopens it: a file's absolute path, a server's URL
     with catalog.dataset(dataset) as reader:
         opening = Opening(location, catalog.immutable, dataset, _layout(reader))
         if columns is not None and len(reader):

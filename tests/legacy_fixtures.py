@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat import Catalog
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 
 # -- shards ----------------------------------------------------------------------------

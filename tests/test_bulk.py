@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.exc import IntegrityError
 
-from shardcat.catalog import bulk
+from shardcat.catalog import sqlite
+from shardcat.catalog.backend import make_engine
 from shardcat.catalog.bulk import insert_columns
-from shardcat.catalog.engine import make_engine
 
 KEYS = ["a", "é😀", 'quote" back\\slash', "\n\t\x01", "", " x ", "z" * 300, "last"]
 
@@ -75,7 +75,7 @@ def test_many_rows_go_in_groups_whole_and_in_order(engine: Engine, n: int) -> No
         in_order = [r[0] for r in conn.exec_driver_sql("SELECT k FROM t ORDER BY rowid")]
     assert in_order == keys
     inserts = [s for s in STATEMENTS if s.startswith("INSERT")]
-    per = bulk.ROWS_PER_STATEMENT
+    per = sqlite.ROWS_PER_STATEMENT
     sizes = ([per] if n >= per else []) + ([n % per] if n % per else [])
     assert [s.count("(?, ?, ?, ?)") for s in inserts] == sizes
 

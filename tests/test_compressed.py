@@ -24,7 +24,7 @@ from shardcat import (
     TarReader,
     TFRecordReader,
 )
-from shardcat.formats.base import detect_format
+from shardcat.formats.registry import detect_format
 from shardcat.formats.tar import TarFormat
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.sources import compressed

@@ -14,11 +14,13 @@ import io
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from shardcat.formats.base import known_formats
+from shardcat.formats.base import Entry
 from shardcat.formats.recordio import IRHeader, RecordIOWriter, pack
+from shardcat.formats.registry import known_formats
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.formats import FormatContract, Records
 from shardcat.testing.required import need
@@ -32,6 +34,10 @@ class TestTFRecord(FormatContract):
     def write(self, path: Path, records: Records) -> list[int]:
         with TFRecordWriter(path) as w:
             return [w.write(make_example({"key": key, **features})) for key, features in records]
+
+    def legacy_rows(self, entries: list[Entry]) -> list[Any]:
+        """tfd-utils' index: ``{key: {offset, length}}`` (payload length)."""
+        return [Entry(e.key, e.offset, e.length) for e in entries]
 
 
 class TestRecordIO(FormatContract):
@@ -49,6 +55,10 @@ class TestRecordIO(FormatContract):
 
     def view(self, features: dict[str, bytes]) -> dict[str, object]:
         return {"label": float(features["label"]), "data": features["image"]}
+
+    def legacy_rows(self, entries: list[Entry]) -> list[Any]:
+        """An MXNet ``.idx``: ``key<TAB>offset`` lines."""
+        return [(e.key, e.offset) for e in entries]
 
 
 class TestTar(FormatContract):
@@ -68,6 +78,10 @@ class TestTar(FormatContract):
                     info.size = len(value)
                     tf.addfile(info, io.BytesIO(value))
         return offsets
+
+    def legacy_rows(self, entries: list[Entry]) -> list[Any]:
+        """tfd-utils' tar index: ``(key, ext, member name, data offset, size)`` per member."""
+        return [(e.key, m[0], f"{e.key}.{m[0]}", m[1], m[2]) for e in entries for m in e.members]
 
 
 class TestParquet(FormatContract):

@@ -28,7 +28,8 @@ from shardcat import (
     make_example,
 )
 from shardcat.formats import tar
-from shardcat.formats.base import Format, get_format
+from shardcat.formats.base import Format
+from shardcat.formats.registry import get_format
 from shardcat.formats.tfrecord import TFRecordFormat
 from shardcat.testing.required import need
 

@@ -30,7 +30,7 @@ from shardcat import (
 )
 from shardcat.catalog.engine import DEFAULT_NAME, locate
 from shardcat.catalog.versions import SCHEMA_VERSION
-from shardcat.formats.base import known_formats
+from shardcat.formats.registry import known_formats
 
 # -- helpers -------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ import pytest
 from sqlalchemy import text
 
 import shardcat.catalog.engine as engine_mod
+import shardcat.catalog.sqlite as sqlite_backend
 from shardcat import Catalog, TFRecordWriter, make_example
+from shardcat.catalog.backend import make_engine
 
 
 def _shards(directory: Path, count: int) -> str:
@@ -26,16 +28,16 @@ def _connections_to_ingest(tmp_path: Path, shards: int, monkeypatch: pytest.Monk
     pattern = _shards(tmp_path / f"ds{shards}", shards)
     with Catalog(tmp_path / f"c{shards}.sqlite") as cat:
         opened: list[int] = []
-        real = engine_mod._on_connect
+        real = sqlite_backend._on_connect
 
         def counting(conn: Any, record: Any) -> None:
             opened.append(os.getpid())
             real(conn, record)
 
-        monkeypatch.setattr(engine_mod, "_on_connect", counting)
+        monkeypatch.setattr(sqlite_backend, "_on_connect", counting)
         with cat.ingest(pattern, "train", workers=1) as reader:
             assert len(reader) == 5 * shards
-        monkeypatch.setattr(engine_mod, "_on_connect", real)
+        monkeypatch.setattr(sqlite_backend, "_on_connect", real)
     return len(opened)
 
 
@@ -60,7 +62,7 @@ def test_kept_connection_is_closed_when_the_ingest_ends(tmp_path: Path) -> None:
 
 
 def test_forked_child_never_uses_the_parents_kept_connection(tmp_path: Path) -> None:
-    engine = engine_mod.make_engine(tmp_path / "f.sqlite", keep_connection=True)
+    engine = make_engine(tmp_path / "f.sqlite", keep_connection=True)
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE t (pid INTEGER, conn INTEGER)"))
         parent_conn = id(conn.connection.dbapi_connection)

@@ -189,3 +189,62 @@ def test_modules_are_small_and_say_what_they_hold(name: str):
     tree = ast.parse(source)
     if name.startswith("shardcat.") or name == "shardcat":
         assert ast.get_docstring(tree), f"{name} has no docstring"
+
+
+# The modules that know which database a catalog is on (issue 29): everything else asks
+# the catalog's backend object what it can do, never which one it is.
+BACKEND_MODULES = {
+    "shardcat.catalog.backend",
+    "shardcat.catalog.sqlite",
+    "shardcat.catalog.postgres",
+}
+# what only a backend module may import (the PostgreSQL one: its URL test, its driver)
+BACKEND_ONLY = {"shardcat.catalog.postgres"}
+
+
+def backend_checks(tree: ast.AST) -> list[str]:
+    """The places in ``tree`` that ask which database a catalog is on: a dialect's name,
+    a server URL test, a ``server`` flag (a name, attribute, parameter or keyword), a
+    test for a ``sqlite3`` connection."""
+    found = []
+    for node in ast.walk(tree):
+        what = None
+        if isinstance(node, ast.Attribute) and node.attr == "name":
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "dialect":
+                what = "dialect.name"
+        elif isinstance(node, ast.Attribute | ast.Name):
+            ident = node.attr if isinstance(node, ast.Attribute) else node.id
+            if ident in {"server", "is_server_url"}:
+                what = ident
+        elif isinstance(node, ast.keyword | ast.arg) and node.arg == "server":
+            what = "server="
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "isinstance"
+            and "sqlite3.Connection" in ast.unparse(node)
+        ):
+            what = "isinstance sqlite3.Connection"
+        if what is not None:
+            found.append(f"line {getattr(node, 'lineno', '?')}: {what}")
+    return found
+
+
+OUTSIDE_BACKENDS = sorted(
+    n for n in MODULES if n not in BACKEND_MODULES and not n.startswith("shardcat.testing")
+)
+
+
+@pytest.mark.parametrize("name", OUTSIDE_BACKENDS)
+def test_nothing_outside_the_backends_asks_which_database(name: str):
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    assert backend_checks(tree) == []
+    assert GRAPH[name] & BACKEND_ONLY == set()
+
+
+def test_the_backend_check_sees_each_kind():
+    source = (
+        "a = conn.dialect.name == 'sqlite'\nb = postgres.is_server_url(w)\n"
+        "c = store.server\nd = f(x, server=True)\ndef g(server): ...\n"
+        "e = isinstance(conn, sqlite3.Connection)\nf = backend.local_file is None\n"
+    )
+    assert len(backend_checks(ast.parse(source))) == 6

@@ -18,7 +18,8 @@ import pytest
 
 import shardcat
 from shardcat import Catalog, CatalogError, CorruptRecordError
-from shardcat.formats.base import Location, get_format, known_formats, register_format
+from shardcat.formats.base import Location
+from shardcat.formats.registry import get_format, known_formats, register_format
 from shardcat.sources.local import FileSource
 from shardcat.testing.required import needs
 
@@ -61,7 +62,7 @@ def test_registered_by_the_entry_point_only(tmp_path: Path):
     out = run_python(
         """
         from importlib import metadata
-        from shardcat.formats import base as formats
+        from shardcat.formats import registry as formats
         assert "parquet" not in formats._registry, "parquet is not a built-in format"
         names = sorted(
             ep.dist.name for ep in metadata.entry_points(group=formats.ENTRY_POINT_GROUP)
@@ -96,7 +97,8 @@ def test_without_pyarrow(tmp_path: Path):
         sys.modules["pyarrow"] = None
         sys.modules["pyarrow.parquet"] = None
         from shardcat import CatalogError
-        from shardcat.formats.base import Location, get_format, known_formats, register_format
+        from shardcat.formats.base import Location
+        from shardcat.formats.registry import get_format, known_formats, register_format
         from shardcat.sources.local import FileSource
         if "parquet" not in known_formats():
             register_format("parquet", "shardcat.formats.parquet:ParquetFormat")

@@ -22,8 +22,8 @@ from features import payloads
 
 from shardcat import Catalog, CatalogError, IngestError, TFRecordWriter, make_example
 from shardcat.catalog import postgres
+from shardcat.catalog.backend import make_engine
 from shardcat.catalog.claims import claim_next
-from shardcat.catalog.engine import make_engine
 from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.formats.tfrecord import HEADER
 from shardcat.pb2 import Example
@@ -388,7 +388,7 @@ def test_a_sqlite_url_is_a_file(tmp_path, monkeypatch):
     make_sample(tmp_path / "data", shards=1, records=10)
     with Catalog("sqlite:///rel.sqlite") as cat:  # SQLAlchemy's spelling of a file
         cat.ingest("data/*.tfrecord", "d").close()
-        assert not cat.server and cat.path == tmp_path / "rel.sqlite"
+        assert cat.backend.local_file == cat.path == tmp_path / "rel.sqlite"
     absolute = tmp_path / "abs.sqlite"
     with Catalog(f"sqlite:///{absolute}") as cat:
         assert cat.path == absolute and cat.datasets() == []
@@ -603,3 +603,36 @@ def test_names_refused_as_on_sqlite_and_nul_errors_name_the_record(tmp_path, pg_
         )
         # a first ingest that indexed nothing leaves no empty dataset (issue 28)
         assert [d.name for d in cat.datasets()] == ["train"]
+
+
+def test_one_backend_object_answers_for_either_database(pg_url, tmp_path):
+    """The same ``?`` statements, bulk rows and ``any_of`` through each backend; callers
+    ask what it can do (a local file, one writer at a time), never which it is."""
+    from shardcat.catalog.backend import backend_for, dialect_of, run
+
+    file, server = backend_for(tmp_path / "c.sqlite"), backend_for(pg_url)
+    assert (file.local_file, file.directory, file.one_writer) == (
+        tmp_path / "c.sqlite",
+        str(tmp_path),
+        True,
+    )
+    assert (server.local_file, server.directory, server.one_writer) == (None, "", False)
+    assert server.display == postgres.display(pg_url) and server.location == pg_url
+    for backend in (file, server):
+        engine = backend.engine()
+        try:
+            with engine.begin() as conn:
+                run(conn, "CREATE TABLE t (k TEXT, n BIGINT)")
+                dialect = dialect_of(conn)
+                dialect.insert_rows(conn, "t", ["k", "n"], [["a", "b%", "c?"], [1, 2, 3]], 3)
+                among, listed = dialect.any_of("k", ["b%", "c?", "zz"])
+                sql = f"SELECT k, n FROM t WHERE n > ? AND {among} ORDER BY n"
+                rows = [tuple(r) for r in run(conn, sql, (1, listed))]
+            assert rows == [("b%", 2), ("c?", 3)]
+            reads = backend.read_connection()
+            try:
+                assert reads.execute("SELECT count(*) FROM t WHERE n >= ?", (2,)).fetchone()[0] == 2
+            finally:
+                reads.close()
+        finally:
+            engine.dispose()

@@ -837,7 +837,8 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "d").close()
         conn = cat.reader_connection()
-        every, one_range = (reader_module.statements(1, r, p) for r, p in ((0, 0), (1, 1)))
+        batch = cat.backend.dialect.batch_items
+        every, one_range = (reader_module.statements(1, r, p, batch) for r, p in ((0, 0), (1, 1)))
         for sql, params in [
             (every.many_by_key, ("[]",)),
             (every.many_at, ("[]",)),

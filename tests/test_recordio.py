@@ -36,7 +36,7 @@ from shardcat.cli import app
 from shardcat.errors import CorruptRecordError, DuplicateKeyError
 from shardcat.facade.export import export_index, index_name
 from shardcat.formats import recordio_frames
-from shardcat.formats.base import Location, detect_format
+from shardcat.formats.base import Location
 from shardcat.formats.recordio import (
     IRHeader,
     IRRecord,
@@ -47,6 +47,7 @@ from shardcat.formats.recordio import (
     pack,
     unpack,
 )
+from shardcat.formats.registry import detect_format
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.sources.local import FileSource
 

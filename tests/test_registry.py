@@ -24,8 +24,10 @@ from shardcat import (
     Location,
 )
 from shardcat import register_format as public_register_format
-from shardcat.formats import base as formats
-from shardcat.formats.base import Entry, get_format, known_formats, register_format
+from shardcat.facade.export import export_index
+from shardcat.formats import registry as formats
+from shardcat.formats.base import Entry
+from shardcat.formats.registry import get_format, known_formats, register_format
 from shardcat.sources.rawio import Source, pread_exact
 from shardcat.testing.formats import FormatContract, Records
 
@@ -40,15 +42,16 @@ class ToyFormat(Format):
     NAME = "toy"
     TITLE = "toy records"
     EXTENSIONS = (".toy",)
+    MAGIC = MAGIC
 
     def sniff(self, head: bytes) -> bool:
-        return head.startswith(MAGIC)
+        return head.startswith(self.MAGIC)
 
     def scan(self, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         data = Path(path).read_bytes()
-        if not data.startswith(MAGIC):
+        if not data.startswith(self.MAGIC):
             raise CorruptRecordError(path, 0, "not a toy file")
-        at = len(MAGIC)
+        at = len(self.MAGIC)
         while at < len(data):
             if len(data) - at < FRAME.size or data[at : at + 1] != b"R":
                 raise CorruptRecordError(path, at, "bad frame")
@@ -75,8 +78,8 @@ class ToyFormat(Format):
         return [record[name]] if name in record else None
 
 
-def write_toy(path: Path, records: Records) -> list[int]:
-    offsets, out = [], bytearray(MAGIC)
+def write_toy(path: Path, records: Records, magic: bytes = MAGIC) -> list[int]:
+    offsets, out = [], bytearray(magic)
     for key, features in records:
         payload = json.dumps(
             {"key": key, "features": {k: base64.b64encode(v).decode() for k, v in features.items()}}
@@ -87,11 +90,46 @@ def write_toy(path: Path, records: Records) -> list[int]:
     return offsets
 
 
+class ToyPlus(ToyFormat):
+    """The toy with capabilities beyond the core, defined as a format written against
+    the old ``Format`` defined its optional methods: found by their names alone."""
+
+    NAME = "toyplus"
+    TITLE = "toy records with capabilities"
+    EXTENSIONS = (".toyp",)
+    MAGIC = b"TOYREC2\n"
+
+    def features(self, record: Any) -> dict[str, list[Any]]:
+        return {name: [value] for name, value in record.items()}
+
+    def describe(self, record: Any) -> dict[str, str]:
+        return {name: "bytes" for name in record}
+
+    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
+        return {"flavour": "plus"}
+
+    def field_types(self, options: Mapping[str, Any]) -> dict[str, str]:
+        return {"label": "text", "note": "text"} if options.get("fields", True) else {}
+
+    def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
+        for entry in entries:
+            yield f"{entry.offset} {entry.length}"
+
+
+def private_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of the registry for one test, the installed formats (entry points) read
+    into the real one first: they are read once per process."""
+    formats.known_formats()
+    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+
+
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``toy`` in the registry for one test (the registry as it was afterwards)."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    """``toy`` and ``toyplus`` in the registry for one test (the registry as it was
+    afterwards)."""
+    private_registry(monkeypatch)
     public_register_format("toy", ToyFormat)
+    public_register_format("toyplus", ToyPlus)
 
 
 @pytest.mark.usefixtures("toy_registered")
@@ -102,6 +140,64 @@ class TestToyFormat(FormatContract):
 
     def write(self, path: Path, records: Records) -> list[int]:
         return write_toy(path, records)
+
+
+class TestToyPlusFormat(TestToyFormat):
+    """A third-party format gets the contract of each capability it has."""
+
+    FORMAT = "toyplus"
+    SUFFIX = ".toyp"
+
+    def write(self, path: Path, records: Records) -> list[int]:
+        return write_toy(path, records, ToyPlus.MAGIC)
+
+
+def test_the_format_core_is_small():
+    """The methods every format has: six (the abstract five and the stream scan),
+    the key rule and the scan of a whole shard made of the two scans."""
+    methods = {
+        name
+        for name, value in vars(Format).items()
+        if callable(value) and not name.startswith("__")
+    }
+    assert methods == {
+        "sniff",
+        "scan",
+        "scan_stream",
+        "read",
+        "decode",
+        "feature_list",
+        "key_rule",
+        "scan_shard",
+    }
+    assert Format.__abstractmethods__ == {"sniff", "scan", "read", "decode", "feature_list"}
+
+
+@pytest.mark.usefixtures("toy_registered")
+def test_capabilities_are_found_by_their_methods(tmp_path: Path):
+    """What a format without a capability gets, and one with it, through the catalog:
+    features, declared SQL columns, detected options and DALI index files."""
+    records: Records = [("a", {"label": b"x", "image": b"\0" * 9}), ("b", {"label": b"y"})]
+    write_toy(tmp_path / "a.toy", records)
+    starts = write_toy(tmp_path / "a.toyp", records, ToyPlus.MAGIC)
+    ends = [*starts[1:], (tmp_path / "a.toyp").stat().st_size]
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        with cat.ingest(tmp_path / "a.toy", "core", format="toy") as reader:
+            assert reader.features(reader["a"]) == {} and reader.describe() == {}
+            assert reader.get_feature("a", "image") == b"\0" * 9
+        with pytest.raises(CatalogError, match=r"^DALI has no index file for toy records shards$"):
+            export_index(cat, "core", tmp_path / "dali")
+        with cat.ingest(tmp_path / "a.toyp", "plus") as reader:
+            assert reader.to_dict(reader["a"]) == {"label": b"x", "image": b"\0" * 9}
+            assert reader.describe() == {"label": "bytes", "image": "bytes"}
+            assert reader.options["flavour"] == "plus"
+        assert cat.query("SELECT key, label, note FROM plus ORDER BY key") == [
+            ("a", "x", None),
+            ("b", "y", None),
+        ]
+        (written,) = export_index(cat, "plus", tmp_path / "dali")
+        lines = [f"{a} {b - a}\n" for a, b in zip(starts, ends, strict=True)]
+        assert written.read_text() == "".join(lines)
 
 
 class PiecesToy(ToyFormat):
@@ -118,7 +214,7 @@ class PiecesToy(ToyFormat):
 def test_a_one_range_format_with_pieces_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Readers of ONE_RANGE formats read offset and length only: a location of
     pieces would be read wrong, so the ingest refuses to index it."""
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("toy", PiecesToy)
     write_toy(tmp_path / "a.toy", [("a", {"image": b"x"})])
     with Catalog(tmp_path / "c.sqlite") as cat:
@@ -129,7 +225,7 @@ def test_a_one_range_format_with_pieces_is_refused(monkeypatch: pytest.MonkeyPat
 
 def test_no_test_leaves_a_format_behind():
     assert {"tfrecord", "recordio", "tar"} <= set(known_formats())
-    assert "toy" not in known_formats() and "ghost" not in known_formats()
+    assert not {"toy", "toyplus", "ghost"} & set(known_formats())
 
 
 def test_a_name_is_registered_once(toy_registered: None):
@@ -142,7 +238,7 @@ def test_a_name_is_registered_once(toy_registered: None):
 
 
 def test_a_lazy_format_names_what_to_install(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("ghost", "no_such_module_here:Ghost", install_hint="pip install ghost")
     assert "ghost" in known_formats()
     with pytest.raises(CatalogError) as err:
@@ -161,7 +257,7 @@ def test_a_lazy_format_names_what_to_install(monkeypatch: pytest.MonkeyPatch):
 def test_a_format_that_cannot_be_imported_is_no_candidate_for_detection(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
-    monkeypatch.setattr(formats, "_registry", dict(formats._registry))
+    private_registry(monkeypatch)
     register_format("ghost", "no_such_module_here:Ghost")
     path = tmp_path / "x.toy"
     write_toy(path, [("a", {"image": b"1"})])

@@ -26,7 +26,8 @@ from shardcat import (
     TarReader,
 )
 from shardcat.formats import tar, tar_rules
-from shardcat.formats.base import Location, detect_format
+from shardcat.formats.base import Location
+from shardcat.formats.registry import detect_format
 from shardcat.formats.tar import TarFormat
 from shardcat.sources.local import FileSource
 from shardcat.testing.required import need

@@ -1,4 +1,6 @@
-"""Inserting many rows at once: what an ingest or a migration commits per shard.
+"""Inserting many rows at once: what an ingest or a migration commits per shard,
+column by column, through the backend's bulk insert
+(``Dialect.insert_rows``).
 
 On PostgreSQL the rows go through ``COPY ... FROM STDIN``. On SQLite they go to
 the driver's ``executemany``, SQLAlchemy's per-row parameter processing skipped (5x
@@ -20,64 +22,14 @@ since SQLite's text-to-double conversion is not guaranteed to round correctly.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import dialect_of
 
-__all__ = ["insert_columns", "value_groups"]
-
-
-# Rows per ``INSERT ... VALUES (...), (...)`` statement on SQLite, at most this many
-# bound values each (SQLite's historical default limit, lower than any build's).
-ROWS_PER_STATEMENT = 200
-_MAX_VALUES = 999
-
-
-def value_groups(
-    columns: Sequence[Sequence[Any]], n: int
-) -> list[tuple[str, list[tuple[Any, ...]]]]:
-    """``n`` rows given as one sequence per column, as multi-row ``VALUES`` statements.
-
-    Returns ``(values, parameter sets)`` pairs, for an ``executemany`` of
-    ``INSERT INTO t (...) VALUES <values> [ON CONFLICT ...]`` each: groups of up
-    to :data:`ROWS_PER_STATEMENT` rows (at most ``_MAX_VALUES`` bound values),
-    then one statement for the rest. Values are bound as they are. Shared by the
-    catalog's SQLite inserts and the TensorDB ``rows`` mirror (plain ``sqlite3``).
-    """
-    width = len(columns)
-    flat: list[Any] = [None] * (n * width)  # row after row, filled column by column
-    for j, values in enumerate(columns):
-        flat[j::width] = values
-    one = "(" + ", ".join("?" * width) + ")"
-    per = max(1, min(ROWS_PER_STATEMENT, _MAX_VALUES // width))
-    full = n // per * per
-    out: list[tuple[str, list[tuple[Any, ...]]]] = []
-    if full:
-        step = per * width
-        groups = [tuple(flat[i : i + step]) for i in range(0, full * width, step)]
-        out.append((", ".join([one] * per), groups))
-    if full < n:
-        out.append((", ".join([one] * (n - full)), [tuple(flat[full * width :])]))
-    return out
-
-
-def _insert_rows(
-    conn: Connection, table: str, names: Sequence[str], columns: Sequence[Sequence[Any]], n: int
-) -> None:
-    """Insert ``n`` rows given as one sequence per column: ``COPY`` on PostgreSQL; on
-    SQLite an ``executemany`` of multi-row ``VALUES`` statements (a group of rows per
-    statement), skipping SQLAlchemy's per-row parameter processing."""
-    if conn.dialect.name == "postgresql":
-        rows = list(zip(*columns, strict=True))
-        postgres.copy_rows(conn.connection.driver_connection, table, names, rows)
-        return
-    quote = conn.dialect.identifier_preparer.quote
-    head = f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in names)}) VALUES "
-    for values, groups in value_groups(columns, n):
-        conn.exec_driver_sql(head + values, groups if len(groups) > 1 else groups[0])
+__all__ = ["insert_columns"]
 
 
 def insert_columns(
@@ -105,5 +57,5 @@ def insert_columns(
         order = sorted(range(n), key=lists[order_by].__getitem__)  # stable, as a row sort
         pick = operator.itemgetter(*order)
         values = [v if c not in lists else pick(v) for c, v in zip(names, values, strict=True)]
-    _insert_rows(conn, table, names, values, n)
+    dialect_of(conn).insert_rows(conn, table, names, values, n)
     return n

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 
 from shardcat.catalog import schema
+from shardcat.catalog.backend import dialect_of
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS
 from shardcat.catalog.processes import holder, is_dead, owner_id
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
@@ -136,9 +137,8 @@ def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BA
     them: a dead process's claim is taken over at once anyway."""
     s = schema.shards
     with engine.connect() as conn:
-        raw: Any = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
-        if raw is not None:  # (on the DBAPI connection: a statement here would begin)
-            raw.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        dialect = dialect_of(conn)
+        dialect.lock_wait(conn, wait)
         with conn.begin():
             rows = conn.execute(
                 select(s.c.id, s.c.claim_owner, s.c.claimed_at).where(
@@ -156,8 +156,7 @@ def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BA
                     .where(s.c.id.in_(ids), s.c.state == "indexing")
                     .values(state="pending", claim_owner=None, claimed_at=None)
                 )
-        if raw is not None:
-            raw.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        dialect.lock_wait(conn, BUSY_TIMEOUT_MS / 1000)  # as it was (a kept connection)
 
 
 def open_shards(engine: Engine, dataset_id: int) -> int:

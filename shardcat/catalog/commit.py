@@ -35,7 +35,8 @@ import crc32c as _crc32c
 from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from shardcat.catalog import postgres, schema, tables
+from shardcat.catalog import schema, tables
+from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.names import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
@@ -53,10 +54,6 @@ __all__ = [
     "defer_key_index",
     "finish_key_index",
 ]
-
-#: SQLite page cache (KiB) of a writer connection committing into an existing key
-#: index (allocated as pages are touched; the default is 2 MiB)
-COMMIT_CACHE_KIB = 64 * 1024
 
 
 class Batch(Protocol):
@@ -143,25 +140,19 @@ def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: l
     never sees a collision.
     """
     removed = sorted(removed)
-    among, listed = postgres.any_of(conn, "ordinal", removed)
+    among, listed = dialect_of(conn).any_of("ordinal", removed)
     for table in (schema.records_table_name(dataset_id), schema.members.name):
-        conn.exec_driver_sql(
-            postgres.driver_sql(conn, f"DELETE FROM {table} WHERE shard_id = ? AND {among}"),
-            (shard_id, listed),
-        )
-        shift_sql = postgres.driver_sql(
-            conn,
+        run(conn, f"DELETE FROM {table} WHERE shard_id = ? AND {among}", (shard_id, listed))
+        shift_sql = (
             f"UPDATE {table} SET ordinal = -(ordinal - ?) - 1 "
-            "WHERE shard_id = ? AND ordinal > ? AND ordinal < ?",
+            "WHERE shard_id = ? AND ordinal > ? AND ordinal < ?"
         )
         for shift, (low, high) in enumerate(zip(removed, [*removed[1:], None], strict=True), 1):
             # (the last gap runs to the end: any ordinal below the largest possible)
-            conn.exec_driver_sql(shift_sql, (shift, shard_id, low, 2**62 if high is None else high))
-        conn.exec_driver_sql(
-            postgres.driver_sql(
-                conn,
-                f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal < 0",
-            ),
+            run(conn, shift_sql, (shift, shard_id, low, 2**62 if high is None else high))
+        run(
+            conn,
+            f"UPDATE {table} SET ordinal = -ordinal - 1 WHERE shard_id = ? AND ordinal < 0",
             (shard_id,),
         )
 
@@ -174,13 +165,11 @@ def conflicts(
     found = {}
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
-        among, listed = postgres.any_of(conn, "r.key", chunk)
-        rows = conn.exec_driver_sql(
-            postgres.driver_sql(
-                conn,
-                f'SELECT r.key, r.shard_id, s.path, r.ordinal, r."offset" FROM {table} r '
-                f"JOIN shardcat_shards s ON s.id = r.shard_id WHERE {among}",
-            ),
+        among, listed = dialect_of(conn).any_of("r.key", chunk)
+        rows = run(
+            conn,
+            f'SELECT r.key, r.shard_id, s.path, r.ordinal, r."offset" FROM {table} r '
+            f"JOIN shardcat_shards s ON s.id = r.shard_id WHERE {among}",
             (listed,),
         )
         for row in rows:
@@ -286,27 +275,25 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
                 if first is not None:
                     types[name] = tables.sql_type_of(first)
         cols = tables.ensure_field_columns(conn, job.dataset_id, job.dataset_name, types)
-        server = conn.dialect.name == "postgresql"
+        keeps_nul = dialect_of(conn).text_holds_nul
         for name in cols:
             column = batch.fields.get(name)
             if column is not None and any(v is not None for v in column):
-                if server and cols[name][1] == "text":  # PostgreSQL text cannot hold NUL
+                if not keeps_nul and cols[name][1] == "text":  # (PostgreSQL's text)
                     column = [None if isinstance(v, str) and "\x00" in v else v for v in column]
                 columns[f"v{cols[name][2]}"] = column
     # Into a key index, in key order: it takes the shard's keys in one sweep. Without
     # one (a first ingest builds it last), in ordinal order: the table's own.
     order = "key" if tables.has_key_index(conn, job.dataset_id) else None
-    if order is not None and conn.dialect.name == "sqlite":
-        # scattered keys dirty a page of the index each; in SQLite's default 2 MiB
-        # page cache they spill to the WAL before the commit and are read back
-        conn.exec_driver_sql(f"PRAGMA cache_size = -{COMMIT_CACHE_KIB}")
+    if order is not None:
+        dialect_of(conn).keyed_commit(conn)
     insert_columns(conn, schema.records_table_name(job.dataset_id), columns, order_by=order)
 
 
 def insert_bad_records(conn: Connection, shard_id: int, bad: Sequence[Any]) -> None:
     """The records the shard's scan set aside (``offset``, ``length``, ``reason``,
     ``key`` each); PostgreSQL text cannot hold NUL: such a key is not kept."""
-    server = conn.dialect.name == "postgresql"
+    keeps_nul = dialect_of(conn).text_holds_nul
     conn.execute(
         schema.bad_records.insert(),
         [
@@ -315,7 +302,7 @@ def insert_bad_records(conn: Connection, shard_id: int, bad: Sequence[Any]) -> N
                 "offset": b.offset,
                 "length": b.length,
                 "reason": b.reason.replace("\x00", "\\x00"),
-                "key": None if server and b.key and "\x00" in b.key else b.key,
+                "key": b.key if keeps_nul or not b.key or "\x00" not in b.key else None,
             }
             for b in bad
         ],
@@ -342,7 +329,7 @@ def _refuse_nul(conn: Connection, job: IngestJob, stored: str, batch: Batch) -> 
                     f"{record(i)} has a field named {name!r}: a NUL character cannot be in a "
                     "SQL name (rename the feature, or ingest with fields=False)"
                 )
-    if conn.dialect.name == "postgresql":
+    if not dialect_of(conn).text_holds_nul:
         i = next((i for i, k in enumerate(batch.keys) if k is not None and "\x00" in k), -1)
         if i >= 0:
             raise CatalogError(
@@ -442,7 +429,7 @@ def defer_key_index(engine: Engine, dataset_id: int) -> None:
     built once the rows are in (:func:`finish_key_index`, a sort)."""
     table = schema.records_table_name(dataset_id)
     with engine.begin() as conn:
-        empty = conn.exec_driver_sql(f"SELECT 1 FROM {table} LIMIT 1").first() is None
+        empty = run(conn, f"SELECT 1 FROM {table} LIMIT 1").first() is None
         if empty and tables.has_key_index(conn, dataset_id):
             tables.drop_key_index(conn, dataset_id)
 
@@ -471,10 +458,11 @@ def finish_key_index(engine: Engine, job: IngestJob) -> tuple[dict[str, str], di
 
 def _settle_duplicates(conn: Connection, job: IngestJob) -> tuple[dict[str, str], dict[str, int]]:
     table = schema.records_table_name(job.dataset_id)
-    rows = conn.exec_driver_sql(
+    rows = run(
+        conn,
         f'SELECT r.key, s.path, r.shard_id, r.ordinal, r."offset" FROM {table} r '
         "JOIN shardcat_shards s ON s.id = r.shard_id WHERE r.key IN "
-        f"(SELECT key FROM {table} GROUP BY key HAVING count(*) > 1) ORDER BY s.path"
+        f"(SELECT key FROM {table} GROUP BY key HAVING count(*) > 1) ORDER BY s.path",
     ).all()
     by_shard: dict[str, list[Any]] = defaultdict(list)
     for row in rows:

@@ -46,9 +46,10 @@ class DatasetInfo:
         return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
 
 
-def describe(conn: ReadConnection, row: Sequence[Any], *, server: bool) -> DatasetInfo:
+def describe(conn: ReadConnection, row: Sequence[Any], index_names_sql: str) -> DatasetInfo:
     """The dataset whose ``shardcat_datasets`` row is ``row`` (id, name, format,
-    key_rule, grouping, options, source, created_at); ``server``: a PostgreSQL catalog."""
+    key_rule, grouping, options, source, created_at); ``index_names_sql``: the
+    backend's statement for the names of a table's indexes."""
     states = dict(
         conn.execute(
             "SELECT state, count(*) FROM shardcat_shards WHERE dataset_id = ? GROUP BY state",
@@ -65,12 +66,7 @@ def describe(conn: ReadConnection, row: Sequence[Any], *, server: bool) -> Datas
         (row[0],),
     ).fetchall()
     cols = {col: sql_type for col, sql_type, _ in registry}
-    index_names = conn.execute(
-        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?"
-        if server
-        else "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-        (schema.records_table_name(row[0]),),
-    )
+    index_names = conn.execute(index_names_sql, (schema.records_table_name(row[0]),))
     indexed = tables.indexed_columns(
         (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
     )

@@ -1,5 +1,7 @@
-"""Opening the catalog database: where it lives, engine, pragmas, fork safety,
-WAL checkpoints and what the ``-shm`` wal-index says about them."""
+"""The SQLite file plumbing under the catalog's backends: where a catalog file
+lives, engines that never cross ``fork``, the writers' pragmas, read-only
+connections, WAL checkpoints and what the ``-shm`` wal-index says about them
+(which backend a catalog has: :mod:`~shardcat.catalog.backend`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool, QueuePool
 
-from shardcat.catalog import postgres
 from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import CatalogError
 
@@ -92,15 +93,6 @@ def locate(explicit: str | os.PathLike[str] | None, shard_dir: str | None = None
         return beside
     digest = hashlib.sha1(str(directory).encode()).hexdigest()[:16]
     return user_cache_dir() / f"{directory.name}-{digest}.sqlite"
-
-
-def catalog_location(explicit: str | os.PathLike[str] | None) -> Path | str:
-    """:func:`locate` for a catalog that may be on a server: a PostgreSQL URL (given,
-    or in ``$SHARDCAT_CATALOG``) as it is, else the file, absolute."""
-    given = os.environ.get(ENV_VAR) if explicit is None else explicit
-    if postgres.is_server_url(given):
-        return str(given)
-    return locate(explicit).absolute()
 
 
 def _read_only_fs(path: Path) -> bool:
@@ -186,19 +178,6 @@ def configure_writer(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA synchronous = NORMAL")
 
 
-def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
-    dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
-    configure_writer(dbapi_conn)
-    dbapi_conn.execute("PRAGMA foreign_keys = ON")
-
-
-def _on_begin(conn: Any) -> None:
-    # Writers take the write lock at BEGIN, so two writers never deadlock on
-    # a lock upgrade; read-only work uses execution_options(immediate=False).
-    immediate = conn.get_execution_options().get("immediate", True)
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-
 def _note_process(_dbapi_conn: sqlite3.Connection, record: Any) -> None:
     record.info["pid"] = os.getpid()
 
@@ -212,9 +191,9 @@ def _refuse_other_process(_dbapi_conn: sqlite3.Connection, record: Any, proxy: A
         raise DisconnectionError("connection opened by another process")
 
 
-def make_engine(path: Path | str, *, keep_connection: bool = False) -> Engine:
-    """A SQLAlchemy engine on the SQLite catalog at ``path`` (WAL, busy timeout), or
-    on the PostgreSQL catalog ``path`` names (a URL: see :mod:`~shardcat.catalog.postgres`).
+def pooled_engine(url: Any, *, keep_connection: bool = False, **args: Any) -> Engine:
+    """A SQLAlchemy engine on ``url`` (a backend adds its events: see
+    :meth:`~shardcat.catalog.backend.Backend.engine`).
 
     By default ``NullPool``: every transaction opens its own connection, so an
     engine never carries a connection across ``fork`` and nothing stays open
@@ -223,32 +202,12 @@ def make_engine(path: Path | str, *, keep_connection: bool = False) -> Engine:
     re-running the pragmas each time; its owner disposes of it before forking
     and when done, and a connection opened by another process is never used.
     """
-    server = postgres.is_server_url(path)
-    if server:
-        postgres.psycopg_module()  # the install hint when psycopg is missing
-        url: Any = postgres.engine_url(str(path))
-    else:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite+pysqlite:///{path}"
-    # text comes back as str whatever the server database's encoding
-    args: dict[str, Any] = {"connect_args": {"client_encoding": "utf8"}} if server else {}
-    if keep_connection:
-        engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1, **args)
-        event.listen(engine, "connect", _note_process)
-        event.listen(engine, "checkout", _refuse_other_process)
-    else:
-        engine = create_engine(url, poolclass=NullPool, **args)
-    if server:
-        event.listen(engine, "begin", postgres.on_begin)
-        return engine
-    event.listen(engine, "connect", _on_connect)
-    event.listen(engine, "begin", _on_begin)
+    if not keep_connection:
+        return create_engine(url, poolclass=NullPool, **args)
+    engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1, **args)
+    event.listen(engine, "connect", _note_process)
+    event.listen(engine, "checkout", _refuse_other_process)
     return engine
-
-
-# What a damaged SQLite file says (rather than a busy or missing one).
-_DAMAGE = ("malformed", "not a database", "no such column", "no such table", "decode", "corrupt")
 
 
 def database_failure(exc: BaseException) -> bool:
@@ -280,25 +239,12 @@ def reads_catalog(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def damage_error(where: str, exc: BaseException, *, server: bool = False) -> CatalogError:
-    """The :class:`CatalogError` for a database failure reading the catalog ``where``
-    (see :func:`database_failure`): its reason, and what to run when the reason says
-    the file is damaged."""
+def damage_reason(exc: BaseException) -> str:
+    """Why reading the catalog failed (see :func:`database_failure`), for a message."""
     reason = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
     if isinstance(exc, (UnicodeDecodeError, json.JSONDecodeError)):
         reason = f"a stored value does not decode ({reason})"
-    message = f"cannot read catalog {postgres.display(where)}: {reason}"
-    if not server and (
-        not isinstance(exc, sqlite3.Error)
-        or any(word in reason.lower() for word in _DAMAGE)
-        or type(exc) is sqlite3.DatabaseError
-    ):
-        message += (
-            f"; the file may be damaged: `catalog verify DATASET -c {where}` checks it "
-            "(SQLite's quick_check) and says what is damaged; rebuild a damaged catalog by "
-            "ingesting its shards into a new one"
-        )
-    return CatalogError(message)
+    return reason
 
 
 def quick_check(conn: Any) -> list[str]:
@@ -404,18 +350,6 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA query_only = ON")
     return conn
-
-
-def make_readonly_engine(path: Path, *, immutable: bool = False) -> Engine:
-    """A SQLAlchemy engine on :func:`connect_readonly` connections (no pool), whose
-    transactions are read transactions (one snapshot of the file each)."""
-    engine = create_engine(
-        "sqlite+pysqlite://",
-        creator=lambda: connect_readonly(path, immutable=immutable),
-        poolclass=NullPool,
-    )
-    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
-    return engine
 
 
 def file_identity(path: Path) -> tuple[int, ...] | None:

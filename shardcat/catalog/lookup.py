@@ -14,9 +14,9 @@ every read compares the bytes with.
 Batches are one query per batch: the items go in as one JSON array and
 ``CROSS JOIN`` makes SQLite loop over it and look each item up (instead of
 scanning the records), in sorted order for B-tree locality (2-3x faster than
-random order). On a PostgreSQL catalog (``server``) the same batches go in as
-one JSON array too, expanded by ``jsonb_array_elements`` (see
-:mod:`~shardcat.catalog.postgres` for the connection that runs them).
+random order). How a backend expands that array (:class:`BatchItems`) is the
+backend's (:mod:`~shardcat.catalog.backend`): a PostgreSQL catalog expands it with
+``jsonb_array_elements``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
+    "BatchItems",
     "ReadConnection",
     "RecordStatements",
     "Row",
@@ -53,7 +54,7 @@ Row = tuple[Any, ...]
 
 class ReadConnection(Protocol):
     """The read-only connection the readers' statements run on: a ``sqlite3``
-    connection, or :class:`~shardcat.catalog.postgres.ServerConnection`."""
+    connection, or the PostgreSQL backend's ``ServerConnection``."""
 
     def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
 
@@ -90,28 +91,35 @@ class RecordStatements:
     members_at: str
 
 
-# The items of a batch, from one JSON array parameter: (index, value) rows.
-_SQLITE_ITEMS = "json_each(?) j"
-_SERVER_ITEMS = "jsonb_array_elements(CAST(? AS jsonb)) WITH ORDINALITY j(value, n)"
+@dataclass(frozen=True)
+class BatchItems:
+    """How a backend turns a batch's one JSON array parameter into ``(index, value)``
+    rows, in SQL fragments: ``items`` (the row source, one ``?``), ``index`` (the
+    item's position), ``join`` (how the records are joined to it), ``key`` (the item
+    as a key) and ``at`` (the item ``[shard_id, ordinal]`` as two integers)."""
+
+    items: str
+    index: str
+    join: str
+    key: str
+    at: tuple[str, str]
 
 
 @functools.lru_cache(maxsize=256)
 def statements(
-    dataset_id: int, one_range: bool, parts: bool, server: bool = False
+    dataset_id: int, one_range: bool, parts: bool, batch: BatchItems
 ) -> RecordStatements:
     """The statements of dataset ``dataset_id`` (``one_range``: its format's records
-    are always one byte range; ``parts``: they are made of members; ``server``: on
-    PostgreSQL)."""
+    are always one byte range; ``parts``: they are made of members; ``batch``: the
+    catalog backend's batch items, ``Backend.dialect.batch_items``)."""
     t = f'"shardcat_records_{int(dataset_id)}"'
-    if server:  # (index, key) and (index, shard_id, ordinal) of the batch's items
-        items, index, join = _SERVER_ITEMS, "j.n - 1", "JOIN"
-        item_key = "j.value #>> '{}'"
-        item_at = "CAST(j.value ->> 0 AS INTEGER)", "CAST(j.value ->> 1 AS BIGINT)"
-    else:
-        # CROSS JOIN: SQLite loops over the items, looking each up
-        items, index, join = _SQLITE_ITEMS, "j.key", "CROSS JOIN"
-        item_key = "j.value"
-        item_at = "json_extract(j.value, '$[0]')", "json_extract(j.value, '$[1]')"
+    items, index, join, item_key, item_at = (
+        batch.items,
+        batch.index,
+        batch.join,
+        batch.key,
+        batch.at,
+    )
     location = (
         "r.shard_id"
         + (", r.ordinal" if parts else "")

@@ -41,7 +41,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import postgres, schema, tables
+from shardcat.catalog import schema, tables
+from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.sync import DROPPED, Judge, bump_version, recompute_positions
 from shardcat.errors import CatalogError
 
@@ -163,16 +164,14 @@ def seed(
     ).one()
     if not files:
         return 0
-    among, listed = postgres.any_of(conn, "s.path", sorted(files))
-    rows = conn.exec_driver_sql(
-        postgres.driver_sql(
-            conn,
-            "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
-            "ON d.id = s.dataset_id "
-            "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
-            "AND d.format = ? AND d.key_rule = ? AND coalesce(d.grouping, '') = ? "
-            f"AND {among}",
-        ),
+    among, listed = dialect_of(conn).any_of("s.path", sorted(files))
+    rows = run(
+        conn,
+        "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
+        "ON d.id = s.dataset_id "
+        "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
+        "AND d.format = ? AND d.key_rule = ? AND coalesce(d.grouping, '') = ? "
+        f"AND {among}",
         (dataset_id, me.format, me.key_rule, me.grouping or "", listed),
     ).all()
     mine = _scan_options(options)
@@ -284,4 +283,4 @@ def _copy_shard(
         ),
     )
     for sql, params in statements:
-        conn.exec_driver_sql(postgres.driver_sql(conn, sql), params)
+        run(conn, sql, params)

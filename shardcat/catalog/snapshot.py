@@ -43,6 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from shardcat.catalog import schema, tables
+from shardcat.catalog.backend import run
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import REPLACE, CatalogError, NetworkFilesystemWarning
@@ -128,8 +129,9 @@ def take(
             warnings.simplefilter("ignore", NetworkFilesystemWarning)
             Store(tmp).close()  # an empty catalog of the current schema
         attach = None
-        if FAST_SQLITE and not store.server:  # a SQLite source: bulk rows in SQL
-            attach = store._file().resolve().as_uri() + (
+        source = store.backend.local_file
+        if FAST_SQLITE and source is not None:  # a SQLite source: bulk rows in SQL
+            attach = source.resolve().as_uri() + (
                 "?mode=ro&immutable=1" if store.immutable else "?mode=ro"
             )
         with store.read_transaction() as src, _writer(tmp, attach) as dst:
@@ -139,9 +141,9 @@ def take(
                 for name in wanted
             ]
             if attach is not None:  # DDL must not see the source's objects
-                dst.exec_driver_sql("COMMIT")
-                dst.exec_driver_sql("DETACH DATABASE src")
-                dst.exec_driver_sql("BEGIN")
+                run(dst, "COMMIT")
+                run(dst, "DETACH DATABASE src")
+                run(dst, "BEGIN")
             for name in wanted:
                 _index_and_view(src, dst, name)
             prov.versions.update({c.name: c.version for c in copies})
@@ -176,7 +178,8 @@ def _check_target(store: Store, target: Path, overwrite: bool) -> None:
         raise CatalogError(f"cannot write the snapshot {target}: it is a directory")
     if not target.exists():
         return
-    if not store.server and target.samefile(store.path):
+    source = store.backend.local_file
+    if source is not None and target.samefile(source):
         raise CatalogError(f"cannot write the snapshot over its own source catalog {target}")
     if not overwrite:
         raise CatalogError(f"{target} exists", hint=REPLACE)
@@ -205,7 +208,7 @@ def _writer(path: Path, attach: str | None) -> Iterator[Connection]:
     engine = create_engine("sqlite+pysqlite://", creator=lambda: raw, poolclass=StaticPool)
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("BEGIN")
+            run(conn, "BEGIN")
             yield conn
     finally:
         engine.dispose()
@@ -265,9 +268,10 @@ def _copy_dataset(
     tables.create_records_table(dst, dataset_id, key_index=False)
     records_name = schema.records_table_name(dataset_id)
     for r in field_rows:
-        dst.exec_driver_sql(
+        run(
+            dst,
             f'ALTER TABLE "{records_name}" ADD COLUMN v{int(r["idx"])} '
-            f"{tables.SQL_TYPES[r['sql_type']]}"
+            f"{tables.SQL_TYPES[r['sql_type']]}",
         )
     if field_rows:
         dst.execute(f.insert(), [dict(r) for r in field_rows])
@@ -278,8 +282,8 @@ def _copy_dataset(
         ids = [int(r["id"]) for r in shard_rows]
         n = _copy_attached(dst, records_name, cols, ids, "shard_id, ordinal")
         _copy_attached(dst, m.name, _MEMBER_COLUMNS, ids, "shard_id, ordinal, name")
-        version = dst.exec_driver_sql(
-            "SELECT version FROM src.shardcat_datasets WHERE id = ?", (dataset_id,)
+        version = run(
+            dst, "SELECT version FROM src.shardcat_datasets WHERE id = ?", (dataset_id,)
         ).scalar()
         if version != row["version"]:  # (a commit between the two reads)
             raise CatalogError(
@@ -348,9 +352,10 @@ def _copy_attached(
         return 0
     names = ", ".join(f'"{c}"' for c in cols)
     ids = ", ".join(str(i) for i in shard_ids)
-    done = dst.exec_driver_sql(
+    done = run(
+        dst,
         f'INSERT INTO main."{into}" ({names}) SELECT {names} FROM src."{into}" '
-        f"WHERE shard_id IN ({ids}) ORDER BY {order}"
+        f"WHERE shard_id IN ({ids}) ORDER BY {order}",
     )
     return int(done.rowcount)
 

@@ -25,45 +25,17 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, postgres, reuse, schema, tables
+from shardcat.catalog import datasets, reuse, schema, tables
 from shardcat.catalog import engine as engine_module
+from shardcat.catalog.backend import Backend, backend_for
 from shardcat.catalog.commit import catalog_error
 from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
 from shardcat.catalog.datasets import DatasetInfo, describe
-from shardcat.catalog.engine import (
-    CHECKPOINT_BUSY_MS,
-    cannot_create_shm,
-    catalog_location,
-    close_wal,
-    connect_readonly,
-    damage_error,
-    fork_generation,
-    make_engine,
-    make_readonly_engine,
-    open_error,
-    quick_check,
-    reads_catalog,
-    unsaved_wal,
-)
-from shardcat.catalog.engine import checkpoint as wal_checkpoint
+from shardcat.catalog.engine import cannot_create_shm, fork_generation, reads_catalog, unsaved_wal
 from shardcat.catalog.lookup import ReadConnection
-from shardcat.catalog.mounts import warn_if_network
-from shardcat.catalog.query import (
-    DEFAULT_QUERY_MEMORY,
-    DEFAULT_QUERY_TIMEOUT,
-    Rows,
-    check_limits,
-    streamed,
-)
+from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT, Rows, check_limits
 from shardcat.catalog.sync import Judge
-from shardcat.catalog.versions import (
-    OLD_META,
-    SCHEMA_VERSION,
-    ensure_schema,
-    read_version,
-    too_new,
-    too_old,
-)
+from shardcat.catalog.versions import SCHEMA_VERSION, ensure_schema, read_version, too_new, too_old
 from shardcat.errors import CatalogError, checkpoint_hint
 
 __all__ = ["Store", "check_name", "open_catalogs"]
@@ -93,24 +65,6 @@ def check_name(name: str) -> None:
         )
 
 
-def _refuse_foreign(path: Path) -> None:
-    """Refuse to turn a file that is not a catalog into one: anything but a missing or
-    empty file, or a SQLite database holding ``catalog_meta``, is left untouched."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    uri = path.resolve().as_uri() + "?mode=ro"
-    try:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    except sqlite3.Error as exc:
-        raise open_error(path, exc) from None
-    if names and not names & {"shardcat_meta", "catalog_meta"}:  # (before version 4)
-        raise CatalogError(
-            f"{path} is a SQLite database but not a shardcat catalog: refusing to add the "
-            "catalog's tables to it (give another catalog path)"
-        )
-
-
 class Store:
     """One catalog file as SQL: datasets, shards, keys and byte offsets.
 
@@ -131,6 +85,8 @@ class Store:
     also in ``$SHARDCAT_CATALOG``) opens a catalog on a PostgreSQL server instead:
     the same tables, created when missing; see :mod:`~shardcat.catalog.postgres`.
     ``path`` is then the URL without its password (``location`` keeps it whole).
+    What differs between the two is the store's ``backend``
+    (:mod:`~shardcat.catalog.backend`), chosen here once.
     """
 
     def __init__(
@@ -140,19 +96,13 @@ class Store:
         readonly: bool = False,
         immutable: bool = False,
     ) -> None:
-        where = catalog_location(path)
-        self.server = isinstance(where, str)
+        #: what differs between a SQLite file and a PostgreSQL server, chosen once
+        self.backend: Backend = backend_for(path)
         #: what reopens this catalog (a file's path, or a server's whole URL)
-        self.location = str(where)
+        self.location = self.backend.location
         #: the catalog's name in messages (a file's path, a URL without its password)
-        self.path: Path | str = where
-        if self.server:
-            self.path = postgres.display(self.location)
-            if immutable:
-                raise CatalogError(
-                    f"immutable=True is for SQLite files; {self.path} is a server "
-                    "(write a snapshot for readers that must not touch it: `catalog snapshot`)"
-                )
+        self.path: Path | str = self.backend.local_file or self.backend.display
+        self.backend.check_mode(immutable=immutable)
         self.readonly = readonly or immutable
         self.immutable = immutable
         self.closed = False
@@ -162,23 +112,22 @@ class Store:
         # an immutable catalog's file, checked to be the one opened
         self._watch = FileWatch(self._file(), str(self.path)) if immutable else None
         try:
-            if self.server:
-                self._open_server()
-            elif self.readonly:
-                self._open_readonly_file(self._file())
+            if self.readonly:
+                self._open_readonly()
             else:
-                _refuse_foreign(self._file())
-                warn_if_network(self._file())
-                self._engine = make_engine(self._file())
+                self.backend.before_write()
+                self._engine = self.backend.engine()
                 version = self._open_schema(self._engine)
                 if version is not None and version > SCHEMA_VERSION:
                     raise too_new(str(self.path), version)
-        except BaseException:
+        except BaseException as exc:
             self._reads.close()  # not registered in _open yet: close it here
             if self._watch is not None:
                 self._watch.close()
             if self._engine is not None:
                 self._engine.dispose()
+            if isinstance(exc, SQLAlchemyError):
+                raise self.backend.open_error(exc) from None
             raise
         _open.add(self)
 
@@ -186,31 +135,17 @@ class Store:
 
     def _file(self) -> Path:
         """The SQLite file (only called on the paths a file catalog takes)."""
-        if not isinstance(self.path, Path):
-            raise CatalogError(f"{self.path} is a server catalog, not a SQLite file")
-        return self.path
+        if self.backend.local_file is None:
+            raise CatalogError(f"{self.path} is not a local SQLite file")
+        return self.backend.local_file
 
-    def _open_server(self) -> None:
-        try:
-            if self.readonly:
-                version = self._read_version()
-                if version is None:
-                    raise CatalogError(f"no catalog at {self.path} (it has no shardcat tables)")
-            else:
-                self._engine = make_engine(self.location)
-                version = self._open_schema(self._engine)
-        except SQLAlchemyError as exc:
-            raise postgres.connect_error(self.location, exc) from None
-        if version is not None and version > SCHEMA_VERSION:
-            raise too_new(str(self.path), version)
-        if version is not None and version < SCHEMA_VERSION and self.readonly:
-            raise too_old(str(self.path), version)
-
-    def _open_readonly_file(self, file: Path) -> None:
-        """Check a file opened read-only: there, holding every commit, not newer or older."""
-        if not file.is_file():
+    def _open_readonly(self) -> None:
+        """Check a catalog opened read-only: there, holding every commit, not newer or
+        older."""
+        file = self.backend.local_file
+        if file is not None and not file.is_file():
             raise CatalogError(f"no catalog at {self.path}")
-        unsaved = unsaved_wal(file) if self.immutable else None
+        unsaved = unsaved_wal(file) if file is not None and self.immutable else None
         if unsaved is not None:
             raise CatalogError(
                 f"{self.path} has commits in {self.path}-wal that {unsaved} in the main file,",
@@ -218,9 +153,7 @@ class Store:
             )
         version = self._read_version()
         if version is None:
-            raise CatalogError(
-                f"{self.path} is not a shardcat catalog (it records no schema version)"
-            )
+            raise CatalogError(self.backend.no_catalog)
         if version > SCHEMA_VERSION:
             raise too_new(str(self.path), version)
         if version < SCHEMA_VERSION:
@@ -251,39 +184,27 @@ class Store:
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:
-                    if self.server:
-                        raise postgres.connect_error(self.location, exc) from None
-                    raise open_error(self._file(), exc) from None
+                    raise self.backend.open_error(exc) from None
                 time.sleep(0.02)
 
     @property
     def directory(self) -> str:
         """Where relative shard paths start: the file's directory ("" for a server
         catalog, whose shard paths are all stored absolute)."""
-        return "" if self.server else str(self._file().parent)
+        return self.backend.directory
 
     def _read_version(self) -> int | None:
-        """The schema version the file records, read on the read-only connection
-        (None: a SQLite database without one). Where SQLite cannot open it
-        read-only because it cannot create the ``-shm`` file (a read-only
-        directory or mount) and the main file holds every commit, it is opened
-        immutable instead: nothing can be writing it there."""
-        sql = "SELECT value FROM shardcat_meta WHERE name = 'schema_version'"
-        if self.server:
-            conn = self.reader_connection()
-            found = conn.execute(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
-                "AND tablename = ?",
-                ("shardcat_meta",),
-            ).fetchone()[0]
-            row = conn.execute(sql).fetchone() if found else None
-            return None if row is None else int(row[0])
-        file = self._file()
+        """The schema version the catalog records, read on the read-only connection
+        (None: a database without one). Where SQLite cannot open a file read-only
+        because it cannot create the ``-shm`` file (a read-only directory or mount)
+        and the main file holds every commit, it is opened immutable instead:
+        nothing can be writing it there."""
+        file = self.backend.local_file
         try:
             try:
-                row = self.reader_connection().execute(sql).fetchone()
+                return self.backend.read_version(self.reader_connection())
             except sqlite3.OperationalError as exc:
-                if self.immutable or not cannot_create_shm(file, exc):
+                if file is None or self.immutable or not cannot_create_shm(file, exc):
                     raise
                 if unsaved_wal(file) is not None:
                     raise CatalogError(
@@ -297,18 +218,9 @@ class Store:
                 self._reads.close()
                 self.immutable = True
                 self._watch = FileWatch(file, str(self.path))
-                row = self.reader_connection().execute(sql).fetchone()
-        except sqlite3.OperationalError as exc:
-            if not str(exc).startswith("no such table"):
-                raise open_error(file, exc) from None
-            try:  # a catalog older than version 4 kept it in catalog_meta
-                row = self.reader_connection().execute(sql.replace("shardcat_meta", OLD_META))
-                row = row.fetchone()
-            except sqlite3.OperationalError:
-                return None
+                return self.backend.read_version(self.reader_connection())
         except sqlite3.DatabaseError as exc:  # not a database, corrupt
-            raise open_error(file, exc) from None
-        return None if row is None else int(row[0])
+            raise self.backend.open_error(exc) from None
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
         """This thread's read-only DBAPI connection (see
@@ -359,15 +271,14 @@ class Store:
         return conn
 
     def _open_reads(self) -> ReadConnection:  # (for ThreadConnections)
-        if self.server:
-            return postgres.ServerConnection(self.location)
         if self._watch is not None:
             self._watch.unchanged()
-        return connect_readonly(self._file(), immutable=self.immutable)
+        return self.backend.read_connection(immutable=self.immutable)
 
     def damaged(self, exc: BaseException) -> CatalogError:
-        """The error for a database failure reading the catalog (see ``damage_error``)."""
-        return damage_error(str(self.path), exc, server=self.server)
+        """The error for a database failure reading the catalog (see
+        ``Backend.damage_error``)."""
+        return self.backend.damage_error(exc)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[Connection]:
@@ -377,18 +288,14 @@ class Store:
         self.reader_connection()  # closed? an immutable file changed?
         own = None
         if self._engine is None:
-            own = (
-                make_engine(self.location)
-                if self.server
-                else make_readonly_engine(self._file(), immutable=self.immutable)
-            )
+            own = self.backend.read_engine(immutable=self.immutable)
         engine = self._engine or own
         assert engine is not None
-        opts: dict[str, Any] = {"immediate": False}  # no write lock (nor the server's)
-        if self.server:
-            opts.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
         try:
-            with engine.connect().execution_options(**opts) as conn, conn.begin():
+            with (
+                engine.connect().execution_options(**self.backend.read_options) as conn,
+                conn.begin(),
+            ):
                 yield conn
         finally:
             if own is not None:
@@ -455,7 +362,8 @@ class Store:
         return self._describe(self.dataset_row(name))
 
     def _describe(self, row: Sequence[Any]) -> DatasetInfo:
-        return describe(self.reader_connection(), row, server=self.server)
+        conn = self.reader_connection()
+        return describe(conn, row, self.backend.dialect.index_names_sql)
 
     def query_rows(
         self,
@@ -469,18 +377,14 @@ class Store:
         """One read-only SQL statement (see :mod:`shardcat.catalog.query`): yields the
         column names and the rows, fetched as they are iterated within the block."""
         check_limits(timeout, memory)
-        if not self.server:
-            conn = self.reader_connection()
-            assert isinstance(conn, sqlite3.Connection)
-            return streamed(conn, sql, params, attach=attach, timeout=timeout, memory=memory)
         self._check_open()
-        if attach:
-            raise CatalogError(f"attach= is for SQLite catalogs; {self.path} is a server catalog")
-        return postgres.streamed(self.location, sql, params, timeout, memory)
+        return self.backend.query(
+            self._latest, sql, params, attach=attach, timeout=timeout, memory=memory
+        )
 
     def damage(self) -> list[str]:
         """What SQLite's ``quick_check`` finds damaged in the catalog file (none on a server)."""
-        return [] if self.server else quick_check(self._latest())
+        return self.backend.quick_check(self._latest())
 
     @reads_catalog
     def shard_states(self, name: str) -> dict[str, tuple[int, int, str, int]]:
@@ -575,18 +479,9 @@ class Store:
         waiting (readers of a training job never slow them down).
         """
         engine = self._writer()
-        if self.server:  # the server keeps its own log
-            return True
         if self._reads.opened():
             self.reader_connection()  # end this thread's read snapshot: it pins the WAL
-        try:
-            conn = engine.raw_connection()
-            try:
-                return wal_checkpoint(conn.driver_connection, CHECKPOINT_BUSY_MS if wait else 0)
-            finally:
-                conn.close()
-        except (DBAPIError, sqlite3.Error) as exc:
-            raise CatalogError(f"cannot checkpoint {self.path}: {exc}") from None
+        return self.backend.checkpoint(engine, wait=wait)
 
     def close(self) -> None:
         """Close this process's connections (idempotent)."""
@@ -597,8 +492,8 @@ class Store:
             self._watch.close()
         if self._engine is not None:
             self._engine.dispose()
-        if not (self.readonly or self.server) and self._born == fork_generation():
-            close_wal(self._file())  # the -wal and -shm files go with the last connection
+        if not self.readonly and self._born == fork_generation():
+            self.backend.close_files()  # (SQLite: -wal and -shm go with the last connection)
         self.closed = True
 
     def __enter__(self: S) -> S:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, select, update
 
 from shardcat.catalog import schema
+from shardcat.catalog.backend import run
 
 __all__ = [
     "DROPPED",
@@ -82,9 +83,7 @@ def clear_shards(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) ->
     conn.execute(delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(ids)))
     conn.execute(delete(schema.bad_records).where(schema.bad_records.c.shard_id.in_(ids)))
     table = schema.records_table_name(dataset_id)
-    conn.exec_driver_sql(
-        f"DELETE FROM {table} WHERE shard_id IN ({', '.join(str(int(i)) for i in ids)})"
-    )
+    run(conn, f"DELETE FROM {table} WHERE shard_id IN ({', '.join(str(int(i)) for i in ids)})")
 
 
 def note_dropped(

@@ -39,7 +39,8 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import postgres, schema
+from shardcat.catalog import schema
+from shardcat.catalog.backend import dialect_of, run
 from shardcat.errors import CatalogError
 
 __all__ = [
@@ -75,49 +76,31 @@ def create_records_table(conn: Connection, dataset_id: int, key_index: bool = Tr
     """The dataset's records table and (``key_index``) its key index (see the module
     docstring)."""
     table = _quote(conn, schema.records_table_name(dataset_id))
-    sqlite = conn.dialect.name == "sqlite"
-    rowid = " WITHOUT ROWID" if sqlite else ""
-    # On PostgreSQL no foreign key: its check is a trigger per row, which made COPY 3x
-    # slower (0.63 s against 0.18-0.21 s for 100k rows); the store deletes a shard's
-    # records itself before the shard's row (sync.clear_shards), on both databases.
-    shard = "REFERENCES shardcat_shards (id) ON DELETE CASCADE" if sqlite else ""
-    conn.exec_driver_sql(
-        f"CREATE TABLE {table} (shard_id INTEGER NOT NULL {shard}, ordinal BIGINT NOT NULL, "
-        'key TEXT NOT NULL, "offset" BIGINT NOT NULL, length BIGINT NOT NULL, extents TEXT, '
-        f"item BIGINT, crc BIGINT, PRIMARY KEY (shard_id, ordinal)){rowid}"
+    dialect = dialect_of(conn)
+    run(
+        conn,
+        f"CREATE TABLE {table} (shard_id INTEGER NOT NULL {dialect.shard_reference}, "
+        'ordinal BIGINT NOT NULL, key TEXT NOT NULL, "offset" BIGINT NOT NULL, '
+        "length BIGINT NOT NULL, extents TEXT, item BIGINT, crc BIGINT, "
+        f"PRIMARY KEY (shard_id, ordinal)){dialect.records_options}",
     )
     if key_index:
         create_key_index(conn, dataset_id)
 
 
-# While the key index of a whole dataset is built: SQLite's sorter may use this much
-# memory (KiB; its default, 2 MiB, makes a 30M-key sort merge hundreds of runs) and
-# helper threads.
-_BUILD_CACHE_KIB = 256 * 1024
-_BUILD_THREADS = 2
-
-
 def create_key_index(conn: Connection, dataset_id: int) -> None:
     """The unique index on the dataset's keys (IntegrityError when two records share
     a key)."""
-    sqlite = conn.dialect.name == "sqlite"
-    if sqlite:
-        before = int(conn.exec_driver_sql("PRAGMA cache_size").scalar() or -2000)
-        conn.exec_driver_sql(f"PRAGMA cache_size = -{_BUILD_CACHE_KIB}")
-        conn.exec_driver_sql(f"PRAGMA threads = {_BUILD_THREADS}")
-    try:
-        conn.exec_driver_sql(
+    with dialect_of(conn).index_build(conn):
+        run(
+            conn,
             f"CREATE UNIQUE INDEX IF NOT EXISTS {_quote(conn, schema.key_index_name(dataset_id))} "
-            f"ON {_quote(conn, schema.records_table_name(dataset_id))} (key)"
+            f"ON {_quote(conn, schema.records_table_name(dataset_id))} (key)",
         )
-    finally:
-        if sqlite:
-            conn.exec_driver_sql(f"PRAGMA cache_size = {before}")
-            conn.exec_driver_sql("PRAGMA threads = 0")
 
 
 def drop_key_index(conn: Connection, dataset_id: int) -> None:
-    conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_quote(conn, schema.key_index_name(dataset_id))}")
+    run(conn, f"DROP INDEX IF EXISTS {_quote(conn, schema.key_index_name(dataset_id))}")
 
 
 def has_key_index(conn: Connection, dataset_id: int) -> bool:
@@ -158,7 +141,7 @@ def ensure_field_columns(
         col = _view_name_for(name, taken)
         taken.add(col.lower())
         sql_type = wanted[name]
-        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN v{idx} {SQL_TYPES[sql_type]}")
+        run(conn, f"ALTER TABLE {table} ADD COLUMN v{idx} {SQL_TYPES[sql_type]}")
         conn.execute(
             schema.fields.insert().values(
                 dataset_id=dataset_id, name=name, column_name=col, sql_type=sql_type, idx=idx
@@ -175,7 +158,7 @@ def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
     d = schema.datasets
     row = conn.execute(select(d.c.key_rule, d.c.options).where(d.c.id == dataset_id)).one()
     q = _quote(conn, dataset_name)
-    conn.exec_driver_sql(f"DROP VIEW IF EXISTS {q}")
+    run(conn, f"DROP VIEW IF EXISTS {q}")
     with_fields = json.loads(row.options).get("fields", True)
     cols = "".join(
         f", r.v{idx} AS {_quote(conn, col)}"
@@ -184,19 +167,18 @@ def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
     shard = "FROM shardcat_shards s WHERE s.id = r.shard_id)"
     position = f"(SELECT s.first_position {shard} + r.ordinal"
     key = f"CAST({position} AS TEXT)" if row.key_rule == "position" else "r.key"
-    conn.exec_driver_sql(
+    run(
+        conn,
         f"CREATE VIEW {q} AS SELECT {key} AS key, {position} AS position, "
         f"(SELECT s.path {shard} AS shard{cols} "
-        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r"
+        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r",
     )
 
 
 def drop_dataset_objects(conn: Connection, dataset_id: int, dataset_name: str) -> None:
     """The dataset's view and records table (with every index on it)."""
-    conn.exec_driver_sql(f"DROP VIEW IF EXISTS {_quote(conn, dataset_name)}")
-    conn.exec_driver_sql(
-        f"DROP TABLE IF EXISTS {_quote(conn, schema.records_table_name(dataset_id))}"
-    )
+    run(conn, f"DROP VIEW IF EXISTS {_quote(conn, dataset_name)}")
+    run(conn, f"DROP TABLE IF EXISTS {_quote(conn, schema.records_table_name(dataset_id))}")
 
 
 def field_index_name(dataset_id: int, idx: int) -> str:
@@ -234,7 +216,7 @@ def create_field_index(conn: Connection, dataset_id: int, dataset_name: str, fie
     if name in _index_names(conn, dataset_id):
         return False
     table = _quote(conn, schema.records_table_name(dataset_id))
-    conn.exec_driver_sql(f"CREATE INDEX {_quote(conn, name)} ON {table} (v{idx})")
+    run(conn, f"CREATE INDEX {_quote(conn, name)} ON {table} (v{idx})")
     return True
 
 
@@ -244,17 +226,13 @@ def drop_field_index(conn: Connection, dataset_id: int, dataset_name: str, field
     name = field_index_name(dataset_id, idx)
     if name not in _index_names(conn, dataset_id):
         return False
-    conn.exec_driver_sql(f"DROP INDEX {_quote(conn, name)}")
+    run(conn, f"DROP INDEX {_quote(conn, name)}")
     return True
 
 
 def _index_names(conn: Connection, dataset_id: int) -> set[str]:
-    if conn.dialect.name == "postgresql":
-        return postgres.index_names(conn, schema.records_table_name(dataset_id))
-    rows = conn.exec_driver_sql(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
-        (schema.records_table_name(dataset_id),),
-    )
+    table = schema.records_table_name(dataset_id)
+    rows = run(conn, dialect_of(conn).index_names_sql, (table,))
     return {r[0] for r in rows}
 
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from sqlalchemy import Column, Connection, MetaData, String, Table, Text, inspect, text
 
-from shardcat.catalog import postgres, schema
-from shardcat.catalog.engine import make_engine
+from shardcat.catalog import schema
+from shardcat.catalog.backend import backend_for, dialect_of
 from shardcat.errors import CatalogError, SchemaVersionError, ShardcatWarning, upgrade_hint
 
 __all__ = [
@@ -97,7 +96,7 @@ def _write_version(conn: Connection, version: int) -> None:
     docstring) once the meta table is no longer ``catalog_meta`` itself."""
     table = _meta_table(conn) or schema.catalog_meta.name
     _set_version(conn, table, version)
-    if table == OLD_META or conn.dialect.name != "sqlite":  # (no older build ran on a server)
+    if table == OLD_META or not dialect_of(conn).keeps_old_marker:
         return
     if OLD_META in inspect(conn).get_view_names():
         return  # a dataset took the name (allowed before the marker): no marker there
@@ -170,13 +169,13 @@ def upgrade(path: str | os.PathLike[str], steps: Mapping[int, Step]) -> tuple[in
     when there is no file at ``path`` and :class:`SchemaVersionError` for a
     catalog newer than this library.
     """
-    where: Path | str = str(path) if postgres.is_server_url(path) else Path(path)
-    if isinstance(where, Path) and not where.is_file():
-        raise CatalogError(f"no catalog at {where}")
-    engine = make_engine(where)
+    backend = backend_for(path)
+    if backend.local_file is not None and not backend.local_file.is_file():
+        raise CatalogError(f"no catalog at {path}")
+    engine = backend.engine()
     try:
         with engine.begin() as conn:
-            found = ensure_schema(conn, postgres.display(str(where)), steps)
+            found = ensure_schema(conn, backend.display, steps)
     finally:
         engine.dispose()
     return found, SCHEMA_VERSION

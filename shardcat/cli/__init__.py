@@ -20,6 +20,7 @@ from shardcat.cli import (
     ingest,
     migrate,
     records,
+    serve,
     skill,
     snapshot,
     sql,
@@ -79,6 +80,7 @@ for module in (
     convert,
     skill,
     snapshot,
+    serve,
 ):
     module.register(app)
 for _command in app.registered_commands:

@@ -61,11 +61,11 @@ def catalog_path(option: str | Path | None, *, announce: bool = True) -> Path | 
     naming the file it used (``announce=False``: its own output names it). A
     PostgreSQL URL (there or in ``$SHARDCAT_CATALOG``) is returned as it is.
     """
-    from shardcat.catalog import postgres
-    from shardcat.facade.opener import location
+    from shardcat.catalog.backend import backend_for
 
-    where = location(option)
-    _now.catalog = postgres.display(str(where))
+    backend = backend_for(option)
+    where = backend.where
+    _now.catalog = backend.display
     if option is None and announce:
         source = f"from ${ENV_VAR}" if os.environ.get(ENV_VAR) else f"default: ./{DEFAULT_NAME}"
         _now.note = f"catalog: {_now.catalog} ({source})"

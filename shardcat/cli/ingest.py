@@ -107,7 +107,7 @@ def ingest(
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
-    from shardcat.catalog import postgres
+    from shardcat.catalog.backend import backend_for
     from shardcat.facade import tasks
     from shardcat.facade.options import KEEP, IngestOptions
 
@@ -148,12 +148,12 @@ def ingest(
     except IngestError as exc:
         raise CatalogError(_failed_shards(exc, shards["total"])) from None
     if json:
-        print_json({**dataclasses.asdict(summary), "catalog": postgres.display(str(where))})
+        print_json({**dataclasses.asdict(summary), "catalog": backend_for(where).display})
         return
     typer.echo(
         f"dataset {summary.dataset}: {summary.records:,} records in "
         f"{summary.shards} shards ({summary.indexed_now:,} indexed now) "
-        f"-> {postgres.display(str(where))}"
+        f"-> {backend_for(where).display}"
     )
     if summary.duplicates_dropped:
         typer.echo(

@@ -38,6 +38,7 @@ from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade import opener
+from shardcat.facade.dataset_options import detect_options, field_types
 from shardcat.facade.ingest import (
     ProvideEntries,
     judge_files,
@@ -45,8 +46,8 @@ from shardcat.facade.ingest import (
     run_ingest,
 )
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
-from shardcat.facade.remote_detect import remote_dataset_options, remote_rule
-from shardcat.formats.base import detect_format, get_format
+from shardcat.facade.remote_detect import dataset_wide_options, remote_rule
+from shardcat.formats.registry import detect_format, get_format
 from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
 from shardcat.readers.reader import Reader
@@ -134,7 +135,7 @@ class Catalog(Store):
             return reuse.Rule(name, found, explicit, get_format(name).key_rule)
         name = detect_format(files[0]) if opts.format in (None, "auto") else str(opts.format)
         fmt = get_format(name)
-        return reuse.Rule(name, fmt.detect_options(files[0]), explicit, fmt.key_rule)
+        return reuse.Rule(name, detect_options(fmt, files[0]), explicit, fmt.key_rule)
 
     def _choose(
         self, paths: PathsLike, files: Sequence[str], opts: IngestOptions
@@ -281,12 +282,7 @@ class Catalog(Store):
         # A new dataset may take options that only all its shards tell (RecordIO: .idx
         # keys that collide across shards); read outside the write lock, once.
         new = not self.has_dataset(name)
-        if not new:
-            first: dict[str, Any] = {}
-        elif is_url(files[0]):
-            first = remote_dataset_options(fmt, files, rule, remote_options)
-        else:
-            first = fmt.detect_dataset_options(files, rule.explicit)
+        first = dataset_wide_options(fmt, files, rule, remote_options) if new else {}
         stats, same_file = judge_files(files, self.directory, remote_options)
         dataset_id, dataset_options, key_rule = self.ensure_dataset(
             name,
@@ -306,7 +302,7 @@ class Catalog(Store):
             rule.format,
             dataset_options,
             key_rule,
-            fmt.field_types(dataset_options),
+            field_types(fmt, dataset_options),
             opts.on_duplicate,
             opts.lease,
             fmt.ONE_RANGE,

@@ -28,7 +28,7 @@ from shardcat.errors import CatalogError, ShardcatWarning
 from shardcat.facade.catalog import Catalog, discard_if_empty
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.paths import PathsLike, names_as_given, resolve_paths
 from shardcat.readers.reader import Reader
 

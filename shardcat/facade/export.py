@@ -4,7 +4,8 @@ DALI's readers take one index file per shard. The catalog already knows every
 record's offset, so the index files are written from it instead of re-reading
 the shards: the catalog stays the single source of truth. The store gives the rows
 (:mod:`shardcat.catalog.export`); each format writes its own lines
-(:meth:`~shardcat.formats.base.Format.index_lines`):
+(the :class:`DaliIndex` capability, ``index_lines``, which a format has by
+defining it; a format without it has no DALI index):
 
 - RecordIO: what DALI's ``tools/rec2idx`` writes, ``<n>\\t<offset>`` per record
   (``n`` = 0, 1, ... in file order, ``offset`` = its first frame);
@@ -20,16 +21,28 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from shardcat.catalog import export as rows
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path
 from shardcat.errors import REPLACE, CatalogError, StaleShardError
-from shardcat.formats.base import Entry, get_format
+from shardcat.formats.base import Entry
+from shardcat.formats.registry import get_format
 
-__all__ = ["export_index", "index_name"]
+__all__ = ["DaliIndex", "export_index", "index_name"]
+
+
+@runtime_checkable
+class DaliIndex(Protocol):
+    """A format whose shards DALI reads with an index file."""
+
+    def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
+        """The lines (without newlines) of the DALI index file of one shard, given its
+        entries in file order (``members`` filled for PARTS formats) and the
+        dataset's ``options``."""
 
 
 def index_name(shard: str, extensions: tuple[str, ...]) -> str:
@@ -59,6 +72,8 @@ def export_index(
     """
     info = catalog.info(dataset)
     fmt = get_format(info.format)
+    if not isinstance(fmt, DaliIndex):
+        raise CatalogError(f"DALI has no index file for {fmt.TITLE} shards")
     conn = catalog.reader_connection()
     shards = rows.shards_of(conn, dataset)
     by_position = info.key_rule == "position"

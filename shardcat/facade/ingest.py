@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for, make_engine
 from shardcat.catalog.claims import (
     CLAIM_LOST,
     Waiting,
@@ -50,7 +50,7 @@ from shardcat.catalog.commit import (
     defer_key_index,
     finish_key_index,
 )
-from shardcat.catalog.engine import fork_generation, make_engine
+from shardcat.catalog.engine import fork_generation
 from shardcat.catalog.processes import end_with_parent, stops_held
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
@@ -61,15 +61,9 @@ from shardcat.errors import (
     LegacyIndexError,
     ShardcatError,
 )
-from shardcat.facade.remote_detect import local_copy, warnings_naming
-from shardcat.formats.base import (
-    BAD_RECORDS,
-    BadRecord,
-    Format,
-    ShardScan,
-    get_format,
-    other_format,
-)
+from shardcat.facade.remote_detect import local_copy, sidecar_of, warnings_naming
+from shardcat.formats.base import BAD_RECORDS, BadRecord, Format, ShardScan
+from shardcat.formats.registry import get_format, other_format
 from shardcat.paths import require_regular
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources import remote
@@ -329,7 +323,7 @@ def _failed(
             raise
         # the claim dies with this process; the next ingest takes it over
     if isinstance(exc, SQLAlchemyError):  # the catalog itself failed (disk full, I/O error)
-        raise catalog_error(postgres.display(job.catalog), exc) from None
+        raise catalog_error(backend_for(job.catalog).display, exc) from None
     raise exc
 
 
@@ -371,7 +365,7 @@ def _index_remote(
     except BaseException as exc:
         renames = []
         if tmp:  # name the object (and its sidecar), not their local copies
-            near, far = fmt.sidecar(tmp), fmt.sidecar(url)
+            near, far = sidecar_of(fmt, tmp), sidecar_of(fmt, url)
             if near is not None and far is not None:
                 renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
             renames.append((tmp, url))
@@ -427,8 +421,8 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     taken over at once by the next ingest). A worker that dies leaves its claim to
     the caller's next round."""
     ctx = multiprocessing.get_context("fork")
-    # a server catalog takes concurrent writers: no turns there
-    turns = None if postgres.is_server_url(job.catalog) else ctx.Lock()
+    # turns only where the catalog has one writer at a time (a server takes several)
+    turns = ctx.Lock() if backend_for(job.catalog).one_writer else None
     procs: list[Any] = []
     live: list[Any] = []
     try:

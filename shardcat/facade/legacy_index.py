@@ -44,7 +44,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.engine import user_cache_dir
 from shardcat.errors import CatalogError, MissingShardError, ShardcatError, ShardcatWarning
 from shardcat.facade.catalog import Catalog
@@ -152,7 +152,8 @@ def catalog_for_legacy_index(
     or, with ``readonly=True``, is not imported yet (nothing is written then).
     """
     named = os.fspath(index_file)
-    remote = is_url(named) and not postgres.is_server_url(named)  # on object storage
+    # on object storage (a URL that names no catalog database)
+    remote = is_url(named) and backend_for(named).local_file is not None
     index: Path | str
     if remote:
         index, identity = named, _remote_identity(named)

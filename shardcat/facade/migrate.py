@@ -38,17 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.engine import locate
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
+from shardcat.facade.dataset_options import detect_options
 from shardcat.facade.ingest import ProvideEntries, ShardOutcome
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.facade.remote_detect import SNIFF_HEAD, SNIFF_REMOTE, head_copy
 from shardcat.formats import mxnet_idx
-from shardcat.formats.base import SNIFF_BYTES, Columns, Entry, Mismatch, ShardScan, get_format
+from shardcat.formats.base import Columns, Entry, Mismatch, ShardScan
+from shardcat.formats.registry import SNIFF_BYTES, get_format
 from shardcat.migrations.legacy.index import TFRECORD_FRAME, ReaderFiles, discover
 from shardcat.migrations.legacy.plans import Plan, make_plans, source_of
 from shardcat.migrations.legacy.remote import discover_remote
@@ -161,9 +163,9 @@ def _detect_options(
     """The options ``fmt`` reads off the shard ``first`` (a remote one: off a local
     copy of its first bytes, up to the end of its first record, see :func:`_head_size`)."""
     if not is_url(first):
-        return get_format(fmt).detect_options(first)
+        return detect_options(get_format(fmt), first)
     with head_copy(first, storage, fmt, _head_size(fmt, rows)) as (head, _):
-        return get_format(fmt).detect_options(head)
+        return detect_options(get_format(fmt), head)
 
 
 def _options(
@@ -298,8 +300,8 @@ def _target(run: _Run, plan: Plan) -> tuple[Path | str | None, str]:
     :class:`Catalog` given) and the directory its shard paths are stored relative to."""
     if isinstance(run.catalog, Store):
         return None, run.catalog.directory
-    if postgres.is_server_url(run.catalog):  # shard paths stored absolute there
-        return str(run.catalog), ""
+    if run.catalog is not None and backend_for(run.catalog).local_file is None:
+        return str(run.catalog), ""  # a catalog that is no local file stores paths absolute
     # remote shards: the default catalog (there is no "beside them" on object storage)
     far = any(is_url(f) for f in plan.files)
     beside = None if far else os.path.commonpath([os.path.dirname(f) for f in plan.files])

@@ -1,5 +1,6 @@
 """The one way a catalog is opened, by the library (``Catalog(path)``) and by every
-``catalog`` command alike: where it is (:func:`location`), in which :class:`Mode`
+``catalog`` command alike: where it is (its backend, chosen once by
+:func:`~shardcat.catalog.backend.backend_for`), in which :class:`Mode`
 (write, read-only, immutable), the checks before anything is opened (the file
 there unless it may be created, its directory there unless it may be made,
 writable when opened for writing), and the schema upgrade of an older catalog
@@ -17,19 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from shardcat.catalog import postgres
-from shardcat.catalog.engine import (
-    ENV_VAR,
-    cannot_create_in,
-    catalog_location,
-    existing_ancestor,
-    write_problem,
-)
+from shardcat.catalog.backend import Backend, backend_for
+from shardcat.catalog.engine import cannot_create_in, existing_ancestor, write_problem
+from shardcat.catalog.names import ENV_VAR
 from shardcat.catalog.versions import say_upgraded
 from shardcat.errors import CatalogError, Hint, SchemaVersionError
 from shardcat.migrations import schema
 
-__all__ = ["Mode", "location", "open_with", "upgrade"]
+__all__ = ["Mode", "open_with", "upgrade"]
 
 T = TypeVar("T")
 
@@ -57,13 +53,6 @@ class Mode(enum.Enum):
         return self is Mode.IMMUTABLE
 
 
-def location(path: str | os.PathLike[str] | None) -> Path | str:
-    """The catalog ``path`` names: a PostgreSQL URL as it is, else the file, absolute
-    (None: ``$SHARDCAT_CATALOG``, else ``./shardcat.sqlite``; see
-    :func:`~shardcat.catalog.engine.locate`)."""
-    return catalog_location(path)
-
-
 def open_with(
     store: Callable[[Path | str, Mode], T],
     path: str | os.PathLike[str] | None,
@@ -72,22 +61,25 @@ def open_with(
     create: bool = True,
     make_dirs: bool = True,
 ) -> T:
-    """Open the catalog ``path`` names (:func:`location`) in ``mode``: checked
-    (:func:`_check`), then ``store(where, mode)`` (the store's open), after
-    upgrading the schema of an older catalog opened for writing
-    (:func:`_open_upgrading`). ``create``/``make_dirs`` False: a missing file or
-    directory is refused instead of created (the commands but ``catalog ingest``)."""
-    where = location(path)
-    _check(where, mode, create=create, make_dirs=make_dirs)
-    return _open_upgrading(store, where, mode)
+    """Open the catalog ``path`` names (None: ``$SHARDCAT_CATALOG``, else
+    ``./shardcat.sqlite``) in ``mode``: checked (:func:`_check`), then
+    ``store(where, mode)`` (the store's open; ``where``: the file, absolute, or the
+    server's URL), after upgrading the schema of an older catalog opened for
+    writing (:func:`_open_upgrading`). ``create``/``make_dirs`` False: a missing
+    file or directory is refused instead of created (the commands but ``catalog
+    ingest``)."""
+    backend = backend_for(path)
+    _check(backend, mode, create=create, make_dirs=make_dirs)
+    return _open_upgrading(store, backend, mode)
 
 
-def _check(where: Path | str, mode: Mode, *, create: bool, make_dirs: bool) -> None:
+def _check(backend: Backend, mode: Mode, *, create: bool, make_dirs: bool) -> None:
     """Refuse, before anything is opened, a catalog file that is not there (unless
     ``create``), whose directory is not there (unless ``make_dirs``), or that cannot
-    be written (``mode`` WRITE). A server URL is not checked (the server says what
-    it refuses)."""
-    if not isinstance(where, Path):
+    be written (``mode`` WRITE). A server catalog is not checked (the server says
+    what it refuses)."""
+    where = backend.local_file
+    if where is None:
         return
     ancestor = existing_ancestor(where)
     if not (create and mode is Mode.WRITE) and not where.is_file():
@@ -116,11 +108,12 @@ def _check(where: Path | str, mode: Mode, *, create: bool, make_dirs: bool) -> N
             )
 
 
-def _open_upgrading(open_: Callable[[Path | str, Mode], T], where: Path | str, mode: Mode) -> T:
+def _open_upgrading(open_: Callable[[Path | str, Mode], T], backend: Backend, mode: Mode) -> T:
     """``open_(where, mode)`` (the store's open); a catalog of an older schema opened
     for writing is upgraded first (:func:`upgrade`, said once with a
     :class:`~shardcat.ShardcatWarning`) and then opened. A read-only open of a file
     SQLite cannot create the ``-shm`` file beside says so and names ``--immutable``."""
+    where, file = backend.where, backend.local_file
     try:
         return open_(where, mode)
     except SchemaVersionError as exc:
@@ -129,22 +122,22 @@ def _open_upgrading(open_: Callable[[Path | str, Mode], T], where: Path | str, m
     except CatalogError as exc:
         # SQLite refuses a read-only open it cannot create the -shm file for when the
         # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
-        if mode is not Mode.READ_ONLY or not isinstance(where, Path):
+        if mode is not Mode.READ_ONLY or file is None:
             raise
-        blocked = cannot_create_in(where.parent)
+        blocked = cannot_create_in(file.parent)
         if blocked is None or not str(exc).endswith("attempt to write a readonly database"):
             raise
         raise CatalogError(
-            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
+            f"cannot open catalog {file} read-only: SQLite needs to create {file.name}-shm "
             f"beside it, but {blocked};",
             hint=Hint.naming("immutable=True", "--immutable", after=" reads it without one"),
         ) from None
     found, _ = upgrade(where)
-    say_upgraded(postgres.display(str(where)), found)
+    say_upgraded(backend.display, found)
     return open_(where, mode)
 
 
-def upgrade(where: Path | str) -> tuple[int, int]:
+def upgrade(where: str | os.PathLike[str]) -> tuple[int, int]:
     """Upgrade the schema of the catalog at ``where`` in place (see
     :func:`shardcat.migrations.schema.upgrade`); returns ``(version found, version now)``."""
     return schema.upgrade(where)

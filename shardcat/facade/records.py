@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.errors import CatalogError, Hint, KeyNotFoundError, NoSuchFeatureError
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.readers.reader import Reader
 
 __all__ = [

@@ -1,10 +1,20 @@
 """What a remote ingest reads: before its scans, the format and options of its
 shards off a copy of the first shard's head (:func:`head_copy`, :func:`remote_rule`;
 ``catalog migrate`` reads its options the same way) and a new dataset's options
-that only every shard's sidecar tells (:func:`remote_dataset_options`: RecordIO's
-``.idx`` keys colliding); then the local copy of each shard it scans
-(:func:`local_copy`, with its sidecar: :func:`sidecar_copy`), whose warnings name
-the URL (:func:`warnings_naming`)."""
+that only every shard's sidecar tells (:func:`dataset_wide_options`: RecordIO's
+``.idx`` keys colliding; of local shards too); then the local copy of each shard it
+scans (:func:`local_copy`, with its sidecar: :func:`sidecar_copy`), whose warnings
+name the URL (:func:`warnings_naming`).
+
+Two capabilities of formats are looked up here (a format has one by defining its
+methods, no import of this module needed):
+
+- :class:`RemoteHead`: how many first bytes of a shard its options are read off
+  (TFRecord, RecordIO: the first record); without it, :data:`SNIFF_HEAD`;
+- :class:`Sidecars`: a file beside each shard that its scan reads (RecordIO's
+  MXNet ``.idx``), fetched beside a remote shard's local copy, and the options
+  of a new dataset that only all those files tell; without it, none.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +23,78 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from shardcat.catalog.reuse import Rule
 from shardcat.errors import MissingShardError
-from shardcat.formats.base import Format, detect_format, get_format
+from shardcat.facade.dataset_options import detect_options
+from shardcat.formats.base import Format
+from shardcat.formats.registry import detect_format, get_format
 from shardcat.sources import remote, remote_file
 from shardcat.sources.compressed import detect_compression
 
 __all__ = [
     "SNIFF_HEAD",
     "SNIFF_REMOTE",
+    "RemoteHead",
+    "Sidecars",
+    "dataset_wide_options",
     "head_copy",
     "local_copy",
-    "remote_dataset_options",
     "remote_rule",
     "sidecar_copy",
+    "sidecar_of",
     "warnings_naming",
 ]
 
 #: at most the bytes of a remote shard its format and options are detected from
 SNIFF_REMOTE = 4 << 20
 #: the first bytes of a remote shard read for its rule (then the rest of its first
-#: record, when the format says it is longer: :meth:`Format.head_needed`)
+#: record, when the format says it is longer: :class:`RemoteHead`)
 SNIFF_HEAD = 64 << 10
+
+
+@runtime_checkable
+class RemoteHead(Protocol):
+    """How much of a shard's head its options need."""
+
+    def head_needed(self, head: str) -> int | None:
+        """How many first bytes of a shard ``detect_options`` reads, told from a
+        copy of its first bytes at ``head`` (a remote shard's options are read off
+        that many, not a fixed head); None: cannot tell (a compressed stream)."""
+
+
+@runtime_checkable
+class Sidecars(Protocol):
+    """A file beside each shard that its scan reads."""
+
+    def sidecar(self, path: str, options: Mapping[str, Any] | None = None) -> str | None:
+        """The file beside the shard ``path`` that its scan reads when present
+        (RecordIO: the MXNet ``.idx`` holding its keys); None: none, or none a scan
+        with ``options`` reads."""
+
+    def dataset_sidecars(self, options: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+        """Whether :meth:`detect_dataset_options` reads every shard's sidecar
+        (``options``: the first shard's, ``given``: the caller's)."""
+
+    def detect_dataset_options(
+        self,
+        files: Sequence[str],
+        given: Mapping[str, Any],
+        *,
+        first: Mapping[str, Any] | None = None,
+        sidecars: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Options of a new dataset that only all its shards tell (called once,
+        when the dataset is created; ``given``: the options the caller set).
+        ``first``: the first shard's options when read already; ``sidecars``:
+        name -> local copy of each shard's sidecar that exists, instead of the
+        files beside ``files`` (remote shards)."""
+
+
+def sidecar_of(fmt: Format, path: str, options: Mapping[str, Any] | None = None) -> str | None:
+    """The sidecar of the shard ``path`` (:class:`Sidecars`; None: none)."""
+    return fmt.sidecar(path, options) if isinstance(fmt, Sidecars) else None
 
 
 @contextlib.contextmanager
@@ -54,7 +112,8 @@ def head_copy(
         need: int | None = None
         if format not in (None, "auto") or detect_compression(tmp) is None:
             name = detect_format(tmp) if format in (None, "auto") else str(format)
-            need = get_format(name).head_needed(tmp)
+            fmt = get_format(name)
+            need = fmt.head_needed(tmp) if isinstance(fmt, RemoteHead) else 0
         have = min(first, info.size)
         end = min(SNIFF_REMOTE if need is None else need, SNIFF_REMOTE, info.size)
         if end > have:  # the rest, in one request
@@ -78,19 +137,24 @@ def remote_rule(
     is asked (one HEAD, no bytes): the shard's scan downloads it."""
     with head_copy(url, options, format) as (head, name):
         fmt = get_format(name)
-        far = fmt.sidecar(url)
+        far = sidecar_of(fmt, url)
         has = None if far is None else _exists(far, options)
-        return name, fmt.detect_options(head, sidecar=has)
+        return name, detect_options(fmt, head, sidecar=has)
 
 
-def remote_dataset_options(
+def dataset_wide_options(
     fmt: Format, files: Sequence[str], rule: Rule, options: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """:meth:`Format.detect_dataset_options` of a new dataset of remote shards
-    (``rule``: read off the first): when the format decides from every shard's
-    sidecar (RecordIO: whether the ``.idx`` keys collide), those the store has
-    are downloaded first, into a temporary directory; the scans download them
-    again (``.idx`` files are small beside their ``.rec``)."""
+    """The options of a new dataset of ``files`` that only all of them tell
+    (:meth:`Sidecars.detect_dataset_options`; ``rule``: read off the first shard;
+    {} without the capability). Of remote shards, when the format decides from
+    every shard's sidecar (RecordIO: whether the ``.idx`` keys collide), those the
+    store has are downloaded first, into a temporary directory; the scans download
+    them again (``.idx`` files are small beside their ``.rec``)."""
+    if not isinstance(fmt, Sidecars):
+        return {}
+    if not remote.is_url(files[0]):
+        return fmt.detect_dataset_options(files, rule.explicit)
     if not fmt.dataset_sidecars(rule.detected, rule.explicit):
         return {}
     with tempfile.TemporaryDirectory(prefix="shardcat-") as tmp:
@@ -146,11 +210,11 @@ def sidecar_copy(
     options: Mapping[str, Any] | None,
     format_options: Mapping[str, Any] | None = None,
 ) -> Iterator[str | None]:
-    """The sidecar of the remote shard ``url`` (``fmt.sidecar``: RecordIO's ``.idx``),
+    """The sidecar of the remote shard ``url`` (:class:`Sidecars`: RecordIO's ``.idx``),
     when the store has one and a scan with ``format_options`` reads it, fetched
     beside ``copy`` (the shard's local copy) under the name the format looks for
     there; deleted on exit. None: no sidecar."""
-    far, near = fmt.sidecar(url, format_options), fmt.sidecar(copy, format_options)
+    far, near = sidecar_of(fmt, url, format_options), sidecar_of(fmt, copy, format_options)
     if far is None or near is None:
         yield None
         return

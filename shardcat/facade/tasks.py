@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog import postgres
+from shardcat.catalog.backend import backend_for
 from shardcat.catalog.bad_records import SetAside
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError, CorruptRecordError
@@ -85,7 +85,8 @@ def ingest(
         if progress is not None:
             progress(outcome, total)
 
-    new = not postgres.is_server_url(catalog) and not Path(catalog).exists()
+    file = backend_for(catalog).local_file
+    new = file is not None and not file.exists()
     try:
         with (
             Catalog(catalog, make_dirs=make_dirs) as cat,
@@ -94,8 +95,8 @@ def ingest(
             stats = reader.get_stats()
             dropped = reader.indexed_duplicates
     except BaseException:
-        if new:  # a failed first ingest leaves no catalog behind
-            discard_if_empty(Path(catalog))
+        if new and file is not None:  # a failed first ingest leaves no catalog behind
+            discard_if_empty(file)
         raise
     return IngestSummary(
         stats["dataset"],
@@ -246,7 +247,7 @@ class Upgraded:
 
 def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
-    looks, see :func:`~shardcat.facade.opener.location`) to this library's version."""
-    where = opener.location(path)
-    found, now = opener.upgrade(where)
-    return Upgraded(postgres.display(where) if isinstance(where, str) else where, found, now)
+    looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
+    backend = backend_for(path)
+    found, now = opener.upgrade(backend.where)
+    return Upgraded(backend.local_file or backend.display, found, now)

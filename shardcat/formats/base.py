@@ -1,24 +1,44 @@
 """The container-format interface (:class:`Format`), the record location it reads
-(:class:`Location`), the entries its scan yields (:class:`Entry`), and the
-registry that finds formats by name.
+(:class:`Location`), the entries its scan yields (:class:`Entry`) and the columns
+ingest commits (:class:`Columns`).
 
 A format is one module that knows bytes and nothing about SQL: it imports
 nothing from :mod:`shardcat.catalog`. It subclasses :class:`Format`, whose
-abstract methods it must define and whose other methods have defaults, so
-mypy checks every format against one declaration:
+core is small, so mypy checks every format against one declaration:
 
 - ``sniff(head)``: whether a file starting with ``head`` is in this format
   (formats are detected from content; extensions only break ties);
 - ``scan(path, options)``: walk one shard once, verifying framing and
-  checksums, yielding one :class:`Entry` per record;
+  checksums, yielding one :class:`Entry` per record; ``scan_stream`` the same
+  over a sequential stream (compressed shards; ``STREAMS`` says it works);
 - ``read(source, location, verify)``: one record's (or member's) payload
-  through a :class:`~shardcat.sources.local.Source`;
+  through a :class:`~shardcat.sources.rawio.Source`;
 - ``decode(raw, options)``: the user-facing record;
 - ``feature_list(record, name)``: the values of one feature, or None.
 
-Optional methods (defaults in :class:`Format`) cover compressed shards
-(``scan_stream``), the feature views, dataset options, SQL columns, the DALI
-index (``index_lines``) and the import of legacy indexes (``check_entries``).
+Beside them: class attributes (``NAME``, ``TITLE``, ``EXTENSIONS``, ``PARTS``,
+``STREAMS``, ``ONE_RANGE``), ``key_rule(options)`` (how a dataset with these
+options is keyed) and ``scan_shard`` (provided: plain or compressed, through
+the two scans; a format may override it with a faster path).
+
+What only some formats can do is a small capability, a
+:class:`typing.Protocol` declared beside the code that uses it and looked up
+there; a format has it by defining its methods (no import needed, so formats
+stay below everything that uses them):
+
+- a record's whole feature view (``features``, ``describe``) and a payload
+  read in pieces (``read_chunks``): :mod:`shardcat.readers.record_view`;
+- dataset options read off the first shard (``detect_options``) and the SQL
+  columns they declare (``field_types``): :mod:`shardcat.facade.dataset_options`;
+- remote shards: the head its options need (``head_needed``) and a sidecar
+  file (``sidecar``, ``dataset_sidecars``, ``detect_dataset_options``):
+  :mod:`shardcat.facade.remote_detect`;
+- DALI index lines (``index_lines``): :mod:`shardcat.facade.export`;
+- legacy index import (``check_entries``, given :class:`LegacyRows`, raising
+  :class:`Mismatch`): :mod:`shardcat.migrations.legacy.verify`.
+
+The contract suite (:mod:`shardcat.testing.formats`) tests the core of every
+format and each capability a format has.
 
 A location is where a payload lives in its shard: usually one byte range
 (``offset``, ``length``), but a format may describe more: ``extents``, the
@@ -28,45 +48,36 @@ which record inside those bytes it is (chunk + index formats: the row of a
 row group, the record of a chunk). The catalog stores all of it and gives it
 back as it was scanned.
 
-Formats are registered by name: the built-in ones below, any module calling
-:func:`register_format`, and third-party packages through the
-``shardcat.formats`` entry-point group (``name = "module:Class"``). A format
-is imported on first use; one whose module cannot be imported is an error
-naming what to install.
+The registry that finds formats by name or content is
+:mod:`shardcat.formats.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, ClassVar
 
 import numpy as np
 
-from shardcat.errors import CatalogError, Hint
-from shardcat.sources.compressed import IndexingStream, detect_compression, read_head
+from shardcat.errors import CatalogError
+from shardcat.sources.compressed import IndexingStream, detect_compression
 from shardcat.sources.rawio import Source
 
 __all__ = [
     "BAD_RECORDS",
-    "ENTRY_POINT_GROUP",
     "BadRecord",
     "Columns",
     "Entry",
     "Format",
+    "LegacyRows",
     "Location",
     "Mismatch",
     "ShardScan",
-    "detect_format",
-    "get_format",
-    "known_formats",
-    "other_format",
-    "register_format",
+    "float32_shortest",
     "set_aside",
 ]
 
@@ -150,6 +161,22 @@ def set_aside(options: Mapping[str, Any]) -> list[BadRecord] | None:
 class Mismatch(Exception):
     """A shard's entries from a legacy index do not match its file (the message says
     how); the importer then re-indexes the shard from its data."""
+
+
+@dataclass(slots=True)
+class LegacyRows:
+    """What a format's legacy-import capability (``check_entries``, see
+    :mod:`shardcat.migrations.legacy.verify`) checks: the ``rows`` a legacy index
+    holds for the uncompressed shard at ``path`` (``size`` bytes; their shape is the
+    index's, :class:`~shardcat.migrations.legacy.index.LegacyShard`); ``picks``: the
+    positions, in file order, of the entries to re-read from the file (the others
+    are checked for layout only); ``options``: the dataset's."""
+
+    path: str
+    size: int
+    rows: list[Any]
+    picks: Sequence[int]
+    options: Mapping[str, Any]
 
 
 @dataclass(slots=True)
@@ -246,7 +273,9 @@ class ShardScan:
 
 class Format(ABC):
     """One container format (see the module docstring). Subclasses set the class
-    attributes and define the abstract methods; the others have defaults."""
+    attributes and define the abstract methods; the others have defaults. What
+    only some formats do (capabilities) is not declared here: a format has one by
+    defining its methods (see the module docstring for where each is declared)."""
 
     #: registry name, stored with every dataset of this format
     NAME: ClassVar[str]
@@ -281,14 +310,6 @@ class Format(ABC):
         A format must not keep ``location`` after the call: readers may reuse one
         object for every record of a batch."""
 
-    def read_chunks(
-        self, source: Source, location: Location, verify: bool = False
-    ) -> Iterator[bytes]:
-        """:meth:`read` in pieces as they are read, for payloads too large to hold
-        twice (``catalog get`` writes a tar member so); by default the whole
-        :meth:`read` at once."""
-        return iter((self.read(source, location, verify),))
-
     @abstractmethod
     def decode(self, raw: Any, options: Mapping[str, Any]) -> Any:
         """The user-facing record for the raw payload (``{member: bytes}`` for PARTS)."""
@@ -297,92 +318,17 @@ class Format(ABC):
     def feature_list(self, record: Any, name: str) -> Sequence[Any] | None:
         """The values of feature ``name`` of a decoded record (None: no such feature)."""
 
-    # -- optional ---------------------------------------------------------------
+    # -- with defaults ------------------------------------------------------------
 
     def scan_stream(self, stream: Any, path: str, options: Mapping[str, Any]) -> Iterator[Entry]:
         """``scan`` over a binary stream read sequentially (``STREAMS``): offsets are
         offsets in the stream (the decompressed bytes of a compressed shard)."""
         raise CatalogError(f"{path}: {self.TITLE} shards cannot be read as a stream")
 
-    def features(self, record: Any) -> dict[str, list[Any]]:
-        """Feature name -> all its values."""
-        return {}
-
-    def describe(self, record: Any) -> dict[str, str]:
-        """Feature name -> type name."""
-        return {}
-
-    def detect_options(self, path: str, sidecar: bool | None = None) -> dict[str, Any]:
-        """Dataset options read off the first shard (e.g. RecordIO's IRHeader).
-        ``sidecar``: whether the shard has its :meth:`sidecar`, when that is known
-        already (a remote shard's, asked of the store); None: looked for beside
-        ``path``. Options tell whether there is one, never read what it holds."""
-        return {}
-
-    def head_needed(self, head: str) -> int | None:
-        """How many first bytes of a shard :meth:`detect_options` reads, told from a
-        copy of its first bytes at ``head`` (a remote shard's options are read off
-        that many, not a fixed head); None: cannot tell (a compressed stream)."""
-        return 0
-
-    def sidecar(self, path: str, options: Mapping[str, Any] | None = None) -> str | None:
-        """A file beside the shard ``path`` that its scan reads when present (RecordIO:
-        the MXNet ``.idx`` holding its keys); None: none, or none a scan with
-        ``options`` reads. A remote shard's is fetched beside its local copy."""
-        return None
-
-    def dataset_sidecars(self, options: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
-        """Whether :meth:`detect_dataset_options` reads every shard's :meth:`sidecar`
-        (``options``: the first shard's, ``given``: the caller's)."""
-        return False
-
-    def detect_dataset_options(
-        self,
-        files: Sequence[str],
-        given: Mapping[str, Any],
-        *,
-        first: Mapping[str, Any] | None = None,
-        sidecars: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """Options of a new dataset that only all its shards tell (called once, when
-        the dataset is created; ``given``: the options the caller set). ``first``:
-        the first shard's options when read already; ``sidecars``: name -> local
-        copy of each shard's sidecar that exists, instead of the files beside
-        ``files`` (remote shards)."""
-        return {}
-
     def key_rule(self, options: Mapping[str, Any]) -> str:
         """How a dataset's records are keyed: ``"position"`` for position keys; any
         other text is recorded as is (default: ``"key"``, the scan's keys)."""
         return "position" if options.get("key", "key") is None else "key"
-
-    def field_types(self, options: Mapping[str, Any]) -> dict[str, str]:
-        """SQL columns (name -> ``integer``/``real``/``text``) every dataset with these
-        options has, NULL where a record has no value."""
-        return {}
-
-    def index_lines(self, entries: Sequence[Entry], options: Mapping[str, Any]) -> Iterator[str]:
-        """The lines (without newlines) of the DALI index file of one shard, given its
-        entries in file order (``members`` filled for PARTS formats)."""
-        raise CatalogError(f"DALI has no index file for {self.TITLE} shards")
-
-    def check_entries(
-        self,
-        path: str,
-        size: int,
-        rows: list[Any],
-        picks: Sequence[int],
-        options: Mapping[str, Any],
-    ) -> tuple[list[Entry], int]:
-        """The entries of the uncompressed shard at ``path`` (``size`` bytes) made from
-        the ``rows`` a legacy index holds for it (their shape is the index's:
-        :class:`~shardcat.migrations.legacy.index.LegacyShard`), checked against the file; and
-        how many entries were re-read from it. ``picks``: the positions, in file
-        order, of the entries to re-read (the others are checked for layout only);
-        ``options``: the dataset's. Anything that does not match raises
-        :class:`Mismatch` (the shard is then re-indexed from its data); the default
-        accepts no legacy entries."""
-        raise Mismatch(f"{self.TITLE} shards are not imported from legacy indexes")
 
     # -- provided ---------------------------------------------------------------
 
@@ -403,135 +349,6 @@ class Format(ABC):
 
     def __repr__(self) -> str:
         return f"<format {self.NAME}>"
-
-
-# -- registry ---------------------------------------------------------------------
-
-ENTRY_POINT_GROUP = "shardcat.formats"
-
-# name -> a Format, or "module:Class" (imported on first use) with its install hint
-_registry: dict[str, Format | tuple[str, str | None]] = {
-    "tfrecord": ("shardcat.formats.tfrecord:TFRecordFormat", None),
-    "recordio": ("shardcat.formats.recordio:RecordIOFormat", None),
-    "tar": ("shardcat.formats.tar:TarFormat", None),
-}
-_entry_points_read = False
-
-
-def register_format(
-    name: str,
-    fmt: Format | type[Format] | str,
-    *,
-    install_hint: str | None = None,
-    replace: bool = False,
-) -> None:
-    """Register a format under ``name``: a :class:`Format` instance or class, or
-    ``"module:Class"`` imported on first use (``install_hint``: what to install
-    when that import fails, e.g. ``"pip install 'shardcat[parquet]'"``).
-    A name taken already is refused unless ``replace``."""
-    _read_entry_points()
-    if name in _registry and not replace:
-        raise CatalogError(f"a format named {name!r} is registered already")
-    if isinstance(fmt, type):
-        fmt = fmt()
-    if isinstance(fmt, Format):
-        if name != fmt.NAME:
-            raise CatalogError(f"format {fmt!r} is named {fmt.NAME!r}, not {name!r}")
-        _registry[name] = fmt
-    else:
-        _registry[name] = (fmt, install_hint)
-
-
-def _read_entry_points() -> None:
-    """Add the formats of installed packages (``shardcat.formats`` entry points),
-    once; a built-in or registered name wins."""
-    global _entry_points_read
-    if _entry_points_read:
-        return
-    _entry_points_read = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        _registry.setdefault(ep.name, (ep.value, f"reinstall the package that provides {ep.value}"))
-
-
-def known_formats() -> list[str]:
-    _read_entry_points()
-    return sorted(_registry)
-
-
-def get_format(name: str) -> Format:
-    """The format registered under ``name`` (imported on first use)."""
-    _read_entry_points()
-    try:
-        found = _registry[name]
-    except KeyError:
-        raise CatalogError(
-            f"unknown format {name!r}; known formats: {', '.join(known_formats())}"
-        ) from None
-    if isinstance(found, Format):
-        return found
-    target, hint = found
-    module_name, _, class_name = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except ImportError as exc:
-        raise CatalogError(
-            f"format {name!r} needs {exc.name or module_name}, which is not installed"
-            + (f": {hint}" if hint else "")
-        ) from None
-    except AttributeError:
-        raise CatalogError(f"format {name!r}: {module_name} has no {class_name}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Format) and name == cls.NAME):
-        raise CatalogError(f"{target} is not a shardcat Format named {name!r}")
-    fmt = cls()
-    _registry[name] = fmt
-    return fmt
-
-
-SNIFF_BYTES = 512
-
-
-def detect_format(path: str) -> str:
-    """Name of the format of the file at ``path``, from its first bytes (of the
-    decompressed content for gzip/bz2/xz-compressed files)."""
-    head = read_head(path, SNIFF_BYTES)
-    formats = []
-    for name in known_formats():
-        try:
-            formats.append(get_format(name))
-        except CatalogError:
-            continue  # a format that cannot be imported here cannot be this file's
-    matches = [f.NAME for f in formats if f.sniff(head)]
-    if len(matches) > 1:
-        ext = [f.NAME for f in formats if f.NAME in matches and path.endswith(f.EXTENSIONS)]
-        matches = ext or matches
-    if not matches:
-        if not head:
-            ext_match = [f.NAME for f in formats if f.EXTENSIONS and path.endswith(f.EXTENSIONS)]
-            if ext_match:
-                return ext_match[0]
-        raise CatalogError(
-            f"{path}: cannot tell the container format from its first {len(head)} bytes;",
-            hint=Hint.naming(
-                "format=",
-                "--format",
-                before="pass ",
-                after=f" (one of {', '.join(known_formats())})",
-            ),
-        )
-    return matches[0]
-
-
-def other_format(path: str, expected: Format) -> str | None:
-    """``"x is a TFRecord file, not a tar file"`` when the first bytes of the local
-    file ``path`` say it is of another known format than ``expected`` (why its scan
-    failed, said plainly); else None."""
-    try:
-        found = detect_format(path)
-    except (CatalogError, OSError):
-        return None
-    if found == expected.NAME:
-        return None
-    return f"{path} is a {get_format(found).TITLE} file, not a {expected.TITLE} file"
 
 
 _F32 = struct.Struct("<f")

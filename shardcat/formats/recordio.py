@@ -87,6 +87,7 @@ from shardcat.formats.base import (
     Columns,
     Entry,
     Format,
+    LegacyRows,
     Location,
     Mismatch,
     Scalar,
@@ -591,21 +592,16 @@ class RecordIOFormat(Format):
         for n, entry in enumerate(entries):
             yield f"{n}\t{entry.offset}"
 
-    def check_entries(
-        self,
-        path: str,
-        size: int,
-        rows: list[Any],
-        picks: Sequence[int],
-        options: Mapping[str, Any],
-    ) -> tuple[list[Entry], int]:
+    def check_entries(self, shard: LegacyRows) -> tuple[list[Entry], int]:
         """A legacy ``.idx``'s ``(key, offset)`` rows: offsets must be unique and start
         at byte 0, the last record must end at the end of the file; the picked records
         are re-read (magic and framing spanning exactly the record) and get their
         check (the others keep none: reads check them by their framing)."""
-        entries = _legacy_entries(size, rows)
+        path, size, picks = shard.path, shard.size, shard.picks
+        entries = _legacy_entries(size, shard.rows)
         ranges = [(entries[i].offset, entries[i].length + 16) for i in picks]  # + framing
-        with shard_to_check(path, size, options.get("storage_options"), ranges) as source:
+        storage = shard.options.get("storage_options")
+        with shard_to_check(path, size, storage, ranges) as source:
             for i in picks:
                 entries[i].check = crc32c(self.read(source, entries[i].location, True))
         return entries, len(picks)

@@ -75,6 +75,7 @@ from shardcat.formats.base import (
     Entry,
     Extents,
     Format,
+    LegacyRows,
     Location,
     Mismatch,
     Scalar,
@@ -498,14 +499,7 @@ class TarFormat(Format):
         )
         yield from wds_index_lines(members)
 
-    def check_entries(
-        self,
-        path: str,
-        size: int,
-        rows: list[Any],
-        picks: Sequence[int],
-        options: Mapping[str, Any],
-    ) -> tuple[list[Entry], int]:
+    def check_entries(self, shard: LegacyRows) -> tuple[list[Entry], int]:
         """A tfd-utils tar index's ``(key, ext, member name, data offset, size)`` rows:
         members must follow each other header by header; where they do not, the
         headers in between are read, and a regular member with a key the index lacks
@@ -513,9 +507,9 @@ class TarFormat(Format):
         headers are re-read (checksum, regular file, name, size, data offset). One
         sample per key, as the ``tfd`` grouping has them. A remote archive is
         re-indexed from its data (one streamed read), its headers not walked."""
-        if is_url(path):
+        if is_url(shard.path):
             raise Mismatch("a remote archive is re-indexed from its data (one streamed read)")
-        return legacy_samples(path, size, rows, picks)
+        return legacy_samples(shard.path, shard.size, shard.rows, shard.picks)
 
 
 # -- DALI ----------------------------------------------------------------------

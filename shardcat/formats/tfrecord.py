@@ -36,6 +36,7 @@ from shardcat.formats.base import (
     BadRecord,
     Entry,
     Format,
+    LegacyRows,
     Location,
     Mismatch,
     Scalar,
@@ -485,21 +486,15 @@ class TFRecordFormat(Format):
         for entry in entries:
             yield f"{entry.offset} {HEADER + entry.length + FOOTER}"
 
-    def check_entries(
-        self,
-        path: str,
-        size: int,
-        rows: list[Any],
-        picks: Sequence[int],
-        options: Mapping[str, Any],
-    ) -> tuple[list[Entry], int]:
+    def check_entries(self, shard: LegacyRows) -> tuple[list[Entry], int]:
         """A legacy index's entries (``rows``: :class:`Entry` objects): they must tile
         the file exactly (each frame starts where the previous one ends, the last one
         ends at the end of the file), so a record missing from the index cannot go
         unnoticed; the picked ones are re-read with their length, both CRCs and the
         key feature's value (``options["key"]``), and get their check (the others
         keep none: reads check them by their frame)."""
-        entries = _tiled(size, rows)
+        path, size, picks, options = shard.path, shard.size, shard.picks, shard.options
+        entries = _tiled(size, shard.rows)
         key_feature = options.get("key")
         local = not is_url(path) and detect_compression(path) is None
         if local and native.enabled() and len(picks) == len(entries):

@@ -72,6 +72,7 @@ from shardcat.errors import (
 )
 from shardcat.formats.base import Location
 from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
+from shardcat.readers import record_view
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex, one_call
@@ -275,7 +276,8 @@ class Reader(DatasetView):
         source = self._source(shard_id)
         by_crc = crc if self.verify_reads else None  # else framing only, if verifying
         location = Location(offset, length, extents_of(extents))
-        chunks = self._fmt.read_chunks(source, location, self.verify_reads and by_crc is None)
+        framing = self.verify_reads and by_crc is None
+        chunks = record_view.read_chunks(self._fmt, source, location, framing)
         return (
             chunks
             if by_crc is None
@@ -543,17 +545,17 @@ class Reader(DatasetView):
 
     def features(self, record: Any) -> dict[str, list[Any]]:
         """A decoded record as ``{feature: [values]}``."""
-        return self._fmt.features(record)
+        return record_view.features(self._fmt, record)
 
     def to_dict(self, record: Any) -> dict[str, Any]:
         """A decoded record as ``{feature: value}``: single values unwrapped, others lists."""
-        return {k: v[0] if len(v) == 1 else v for k, v in self._fmt.features(record).items()}
+        return {k: v[0] if len(v) == 1 else v for k, v in self.features(record).items()}
 
     def describe(self) -> dict[str, str]:
         """Feature name -> type, read off the first record."""
         if not self._len:
             return {}
-        return self._fmt.describe(self.get_record_at(0))
+        return record_view.describe(self._fmt, self.get_record_at(0))
 
     @one_call
     def verify(

@@ -23,10 +23,11 @@ from typing import Any, Protocol, TypeVar
 
 from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
+from shardcat.catalog.backend import Backend
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
-from shardcat.formats.base import get_format
+from shardcat.formats.registry import get_format
 from shardcat.sources import pool as _pool
 from shardcat.sources.local import Identity, open_source
 from shardcat.sources.pool import SourcePool
@@ -46,7 +47,7 @@ class CatalogLike(Protocol):
 
     path: Path | str
     location: str
-    server: bool
+    backend: Backend
     readonly: bool
     immutable: bool
     closed: bool
@@ -94,7 +95,7 @@ def _alone(method: F, *, again: bool) -> F:
     """``method`` as one public call of a reader: threads sharing the reader take
     turns (its shard list, sources and the snapshot a call reads are the call's
     until it ends), and a database failure reading the catalog comes out as a
-    :class:`CatalogError` naming it (see :func:`~shardcat.catalog.engine.damage_error`).
+    :class:`CatalogError` naming it (see ``Backend.damage_error``).
     ``again``: repeated once when a shard file turned out stale and the catalog has
     meanwhile committed a newer version of the dataset (the call read a snapshot from
     just before a re-index). One wrapper, one frame: it runs on every single read."""
@@ -182,7 +183,8 @@ class DatasetView:
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._one_range: bool = self._fmt.ONE_RANGE
-        self._sql = lookup.statements(self._id, self._one_range, self._parts, catalog.server)
+        batch = catalog.backend.dialect.batch_items
+        self._sql = lookup.statements(self._id, self._one_range, self._parts, batch)
         self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)

@@ -81,7 +81,7 @@ def pread_all(fd: int, length: int, offset: int) -> bytes:
     or the file ends: one ``pread`` may return fewer (Linux returns at most
     2,147,479,552 bytes per call). A read that needs more than one call holds the
     pieces and their join at once, so readers stream members that large instead
-    (:meth:`Format.read_chunks <shardcat.formats.base.Format.read_chunks>`)."""
+    (a format's ``read_chunks``: :mod:`shardcat.readers.record_view`)."""
     data = os.pread(fd, length, offset)
     if len(data) == length or not data:
         return data

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from shardcat.catalog.bulk import value_groups
 from shardcat.catalog.query import QueryResult, run_readonly
+from shardcat.catalog.sqlite import value_groups
 from shardcat.errors import (
     CatalogError,
     DuplicateKeyError,
@@ -397,7 +397,7 @@ class TensorDB(Storage):
         Values are read back from the blocks, so they are the latest ones (a
         row written twice is mirrored once). Rows past the table's last one
         are inserted, the others upserted, both as multi-row ``VALUES``
-        statements (:func:`~shardcat.catalog.bulk.value_groups`, as the
+        statements (:func:`~shardcat.catalog.sqlite.value_groups`, as the
         catalog's inserts). Keys of committed rows that get new ones are
         cleared first: keys may move between rows, and no intermediate state
         may repeat one. Readers see none of it before the commit (indexes

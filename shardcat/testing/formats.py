@@ -25,7 +25,17 @@ Knobs (class attributes and methods a subclass may override):
 - :meth:`FormatContract.view`: how the format's reader shows a contract
   record's features (default: as written);
 - :meth:`FormatContract.truncated_offset`: the offset a scan names for a
-  shard cut inside its last record (default: that record's offset).
+  shard cut inside its last record (default: that record's offset);
+- :meth:`FormatContract.legacy_rows`: the rows a legacy index holds for a
+  shard, made from its scanned entries (formats with the legacy-import
+  capability; default: none, that test is skipped).
+
+Beyond the core (sniff, scan, read, decode, feature_list, the scans through the
+catalog, compressed shards, verify, fork safety, bad input), a format gets the
+contract of each capability it has (:mod:`shardcat.testing.capabilities`):
+a format that defines ``index_lines`` gets the DALI index tests, one that
+defines ``check_entries`` the legacy-import tests, and so on; the others are
+skipped, saying which capability the format does not have.
 
 The tests use only the public API (:class:`shardcat.Catalog`, the format
 registry, the errors) and pytest's ``tmp_path``; records are small and a
@@ -35,76 +45,35 @@ need ``shardcat[compressed]`` and are skipped without it.
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import hashlib
-import lzma
 import multiprocessing
 import os
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from shardcat import Catalog, CatalogError, CorruptRecordError, IngestError
-from shardcat.formats.base import (
-    Entry,
-    Format,
-    Location,
-    detect_format,
-    get_format,
-    known_formats,
-)
-from shardcat.formats.checks import crc32c
+from shardcat.formats.base import Format
+from shardcat.formats.registry import detect_format, get_format, known_formats
 from shardcat.sources.local import FileSource
-from shardcat.testing.required import need
+from shardcat.testing.capabilities import CapabilityContract
+from shardcat.testing.contract_base import (
+    BIG_RECORDS,
+    COMPRESSORS,
+    RECORDS,
+    Records,
+    digest,
+    sql_value,
+)
 
 __all__ = ["BIG_RECORDS", "COMPRESSORS", "RECORDS", "FormatContract", "Records"]
-
-Records = list[tuple[str, dict[str, bytes]]]
-
-#: the records of the contract's shards: 12 small ones, three labels
-RECORDS: Records = [
-    (f"sample_{i:03d}", {"image": bytes([i]) * (10 + i), "label": str(i % 3).encode()})
-    for i in range(12)
-]
-
-#: records of a shard whose middle is outside the first and last 64 KiB (what a
-#: file's fingerprint covers): damage there is for checksums to find
-BIG_RECORDS: Records = [
-    (f"big_{i:03d}", {"image": random.Random(i).randbytes(20_000), "label": str(i % 3).encode()})
-    for i in range(12)
-]
-
-#: whole-file compressions: name -> (file ending, compress, module reading it back)
-COMPRESSORS: dict[str, tuple[str, Callable[[bytes], bytes], str]] = {
-    "gzip": (".gz", gzip.compress, "indexed_gzip"),
-    "bz2": (".bz2", bz2.compress, "indexed_bzip2"),
-    "xz": (".xz", lzma.compress, "xz"),
-}
 
 _FINGERPRINT_SPAN = 64 * 1024  # see shardcat.sources.local
 _CHILDREN = 3
 
 _contracts: dict[str, type[FormatContract]] = {}
-
-
-def sql_value(value: object) -> object:
-    """Short UTF-8 bytes are text in SQL."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def digest(raw: Any) -> str:
-    """A fingerprint of a raw record: its bytes, or its members' (PARTS formats)."""
-    h = hashlib.sha256()
-    if isinstance(raw, Mapping):
-        for name in sorted(raw):
-            h.update(name.encode() + b"\0" + bytes(raw[name]) + b"\0")
-    else:
-        h.update(bytes(raw))
-    return h.hexdigest()
 
 
 def _child_reads(reader: Any, keys: list[str], out: Any) -> None:
@@ -118,101 +87,14 @@ def _child_reads(reader: Any, keys: list[str], out: Any) -> None:
         out.put((os.getpid(), repr(exc), None))
 
 
-class FormatContract:
+class FormatContract(CapabilityContract):
     """The contract tests (see the module docstring). Not collected by itself
     (no ``Test`` prefix); subclasses set ``FORMAT`` and define :meth:`write`."""
-
-    FORMAT: ClassVar[str]
-    SUFFIX: ClassVar[str] = ""
-    CHECKSUM: ClassVar[bool] = True
-    COMPRESSIONS: ClassVar[tuple[str, ...]] = ()
-    SCAN_OPTIONS: ClassVar[Mapping[str, Any]] = {"key": "key"}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "FORMAT" in cls.__dict__:
             _contracts[cls.FORMAT] = cls
-
-    # -- what a subclass provides ---------------------------------------------------
-
-    def write(self, path: Path, records: Records) -> list[int]:
-        """Write ``records`` to ``path``; each record's offset as ``scan`` reports it."""
-        raise NotImplementedError(f"{type(self).__name__} must define write(path, records)")
-
-    def view(self, features: dict[str, bytes]) -> dict[str, object]:
-        """How the format's reader shows a record written with ``features``."""
-        return dict(features)
-
-    def truncated_offset(self, offsets: Sequence[int], size: int) -> int:
-        """The offset a scan names for a shard of ``size`` bytes cut inside its last
-        record, whose records started at ``offsets``."""
-        return offsets[-1]
-
-    # -- helpers ------------------------------------------------------------------
-
-    @property
-    def fmt(self) -> Format:
-        return get_format(self.FORMAT)
-
-    def shard_path(self, directory: Path, index: int = 0) -> Path:
-        return directory / f"shard-{index:03d}{self.SUFFIX}"
-
-    def scan(self, path: Path) -> list[Entry]:
-        return list(self.fmt.scan(str(path), self.SCAN_OPTIONS))
-
-    def read_raw(self, source: Any, entry: Entry) -> Any:
-        """A scanned record's raw payload, checksums verified (a PARTS format's
-        records are read one member at a time)."""
-        fmt = self.fmt
-        if not fmt.PARTS:
-            return fmt.read(source, entry.location, True)
-        return {
-            m[0]: fmt.read(source, Location(m[1], m[2], m[3] if len(m) > 3 else None), True)
-            for m in entry.members
-        }
-
-    def assert_checks(self, entry: Entry, raw: Any) -> None:
-        """The checks a scan gives (None: it gives none) are the CRC32C of the bytes
-        ``read`` returns: what every read compares (:mod:`shardcat.formats.checks`)."""
-        if self.fmt.PARTS:
-            for m in entry.members:
-                if len(m) > 4 and m[4] is not None:
-                    assert m[4] == crc32c(raw[m[0]]), m
-        elif entry.check is not None:
-            assert entry.check == crc32c(raw), entry
-
-    def assert_record(self, record: Any, features: dict[str, bytes]) -> None:
-        for feature, value in self.view(features).items():
-            assert self.fmt.feature_list(record, feature) == [value]
-        assert self.fmt.feature_list(record, "absent") is None
-
-    def compressed_copy(self, path: Path, compression: str) -> Path:
-        ending, compress, module = COMPRESSORS[compression]
-        need(module, why="shardcat[compressed]")
-        target = path.with_name(path.name + ending)
-        target.write_bytes(compress(path.read_bytes()))
-        return target
-
-    def damage(self, path: Path, position: int, *, keep_mtime: bool = False) -> None:
-        """Flip the byte at ``position`` (with ``keep_mtime``: size and mtime put back,
-        so only a checksum can tell)."""
-        st = path.stat()
-        data = bytearray(path.read_bytes())
-        data[position] ^= 0xFF
-        path.write_bytes(bytes(data))
-        if keep_mtime:
-            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-    def cut_inside_last_record(self, path: Path) -> None:
-        """Truncate the file in the middle of its last record (a file may end with
-        padding or a footer after it)."""
-        last = self.scan(path)[-1]
-        path.write_bytes(path.read_bytes()[: last.offset + max(1, last.length // 2)])
-
-    @pytest.fixture
-    def shard(self, tmp_path: Path) -> tuple[Path, list[int]]:
-        path = self.shard_path(tmp_path)
-        return path, self.write(path, RECORDS)
 
     # -- registry and sniffing ------------------------------------------------------
 

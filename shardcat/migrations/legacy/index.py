@@ -62,7 +62,8 @@ from typing import Any
 
 from shardcat.errors import CatalogError, LegacyIndexError
 from shardcat.formats import tfrecord as tfrecord_format
-from shardcat.formats.base import Entry, detect_format
+from shardcat.formats.base import Entry
+from shardcat.formats.registry import detect_format
 from shardcat.migrations.legacy.pickles import (
     NO_FIELDS,
     NO_MEMBERS,

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcat.errors import CatalogError, LegacyIndexError
-from shardcat.formats.base import SNIFF_BYTES, detect_format
+from shardcat.formats.registry import SNIFF_BYTES, detect_format
 from shardcat.migrations.legacy.index import (
     FORMAT_OF,
     TFD_TAR,

@@ -3,8 +3,10 @@ are committed; any mismatch re-indexes that shard from its data instead (the
 report says why).
 
 This module is the format-independent part; each format checks its own rows
-(``Format.check_entries``: TFRecord frames tiling the file, tar headers,
-RecordIO offsets; see the format modules):
+through the :class:`LegacyImport` capability (``check_entries``, given a
+:class:`~shardcat.formats.base.LegacyRows`: TFRecord frames tiling the file, tar
+headers, RecordIO offsets; see the format modules); a format without it is
+always re-indexed from its data:
 
 - compressed shards are always re-indexed (seek points come from the data);
 - a shard modified after the index file was written (its mtime is newer) is
@@ -28,20 +30,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from shardcat.errors import CorruptRecordError, LegacyIndexError, ShardIOError
-from shardcat.formats.base import Entry, Format, Location, Mismatch, get_format
+from shardcat.formats.base import Entry, Format, LegacyRows, Location, Mismatch
+from shardcat.formats.registry import get_format
 from shardcat.migrations.legacy.index import LegacyIndex, LegacyShard
+from shardcat.readers.record_view import features
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources.compressed import compression_of, detect_compression
 from shardcat.sources.local import shard_to_check
 from shardcat.sources.remote import is_url
 
-# Mismatch is declared in shardcat.formats.base (the formats raise it).
-__all__ = ["DEFAULT_SAMPLE", "infer_key", "verify_shard"]
+# Mismatch and LegacyRows are declared in shardcat.formats.base (the formats
+# raise the one and are given the other).
+__all__ = ["DEFAULT_SAMPLE", "LegacyImport", "infer_key", "verify_shard"]
 
 DEFAULT_SAMPLE = 64
+
+
+@runtime_checkable
+class LegacyImport(Protocol):
+    """A format whose shards' entries are imported from legacy index files."""
+
+    def check_entries(self, shard: LegacyRows) -> tuple[list[Entry], int]:
+        """The entries made from ``shard.rows``, checked against the file (the
+        ``shard.picks`` re-read from it, with their checks); and how many were
+        re-read. Anything that does not match raises
+        :class:`~shardcat.formats.base.Mismatch` (the shard is then re-indexed
+        from its data)."""
 
 
 def _compression(path: str, options: Mapping[str, Any], size: int | None = None) -> str | None:
@@ -67,7 +84,7 @@ def _spell(value: Any) -> str:
 def _key_candidates(fmt: Format, raw: bytes, options: Mapping[str, Any], key: str) -> list[str]:
     record = fmt.decode(raw, options)
     out = []
-    for name, values in fmt.features(record).items():
+    for name, values in features(fmt, record).items():
         try:
             if values and _spell(values[0]) == key:
                 out.append(name)
@@ -123,14 +140,11 @@ def verify_shard(
     if st.st_mtime_ns > index.mtime_ns and not is_url(path):
         raise Mismatch("the shard was modified after the legacy index was written")
     fmt = get_format(format)
+    if not isinstance(fmt, LegacyImport):
+        raise Mismatch(f"{fmt.TITLE} shards are not imported from legacy indexes")
+    picks = _sample(len(shard.rows), sample if is_url(path) else 0)
     try:
-        return fmt.check_entries(
-            path,
-            st.st_size,
-            shard.rows,
-            _sample(len(shard.rows), sample if is_url(path) else 0),
-            options,
-        )
+        return fmt.check_entries(LegacyRows(path, st.st_size, shard.rows, picks, options))
     except CorruptRecordError as exc:
         raise Mismatch(f"{exc.problem} (at byte {exc.offset})") from None
     except UnicodeDecodeError as exc:
