@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,ray,docs,web]'
+	$(PY) -m pip install -q -e '.[torch,compressed,bench,dev,parquet,postgres,remote,ray,docs,web,duckdb]'
 	touch $@
 
 # Headless Chromium and its driver (Debian's) for the `catalog serve` browser tests

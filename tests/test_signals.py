@@ -285,6 +285,15 @@ def test_stopping_on_signals_leaves_handlers_a_program_set(tmp_path: Path) -> No
     def mine(signum: int, frame: object) -> None:
         raise AssertionError
 
+    outside = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:  # from the default handlers, whatever an earlier test of this process left
+        _handlers_a_program_set(mine)
+    finally:
+        for signum, handler in outside.items():
+            signal.signal(signum, handler)
+
+
+def _handlers_a_program_set(mine: object) -> None:
     before = signal.signal(signal.SIGTERM, mine)
     try:
         with stopping_on_signals():

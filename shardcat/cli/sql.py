@@ -52,6 +52,14 @@ def query(
         ),
     ] = DEFAULT_QUERY_MEMORY / 2**20,
     readonly: ReadModeOpt = True,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="sqlite: the catalog's own database; duckdb: DuckDB over a columnar "
+            "mirror of the datasets (kept beside the catalog, rebuilt when stale).",
+        ),
+    ] = "sqlite",
 ) -> None:
     """Run read-only SQL; every dataset is a view named after it.
 
@@ -78,6 +86,7 @@ def query(
         "attach": attached,
         "timeout": timeout or None,
         "memory": int(memory * 2**20) or None,
+        "engine": engine,
     }
     with open_to_read(catalog, readonly) as cat:
         if json or as_csv:

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from shardcat.catalog import reuse
+from shardcat.catalog import columnar, reuse
 from shardcat.catalog import snapshot as snapshots
 from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
@@ -363,6 +363,7 @@ class Catalog(Store):
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
         memory: int | None = DEFAULT_QUERY_MEMORY,
+        engine: str = "sqlite",
     ) -> QueryResult:
         """Run one read-only SQL statement; rows as a list of tuples (``.columns`` names them).
 
@@ -378,12 +379,13 @@ class Catalog(Store):
         (:meth:`query_rows` streams rows instead). ``attach`` maps schema names to
         other SQLite files (or TensorDB directories), attached read-only for this
         statement only, e.g. ``attach={"emb": "emb.db"}`` for ``... JOIN emb.rows e
-        ON e.key = t.key``.
+        ON e.key = t.key``. ``engine="duckdb"`` runs the statement with DuckDB over
+        a columnar mirror of the datasets' views, rebuilt when the catalog changed
+        (see :mod:`shardcat.catalog.columnar`; DuckDB's SQL, no ``attach``).
         """
-        with self.query_rows(sql, params, attach=attach, timeout=timeout, memory=memory) as (
-            columns,
-            rows,
-        ):
+        with self.query_rows(
+            sql, params, attach=attach, timeout=timeout, memory=memory, engine=engine
+        ) as (columns, rows):
             return QueryResult(collect(rows, memory), columns)
 
     @contextlib.contextmanager
@@ -395,10 +397,17 @@ class Catalog(Store):
         attach: Mapping[str, str | os.PathLike[str]] | None = None,
         timeout: float | None = DEFAULT_QUERY_TIMEOUT,
         memory: int | None = DEFAULT_QUERY_MEMORY,
+        engine: str = "sqlite",
     ) -> Iterator[tuple[list[str], Iterator[tuple[Any, ...]]]]:
         """:meth:`query`, streamed: ``with cat.query_rows(sql) as (columns, rows):``
         iterates the rows as they are fetched, holding one at a time (``memory``
         then bounds any one value)."""
+        if columnar.wants_duckdb(engine):
+            if attach:
+                raise CatalogError("attach= is for engine='sqlite'")
+            with columnar.streamed(self, sql, params, timeout=timeout, memory=memory) as result:
+                yield result
+            return
         files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
         with super().query_rows(
             sql, params, attach=files, timeout=timeout, memory=memory

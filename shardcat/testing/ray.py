@@ -63,11 +63,14 @@ def deadline(seconds: float, what: str = "the Ray call") -> Iterator[None]:
 def local_cluster(spec: ClusterSpec | None = None) -> Iterator[Any]:
     """A started ``ray.cluster_utils.Cluster`` of ``spec`` with this process connected
     as its driver (``ray.init(address=...)``); shut down (driver, then every node's
-    processes) when the block ends, whatever happened in it."""
+    processes) when the block ends, whatever happened in it. The signal handlers
+    ``ray.init`` installs in the driver (its SIGTERM handler exits with code 15) are
+    put back as they were, so later code in the process sees its own."""
     import ray
     from ray.cluster_utils import Cluster
 
     spec = spec or ClusterSpec()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     node: dict[str, Any] = {"object_store_memory": spec.object_store, "include_dashboard": False}
     cluster = Cluster(
         initialize_head=True,
@@ -87,6 +90,8 @@ def local_cluster(spec: ClusterSpec | None = None) -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def alive_nodes() -> set[str]:
