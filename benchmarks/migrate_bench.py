@@ -97,7 +97,7 @@ def _same_dataset(tmp: Path) -> None:
     rows = []
     for name in ("migrate", "ingest-False"):
         with Catalog(tmp / f"{name}.sqlite", readonly=True) as cat:
-            rows.append(cat.reader_connection().execute(query).fetchall())
+            rows.append(cat.store.reader_connection().execute(query).fetchall())
     if rows[0] != rows[1]:
         raise RuntimeError("the migrated dataset differs from the ingested one")
 

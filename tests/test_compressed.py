@@ -103,7 +103,7 @@ def test_compressed_tar_reads_like_the_plain_one(
         }
         assert reader.verify() == []
         assert cat.query("SELECT count(*) FROM z WHERE cls = 2") == [(10,)]
-        conn = cat.reader_connection()
+        conn = cat.store.reader_connection()
         assert conn.execute("SELECT compression FROM shardcat_shards").fetchall() == [(how,)]
         rows = conn.execute("SELECT kind FROM shardcat_seek_indexes").fetchall()
         assert rows == ([] if kind is None else [(kind,)])
@@ -139,7 +139,9 @@ def test_gzip_seek_points_are_stored_and_used(tmp_path: Path, monkeypatch: pytes
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "big").close()
         (blob,) = (
-            cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchone()
+            cat.store.reader_connection()
+            .execute("SELECT data FROM shardcat_seek_indexes")
+            .fetchone()
         )
         assert blob.startswith(b"SCSK1zran\0")
         index = indexed_gzip._IndexedGzipFile(filename=str(path), auto_build=False)
@@ -197,17 +199,25 @@ def test_changed_compressed_shard_gets_new_seek_points(tmp_path: Path):
     compress(src, path, "gzip")
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "s").close()
-        old = cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchall()
+        old = (
+            cat.store.reader_connection()
+            .execute("SELECT data FROM shardcat_seek_indexes")
+            .fetchall()
+        )
         second = make_tar(src, n=7, seed=2)
         compress(src, path, "gzip")
         with cat.ingest(path, "s") as reader:
             assert len(reader) == 7
             read_all(reader, second)
-        new = cat.reader_connection().execute("SELECT data FROM shardcat_seek_indexes").fetchall()
+        new = (
+            cat.store.reader_connection()
+            .execute("SELECT data FROM shardcat_seek_indexes")
+            .fetchall()
+        )
         assert len(new) == 1 and new != old
         assert first != second
         cat.drop("s")
-        assert cat.reader_connection().execute(
+        assert cat.store.reader_connection().execute(
             "SELECT count(*) FROM shardcat_seek_indexes"
         ).fetchone() == (0,)
 
@@ -243,7 +253,7 @@ def test_gzip_tfrecord_ingests_and_reads(tmp_path: Path):
         assert reader.verify() == []
         with Catalog(tmp_path / "plain.sqlite") as other, other.ingest(plain_path, "p") as p:
             conn_a = reader.catalog.reader_connection()
-            conn_b = other.reader_connection()
+            conn_b = other.store.reader_connection()
             query = 'SELECT key, "offset", length FROM shardcat_records_1 ORDER BY key'
             assert conn_a.execute(query).fetchall() == conn_b.execute(query).fetchall()
             assert len(p) == 300

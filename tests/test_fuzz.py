@@ -459,7 +459,7 @@ def run_case(case: Case, tally: Tally, tmp: Path) -> None:
                 tally.counts["ingested"] += 1
             read_back(case, tally, shard, damage, path, reader)
             if case.phase == "after" and case.fmt == "tfrecord":
-                with Reader(cat, "d", verify_crc=True) as checked:
+                with cat.dataset("d", verify_crc=True) as checked:
                     read_back(case, tally, shard, damage, path, checked)
 
 

@@ -139,9 +139,9 @@ def test_fallback_ingest_gives_the_same_entries(tmp_path: Path, monkeypatch: pyt
                 with cat.ingest(path, "t") as reader:
                     assert reader.get_feature("k05999", "label") == 5999 % 7
                     assert reader.get_feature("k00003", "label") == 3
-                    rows = cat.reader_connection().execute(query).fetchall()
+                    rows = cat.store.reader_connection().execute(query).fetchall()
                     (blob,) = (
-                        cat.reader_connection()
+                        cat.store.reader_connection()
                         .execute("SELECT data FROM shardcat_seek_indexes")
                         .fetchone()
                     )

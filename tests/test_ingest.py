@@ -886,7 +886,7 @@ def test_datasets_without_fields_store_no_field_values_until_fields_are_asked_fo
     glob = str(tmp_path / "*.tfrecord")
 
     def field_columns(cat: Catalog) -> list[str]:
-        info = cat.reader_connection().execute("PRAGMA table_info(shardcat_records_1)")
+        info = cat.store.reader_connection().execute("PRAGMA table_info(shardcat_records_1)")
         return [r[1] for r in info if r[1].startswith("v")]
 
     with Catalog(tmp_path / "c.sqlite") as cat:

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-import shardcat.catalog.engine as engine_mod
 import shardcat.catalog.sqlite as sqlite_backend
 from shardcat import Catalog, TFRecordWriter, make_example
 from shardcat.catalog.backend import make_engine
@@ -51,12 +50,12 @@ def test_connections_do_not_grow_with_shards(
 
 
 def test_kept_connection_is_closed_when_the_ingest_ends(tmp_path: Path) -> None:
-    from shardcat.facade import ingest
+    from shardcat.catalog import session
 
     pattern = _shards(tmp_path / "ds", 3)
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(pattern, "train", workers=1).close()
-        assert [k for k in ingest._engines if k[1] == engine_mod.fork_generation()] == []
+        assert session.open_sessions() == []
         assert cat.checkpoint()
         assert os.path.getsize(tmp_path / "c.sqlite-wal") == 0  # truncated: nothing pins it
 
@@ -92,10 +91,10 @@ def test_each_worker_claims_its_next_shard_right_after_its_commit(
 ) -> None:
     """With 2 workers, a worker's next claim follows its commit in the same turn at the
     write lock (it scans while the other commits), and every shard is reported once."""
-    from shardcat.facade import ingest
+    from shardcat.catalog import claims, commit
 
     log = tmp_path / "events.log"
-    real_commit, real_claim = ingest.commit_shard, ingest.claim_next
+    real_commit, real_claim = commit.commit_shard, claims.claim_next
 
     def note(event: str) -> None:
         with open(log, "a") as f:
@@ -110,8 +109,8 @@ def test_each_worker_claims_its_next_shard_right_after_its_commit(
         note("claim" if claimed is not None else "none")
         return claimed
 
-    monkeypatch.setattr(ingest, "commit_shard", commit_shard)  # the forked workers inherit it
-    monkeypatch.setattr(ingest, "claim_next", claim_next)
+    monkeypatch.setattr(commit, "commit_shard", commit_shard)  # the forked workers inherit it
+    monkeypatch.setattr(claims, "claim_next", claim_next)
     pattern = _shards(tmp_path / "ds", 6)
     seen: list[str] = []
     with (
@@ -131,19 +130,19 @@ def test_each_worker_claims_its_next_shard_right_after_its_commit(
 def test_a_worker_s_error_reaches_the_caller_and_the_next_ingest_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardcat.facade import ingest
+    from shardcat.catalog import commit
 
-    real_commit = ingest.commit_shard
+    real_commit = commit.commit_shard
 
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("commit exploded")
 
-    monkeypatch.setattr(ingest, "commit_shard", failing)
+    monkeypatch.setattr(commit, "commit_shard", failing)
     pattern = _shards(tmp_path / "ds", 4)
     with Catalog(tmp_path / "c.sqlite") as cat:
         with pytest.raises(RuntimeError, match="commit exploded"):
             cat.ingest(pattern, "train", workers=2)
-        monkeypatch.setattr(ingest, "commit_shard", real_commit)
+        monkeypatch.setattr(commit, "commit_shard", real_commit)
         with cat.ingest(pattern, "train", workers=2) as reader:
             assert len(reader) == 20
             assert reader.get_feature("k3_4", "label") == 4

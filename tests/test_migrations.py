@@ -377,9 +377,18 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
     gz.write_bytes(gzip.compress((tmp_path / "v1" / "a.tfrecord").read_bytes()))
     with Catalog(v1_catalog) as cat, cat.ingest(gz, "gz") as reader:
         assert reader.get_feature("r7", "image") == bytes([7]) * 50
-        assert cat.reader_connection().execute(
+        assert cat.store.reader_connection().execute(
             "SELECT kind FROM shardcat_seek_indexes"
         ).fetchall() == [("zran",)]
+
+
+def test_the_upgrade_warning_points_at_the_code_that_opened_the_catalog(v1_catalog: Path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Catalog(v1_catalog).close()
+    (upgraded,) = [w for w in caught if "upgraded the catalog" in str(w.message)]
+    assert upgraded.category is ShardcatWarning
+    assert upgraded.filename == __file__  # not shardcat's own frames
 
 
 def test_a_failed_step_leaves_version_1(v1_catalog: Path, monkeypatch: pytest.MonkeyPatch):

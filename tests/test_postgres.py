@@ -217,7 +217,7 @@ def test_claims_skip_locked_rows_and_take_over_dead_ones(tmp_path, pg_url):
             ).fetchone()
             started = time.monotonic()
             got = claim_next(engine, 1, 600.0, "me")
-            assert got is not None and got[0] != first[0]
+            assert got is not None and got.id != first[0]
             assert time.monotonic() - started < 30  # did not wait for the lock
             blocker.rollback()
             blocker.close()
@@ -388,7 +388,7 @@ def test_a_sqlite_url_is_a_file(tmp_path, monkeypatch):
     make_sample(tmp_path / "data", shards=1, records=10)
     with Catalog("sqlite:///rel.sqlite") as cat:  # SQLAlchemy's spelling of a file
         cat.ingest("data/*.tfrecord", "d").close()
-        assert cat.backend.local_file == cat.path == tmp_path / "rel.sqlite"
+        assert cat.store.backend.local_file == cat.path == tmp_path / "rel.sqlite"
     absolute = tmp_path / "abs.sqlite"
     with Catalog(f"sqlite:///{absolute}") as cat:
         assert cat.path == absolute and cat.datasets() == []

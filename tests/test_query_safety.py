@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, TFRecordWriter, make_example
+from shardcat.catalog.handle import ReadHandle
 from shardcat.cli import app
 
 runner = CliRunner()
@@ -213,7 +214,7 @@ def test_a_query_over_its_time_limit_stops(built: Path) -> None:
         # above has passed: a leftover handler would stop this raw statement).
         assert cat.query('SELECT count(*) FROM "train"', timeout=0.2) == [(N,)]
         bounded = FOREVER.replace("FROM c)", "FROM c WHERE x < 200000)")
-        assert cat.reader_connection().execute(bounded).fetchall() == [(200000,)]
+        assert cat.store.reader_connection().execute(bounded).fetchall() == [(200000,)]
         assert cat.query(bounded, timeout=None) == [(200000,)]
         for bad in (0, -1.0):
             with pytest.raises(CatalogError, match="timeout must be"):
@@ -222,7 +223,10 @@ def test_a_query_over_its_time_limit_stops(built: Path) -> None:
 
 def test_where_inherits_the_time_limit(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Catalog.query.__kwdefaults__["timeout"] == 60.0
-    monkeypatch.setitem(Catalog.query.__kwdefaults__, "timeout", 0.2)
+    # a reader's where runs through its read-only handle, with the same limits
+    limits = {k: Catalog.query.__kwdefaults__[k] for k in ("timeout", "memory")}
+    assert ReadHandle.query.__kwdefaults__ == limits
+    monkeypatch.setitem(ReadHandle.query.__kwdefaults__, "timeout", 0.2)
     with Catalog(built, readonly=True) as cat, cat.dataset("train") as reader:
         with pytest.raises(CatalogError) as err:
             reader.where(f"label = ({FOREVER})")

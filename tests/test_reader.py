@@ -836,8 +836,8 @@ def test_batch_queries_look_keys_up_instead_of_scanning(tmp_path):
         w.write(make_example({"key": "k"}))
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(path, "d").close()
-        conn = cat.reader_connection()
-        batch = cat.backend.dialect.batch_items
+        conn = cat.store.reader_connection()
+        batch = cat.store.backend.dialect.batch_items
         every, one_range = (reader_module.statements(1, r, p, batch) for r, p in ((0, 0), (1, 1)))
         for sql, params in [
             (every.many_by_key, ("[]",)),
@@ -866,9 +866,9 @@ def test_lookups_use_a_short_snapshot_and_queries_see_the_latest_commit(tmp_path
         cat.ingest(tmp_path / "a.tfrecord", "d").close()
         with cat.dataset("d") as reader:
             assert reader.contains_key("a0")
-            assert cat.reader_connection().in_transaction is False  # only lookups hold one
+            assert cat.store.reader_connection().in_transaction is False  # only lookups hold one
             reader.contains_key("a0")
-            assert cat.reader_connection(snapshot=True).in_transaction is True
+            assert cat.store.reader_connection(snapshot=True).in_transaction is True
             other.ingest(str(tmp_path / "*.tfrecord"), "d").close()  # another connection
             assert cat.query("SELECT count(*) FROM d") == [(2,)]  # queries: latest commit
             time.sleep(0.25)

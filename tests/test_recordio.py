@@ -629,12 +629,14 @@ def test_key_by_position_overrides_idx_and_raw_payloads(tmp_path: Path):
         assert reader.get_feature("1", "data") == M * 3
         assert reader.get_feature("1", "label") is None
         assert reader.describe() == {"data": "bytes"}
-        assert reader.catalog.info("raw").fields == {}
+    with Catalog(reader.index_file, readonly=True) as cat:
+        assert cat.info("raw").fields == {}
     labelled_payloads = labelled(3)
     write_rec(tmp_path / "forced.rec", labelled_payloads)
     with RecordIOReader(tmp_path / "forced.rec", header=False, dataset="forced") as reader:
         assert reader.get_feature("0", "data") == labelled_payloads[0]
-        assert reader.catalog.info("forced").fields == {}
+    with Catalog(reader.index_file, readonly=True) as cat:
+        assert cat.info("forced").fields == {}
 
 
 def test_later_shard_without_idx_fails_alone(tmp_path: Path):
@@ -768,7 +770,8 @@ def test_directory_of_rec_and_idx_files(tmp_path: Path):
     with RecordIOReader(data) as reader:  # the .idx files hold keys, they are no shards
         assert reader.get_keys() == ["a0", "a1", "b0", "b1", "b2"]
         assert reader.get_stats()["records_per_file"] == {"a.rec": 2, "b.rec": 3}
-        written = export_index(reader.catalog, reader.dataset, data, overwrite=True)
+        with Catalog(reader.index_file) as cat:
+            written = export_index(cat, reader.dataset, data, overwrite=True)
         assert written == [data / "a.idx", data / "b.idx"]
     assert (data / "b.idx").read_text() == "".join(f"{n}\t{o}\n" for n, o in enumerate(offsets))
     # The .rec files did not change, so nothing is re-read: an .idx is not watched.

@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from shardcat import Catalog, MissingShardError, ShardIOError, StaleShardError
 from shardcat.paths import brace_expand
+from shardcat.readers.reader import Reader
 from shardcat.sources import cache, remote, remote_file
 from shardcat.testing.required import need
 
@@ -534,7 +535,7 @@ def test_cache_stays_under_its_cap_with_concurrent_processes(
 def _epochs(reader: Any, keys: list[str], out: Any, directory: Path) -> None:
     """A DataLoader worker's epochs: every shard in turn, then its downloads finished."""
     for s in range(4):
-        with reader.catalog.dataset("train") as fresh:
+        with Reader(reader.catalog, "train") as fresh:  # another reader on its catalog
             fresh.get_raw(f"r{s}_1")
             time.sleep(0.3)  # let downloads run (and race) between processes
     mine = f".{os.getpid()}."

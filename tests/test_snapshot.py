@@ -136,7 +136,7 @@ def test_snapshot_reads_the_same_bytes(
         info = snap.snapshot_info()
         assert info is not None and info.snapshot_of == str(source)
         versions = {
-            d.name: src.reader_connection()
+            d.name: src.store.reader_connection()
             .execute("SELECT version FROM shardcat_datasets WHERE name = ?", (d.name,))
             .fetchone()[0]
             for d in src.datasets()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Container
+from collections.abc import Callable, Container
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
@@ -34,6 +35,7 @@ __all__ = [
     "CLAIM_LOST",
     "DEFAULT_LEASE",
     "NAME_HOLDERS_AFTER",
+    "ClaimedShard",
     "Waiting",
     "claim_next",
     "give_back",
@@ -50,13 +52,23 @@ GIVE_BACK_WAIT = 2.0  # how long a stopped ingest waits to give its claims back
 CLAIM_LOST = "claim lost to another process"
 
 
+@dataclass(frozen=True)
+class ClaimedShard:
+    """A shard this process claimed: its row id, its path as stored (relative to the
+    catalog when below it) and the claim's owner (``host:pid:start-time``)."""
+
+    id: int
+    stored: str
+    owner: str
+
+
 def claim_next(
     engine: Engine,
     dataset_id: int,
     lease: float,
     owner: str,
     only: Container[str] | None = None,
-) -> tuple[int, str] | None:
+) -> ClaimedShard | None:
     """Claim a pending shard (or one whose claimer died); None when there is none.
 
     ``only``: claim only shards whose stored path is in it.
@@ -92,27 +104,29 @@ def claim_next(
                     .where(s.c.id == r.id)
                     .values(state="indexing", claim_owner=owner, claimed_at=time.time(), error=None)
                 )
-                return r.id, r.path
+                return ClaimedShard(r.id, r.path, owner)
     return None
 
 
-def still_mine(conn: Connection, shard_id: int, owner: str) -> bool:
+def still_mine(conn: Connection, shard: ClaimedShard) -> bool:
+    """Whether ``shard`` is still being indexed under this claim (in ``conn``'s transaction)."""
     s = schema.shards
     current = conn.execute(
-        select(s.c.claim_owner, s.c.state).where(s.c.id == shard_id)
+        select(s.c.claim_owner, s.c.state).where(s.c.id == shard.id)
     ).one_or_none()
-    return current is not None and current.state == "indexing" and current.claim_owner == owner
+    return (
+        current is not None and current.state == "indexing" and current.claim_owner == shard.owner
+    )
 
 
-def release(
-    engine: Engine, dataset_id: int, shard_id: int, owner: str, *, failed: str | None
-) -> None:
+def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str | None) -> None:
     """End this process's claim on a shard (if it still owns it): back to ``pending``,
     or with ``failed`` (the error), ``failed`` without records: the indexed version's
     records describe bytes the file no longer holds."""
     s = schema.shards
+    shard_id = shard.id
     with engine.begin() as conn:
-        if not still_mine(conn, shard_id, owner):
+        if not still_mine(conn, shard):
             return
         values: dict[str, Any] = {"claim_owner": None, "claimed_at": None}
         if failed is None:
@@ -120,10 +134,7 @@ def release(
         else:
             values.update(state="failed", error=failed, generation=None, num_records=0)
             clear_shards(conn, dataset_id, [shard_id])
-            stored = conn.execute(
-                select(schema.shards.c.path).where(schema.shards.c.id == shard_id)
-            ).scalar_one()
-            note_dropped(conn, dataset_id, {stored: None})
+            note_dropped(conn, dataset_id, {shard.stored: None})
         conn.execute(update(s).where(s.c.id == shard_id).values(**values))
         if failed is not None:
             bump_version(conn, dataset_id)
@@ -196,10 +207,8 @@ class Waiting:
     (``waiting for 3 shards held by host:pid``; again when they change), and
     after ``timeout`` seconds the wait ends with a :class:`CatalogError`."""
 
-    def __init__(
-        self, engine: Engine, dataset_id: int, lease: float, timeout: float | None
-    ) -> None:
-        self.engine, self.dataset_id, self.lease = engine, dataset_id, lease
+    def __init__(self, held: Callable[[], dict[str, int]], timeout: float | None) -> None:
+        self.held = held  # the live claims now (see held_by_others)
         self.timeout = timeout
         self.started: float | None = None
         self.named = ""
@@ -212,7 +221,7 @@ class Waiting:
         waited = now - self.started
         if waited < NAME_HOLDERS_AFTER and (self.timeout is None or waited < self.timeout):
             return
-        held = held_by_others(self.engine, self.dataset_id, self.lease)
+        held = self.held()
         what = ", ".join(
             f"{n} shard{'s' if n > 1 else ''} held by {owner}" for owner, n in held.items()
         )

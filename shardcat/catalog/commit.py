@@ -38,7 +38,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from shardcat.catalog import schema, tables
 from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.bulk import insert_columns
-from shardcat.catalog.claims import DEFAULT_LEASE
+from shardcat.catalog.claims import DEFAULT_LEASE, ClaimedShard
 from shardcat.catalog.names import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 from shardcat.errors import KEEP_ONE, CatalogError, DuplicateKeyError
@@ -48,6 +48,7 @@ __all__ = [
     "DUPLICATE_POLICIES",
     "Batch",
     "IngestJob",
+    "ShardVersion",
     "catalog_error",
     "commit_shard",
     "dedupe_within",
@@ -101,6 +102,21 @@ class IngestJob:
     one_range: bool = False
     #: ``raise`` (a bad record fails its shard) or ``skip`` (set aside: see ``Batch.bad``)
     on_bad_record: str = "raise"
+
+
+@dataclass(frozen=True)
+class ShardVersion:
+    """One scanned version of a shard as its commit writes it: the records (``batch``),
+    the file's identity when it was scanned (``stat``, ``fingerprint``), its
+    compression and stored seek points (``seek_index``: kind and bytes), and
+    ``dropped``, the records already dropped as duplicate keys within the shard."""
+
+    batch: Batch
+    stat: os.stat_result
+    fingerprint: str
+    compression: str | None = None
+    seek_index: tuple[str, bytes] | None = None
+    dropped: int = 0
 
 
 def catalog_error(catalog: str, exc: SQLAlchemyError) -> CatalogError:
@@ -339,20 +355,13 @@ def _refuse_nul(conn: Connection, job: IngestJob, stored: str, batch: Batch) -> 
 
 
 def commit_shard(
-    conn: Connection,
-    job: IngestJob,
-    shard_id: int,
-    stored: str,
-    batch: Batch,
-    st: os.stat_result,
-    fp: str,
-    compression: str | None = None,
-    seek_index: tuple[str, bytes] | None = None,
-    dropped: int = 0,
+    conn: Connection, job: IngestJob, shard: ClaimedShard, version: ShardVersion
 ) -> tuple[int, int]:
-    """Replace the shard's indexed version with ``batch``; returns the records
-    committed and the records dropped as duplicates (``dropped`` of them within the
-    shard already, before this call)."""
+    """Replace the shard's indexed version with ``version``; returns the records
+    committed and the records dropped as duplicates (``version.dropped`` of them
+    within the shard already, before this call)."""
+    shard_id, stored, batch, dropped = shard.id, shard.stored, version.batch, version.dropped
+    st, seek_index = version.stat, version.seek_index
     _refuse_nul(conn, job, stored, batch)
     clear_shards(conn, job.dataset_id, [shard_id])  # the version this one replaces
     lost: dict[str, int] = {}
@@ -399,8 +408,8 @@ def commit_shard(
             mtime_ns=st.st_mtime_ns,
             ino=st.st_ino,
             ctime_ns=st.st_ctime_ns,
-            fingerprint=fp,
-            compression=compression,
+            fingerprint=version.fingerprint,
+            compression=version.compression,
             claim_owner=None,
             claimed_at=None,
             error=None,

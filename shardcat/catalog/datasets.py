@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, func, select
 
@@ -19,7 +19,50 @@ from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, Judge, sync_shards
 from shardcat.errors import CatalogError
 
-__all__ = ["DatasetInfo", "describe", "ensure"]
+__all__ = ["DatasetInfo", "DatasetPlan", "DatasetRow", "describe", "ensure"]
+
+#: the columns of a dataset row as :class:`DatasetRow` holds them
+ROW_COLUMNS = "id, name, format, key_rule, grouping, options, source, created_at"
+
+
+class DatasetRow(NamedTuple):
+    """A dataset's ``shardcat_datasets`` row (``options`` and ``source`` decoded)."""
+
+    id: int
+    name: str
+    format: str
+    key_rule: str
+    grouping: str | None
+    options: dict[str, Any]
+    source: list[str]
+    created_at: float
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> DatasetRow:
+        """The row as the ``ROW_COLUMNS`` query returns it."""
+        id_, name, format, key_rule, grouping, options, source, created_at = row
+        options, source = json.loads(options), json.loads(source)
+        return cls(id_, name, format, key_rule, grouping, options, source, created_at)
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """What an ingest asks of a dataset's rows (:meth:`Store.ensure_dataset
+    <shardcat.catalog.store.Store.ensure_dataset>`): the dataset ``name`` read with
+    ``rule``, its ``source`` patterns, and its shard rows matching ``files`` (stored
+    path -> stat; ``same_file`` judges an unchanged file, ``rescan`` re-indexes them
+    all). A new dataset starts from ``first`` (the options only all its shards
+    tell) and, with ``seed``, copies the rows of shards another dataset holds with
+    the same rule (:mod:`~shardcat.catalog.reuse`)."""
+
+    name: str
+    rule: reuse.Rule
+    source: Sequence[str]
+    files: Mapping[str, Any]
+    same_file: Judge
+    first: Mapping[str, Any] = dataclass_field(default_factory=dict)
+    rescan: bool = False
+    seed: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,9 +89,8 @@ class DatasetInfo:
         return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
 
 
-def describe(conn: ReadConnection, row: Sequence[Any], index_names_sql: str) -> DatasetInfo:
-    """The dataset whose ``shardcat_datasets`` row is ``row`` (id, name, format,
-    key_rule, grouping, options, source, created_at); ``index_names_sql``: the
+def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> DatasetInfo:
+    """The dataset whose ``shardcat_datasets`` row is ``row``; ``index_names_sql``: the
     backend's statement for the names of a table's indexes."""
     states = dict(
         conn.execute(
@@ -71,13 +113,13 @@ def describe(conn: ReadConnection, row: Sequence[Any], index_names_sql: str) -> 
         (r[0] for r in index_names), row[0], {idx: col for col, _, idx in registry}
     )
     return DatasetInfo(
-        name=row[1],
-        format=row[2],
-        key_rule=row[3],
-        grouping=row[4],
-        options=json.loads(row[5]),
-        source=json.loads(row[6]),
-        created_at=row[7],
+        name=row.name,
+        format=row.format,
+        key_rule=row.key_rule,
+        grouping=row.grouping,
+        options=row.options,
+        source=row.source,
+        created_at=row.created_at,
         shards=sum(states.values()),
         ready_shards=states.get("ready", 0),
         failed_shards=states.get("failed", 0),
@@ -99,23 +141,21 @@ def _refuse_case_twin(conn: Connection, name: str) -> None:
         )
 
 
-def ensure(
-    conn: Connection,
-    name: str,
-    rule: reuse.Rule,
-    first: Mapping[str, Any],
-    source: Sequence[str],
-    files: Mapping[str, Any],
-    same_file: Judge,
-    rescan: bool,
-    seed: bool,
-) -> tuple[int, dict[str, Any], str]:
+def ensure(conn: Connection, plan: DatasetPlan) -> tuple[int, dict[str, Any], str]:
     """:meth:`Store.ensure_dataset <shardcat.catalog.store.Store.ensure_dataset>` in the
     caller's write transaction: the dataset row (created, or checked against ``rule``),
     its options and source, its records table and view, and its shard rows."""
+    name, rule, source, files, same_file = (
+        plan.name,
+        plan.rule,
+        plan.source,
+        plan.files,
+        plan.same_file,
+    )
+    rescan = plan.rescan
     d = schema.datasets
     row = conn.execute(select(d).where(d.c.name == name)).one_or_none()
-    stored = dict(first) if row is None else json.loads(row.options)
+    stored = dict(plan.first) if row is None else json.loads(row.options)
     opts: dict[str, Any] = rule.options(stored)
     key_rule = rule.key_rule(opts)
     if row is None:
@@ -136,7 +176,7 @@ def ensure(
         dataset_id = inserted[0]
         tables.create_records_table(conn, dataset_id)
         tables.create_view(conn, dataset_id, name)
-        if seed:  # rows another dataset already holds
+        if plan.seed:  # rows another dataset already holds
             reuse.seed(conn, dataset_id, name, opts, files, same_file)
     else:
         dataset_id = row.id

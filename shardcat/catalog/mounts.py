@@ -137,5 +137,5 @@ def warn_if_network(path: Path) -> None:
             "publish it here with `catalog snapshot DATASET -o FILE` (Catalog.snapshot), "
             "for readers that open it with immutable=True (--immutable)"
         ),
-        stacklevel=3,  # the code that opened the catalog
+        stacklevel=4,  # (Store.__init__, Catalog.__init__) the code that opened the catalog
     )

@@ -25,16 +25,16 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, reuse, schema, tables
+from shardcat.catalog import datasets, schema, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.backend import Backend, backend_for
-from shardcat.catalog.commit import catalog_error
+from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
-from shardcat.catalog.datasets import DatasetInfo, describe
+from shardcat.catalog.datasets import ROW_COLUMNS, DatasetInfo, DatasetPlan, DatasetRow, describe
 from shardcat.catalog.engine import cannot_create_shm, fork_generation, reads_catalog, unsaved_wal
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT, Rows, check_limits
-from shardcat.catalog.sync import Judge
+from shardcat.catalog.session import IngestSession
 from shardcat.catalog.versions import SCHEMA_VERSION, ensure_schema, read_version, too_new, too_old
 from shardcat.errors import CatalogError, checkpoint_hint
 
@@ -47,9 +47,6 @@ SNAPSHOT_SECONDS = 1.0
 _open: weakref.WeakSet[Store] = weakref.WeakSet()
 
 S = TypeVar("S", bound="Store")
-
-# The columns of a dataset row as dataset_row returns it.
-_DATASET_COLUMNS = "id, name, format, key_rule, grouping, options, source, created_at"
 
 
 def open_catalogs() -> list[Store]:
@@ -311,6 +308,10 @@ class Store:
         except SQLAlchemyError as exc:
             raise catalog_error(str(self.path), exc) from None
 
+    def check_writable(self) -> None:
+        """:class:`CatalogError` when this catalog is closed or was opened read-only."""
+        self._writer()
+
     def _writer(self) -> Any:
         self._check_open()
         if self._engine is None:
@@ -322,12 +323,12 @@ class Store:
             raise CatalogError(f"catalog {self.path} is closed")
 
     @reads_catalog
-    def dataset_row(self, name: str) -> Any:
-        """``(id, name, format, key_rule, grouping, options JSON, source JSON, created_at)``
-        of a dataset; :class:`CatalogError` naming the known datasets when it is missing."""
+    def dataset_row(self, name: str) -> DatasetRow:
+        """A dataset's row; :class:`CatalogError` naming the known datasets when it is
+        missing."""
         conn = self.reader_connection()
         row = conn.execute(
-            f"SELECT {_DATASET_COLUMNS} FROM shardcat_datasets WHERE name = ?", (name,)
+            f"SELECT {ROW_COLUMNS} FROM shardcat_datasets WHERE name = ?", (name,)
         ).fetchone()
         if row is None:
             known = [r[0] for r in conn.execute("SELECT name FROM shardcat_datasets ORDER BY name")]
@@ -335,7 +336,7 @@ class Store:
                 f"no dataset {name!r} in {self.path}"
                 + (f" (it has: {', '.join(known)})" if known else " (it has no datasets yet)")
             )
-        return row
+        return DatasetRow.of(row)
 
     @reads_catalog
     def unused_name(self, base: str) -> str:
@@ -350,10 +351,8 @@ class Store:
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset with its shard and record counts."""
         conn = self.reader_connection()
-        rows = conn.execute(
-            f"SELECT {_DATASET_COLUMNS} FROM shardcat_datasets ORDER BY name"
-        ).fetchall()
-        return [self._describe(row) for row in rows]
+        rows = conn.execute(f"SELECT {ROW_COLUMNS} FROM shardcat_datasets ORDER BY name")
+        return [self._describe(DatasetRow.of(row)) for row in rows.fetchall()]
 
     @reads_catalog
     def info(self, name: str) -> DatasetInfo:
@@ -361,7 +360,7 @@ class Store:
         naming the known datasets when it is missing)."""
         return self._describe(self.dataset_row(name))
 
-    def _describe(self, row: Sequence[Any]) -> DatasetInfo:
+    def _describe(self, row: DatasetRow) -> DatasetInfo:
         conn = self.reader_connection()
         return describe(conn, row, self.backend.dialect.index_names_sql)
 
@@ -408,31 +407,27 @@ class Store:
         sql = "SELECT 1 FROM shardcat_datasets WHERE name = ?"
         return self.reader_connection().execute(sql, (name,)).fetchone() is not None
 
-    def ensure_dataset(
-        self,
-        name: str,
-        rule: reuse.Rule,
-        *,
-        first: Mapping[str, Any],
-        source: Sequence[str],
-        files: Mapping[str, Any],
-        same_file: Judge,
-        rescan: bool,
-        seed: bool,
-    ) -> tuple[int, dict[str, Any], str]:
-        """Create the dataset ``name`` read with ``rule`` (or check that it is read
-        with it), store its options and source patterns, and make its shard rows
-        match ``files`` (stored path -> stat), in one write transaction; returns
-        its id, its options and its key rule. A new dataset starts from ``first``
-        (the options only all its shards tell) and, with ``seed``, copies the rows
-        of shards another dataset holds with the same rule (:mod:`reuse`)."""
-        check_name(name)
+    def ensure_dataset(self, plan: DatasetPlan) -> tuple[int, dict[str, Any], str]:
+        """Create the dataset ``plan.name`` read with ``plan.rule`` (or check that it is
+        read with it), store its options and source patterns, and make its shard rows
+        match ``plan.files``, in one write transaction (see :class:`DatasetPlan`);
+        returns its id, its options and its key rule."""
+        check_name(plan.name)
         with self._transaction() as conn:
-            return datasets.ensure(conn, name, rule, first, source, files, same_file, rescan, seed)
+            return datasets.ensure(conn, plan)
+
+    def ingest_session(self, job: IngestJob) -> IngestSession:
+        """The session an ingest of ``job``'s dataset claims, commits and fails its
+        shards through (:mod:`~shardcat.catalog.session`); :class:`CatalogError` on a
+        catalog opened read-only or closed."""
+        self.check_writable()
+        if job.catalog != self.location:
+            raise CatalogError(f"an ingest job of {job.catalog}, not of {self.path}")
+        return IngestSession(job)
 
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
-        dataset_id = self.dataset_row(name)[0]
+        dataset_id = self.dataset_row(name).id
         with self._transaction() as conn:
             tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
@@ -462,7 +457,7 @@ class Store:
             raise CatalogError(
                 f"cannot change the indexes of {dataset!r}: {self.path} was opened read-only"
             )
-        dataset_id = self.dataset_row(dataset)[0]
+        dataset_id = self.dataset_row(dataset).id
         with self._transaction() as conn:
             changed = change(conn, dataset_id, dataset, field)
         self.reader_connection()  # end any read snapshot: see the change

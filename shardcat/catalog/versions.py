@@ -113,7 +113,7 @@ def say_upgraded(where: str, found: int) -> None:
             f"upgraded the catalog {where} from schema version {found} to {SCHEMA_VERSION}: "
             "older shardcat versions can no longer open it (they refuse it as too new)",
             ShardcatWarning,
-            stacklevel=4,
+            stacklevel=5,  # (_open_schema, Store.__init__, Catalog.__init__) the code opening it
         )
 
 

@@ -288,7 +288,7 @@ def open_dataset(
         if option is not None:
             raise
         cat, failure = None, exc
-    if cat is not None and (option is not None or cat.has_dataset(dataset)):
+    if cat is not None and (option is not None or cat.store.has_dataset(dataset)):
         with cat, cat.dataset(dataset) as reader:
             yield cat, reader
         return

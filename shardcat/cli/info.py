@@ -135,7 +135,7 @@ def checkpoint(catalog: CatalogOpt = None) -> None:
     do it when they finish). Exit code 1 while readers still hold on to the WAL.
     """
     with open_catalog(catalog_path(catalog, announce=False)) as cat:  # the output names it
-        if cat.backend.local_file is None:
+        if cat.store.backend.local_file is None:
             typer.echo(f"{cat.path}: a server catalog keeps its own log: nothing to fold")
             return
         complete = cat.checkpoint()

@@ -1,18 +1,20 @@
 """The facade: :class:`Catalog`, the one place that combines the store, the formats
 and the sources.
 
-A :class:`Catalog` is the store (:class:`~shardcat.catalog.store.Store`: the
-SQLite file, its datasets, read connections, ``drop``, ``checkpoint``,
-``query``) plus what needs formats and files: ``ingest`` (resolve the paths,
-detect the format, sync the shard rows, scan the pending shards in workers and
-commit them: :mod:`shardcat.facade.ingest`), ``dataset()`` (a
-:class:`~shardcat.readers.reader.Reader`), ``verify`` and ``migrate``
-(legacy index files: :mod:`shardcat.migrations.legacy`).
+A :class:`Catalog` holds a store (:class:`~shardcat.catalog.store.Store`, its
+``store``: the SQLite file or server database, datasets, read connections,
+ingest sessions) and adds what needs formats and files: ``ingest`` (resolve the
+paths, detect the format, sync the shard rows, scan the pending shards in
+workers and commit them through the store's ingest session:
+:mod:`shardcat.facade.ingest`), ``dataset()`` (a
+:class:`~shardcat.readers.reader.Reader` on a read-only handle of the store),
+``verify`` and ``migrate`` (legacy index files: :mod:`shardcat.migrations.legacy`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -26,6 +28,8 @@ from shardcat.catalog import snapshot as snapshots
 from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
+from shardcat.catalog.datasets import DatasetInfo, DatasetPlan
+from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.processes import stopping_on_signals
 from shardcat.catalog.query import (
     DEFAULT_QUERY_MEMORY,
@@ -41,6 +45,7 @@ from shardcat.facade import opener
 from shardcat.facade.dataset_options import detect_options, field_types
 from shardcat.facade.ingest import (
     ProvideEntries,
+    Work,
     judge_files,
     raise_for_failures,
     run_ingest,
@@ -55,21 +60,23 @@ from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources.remote import configure, is_url, protocol_of, public_options
 from shardcat.storage.meta import sql_file
 
-__all__ = ["Catalog", "discard_if_empty", "migrate"]
+__all__ = ["Catalog", "discard_if_empty", "migrate", "rebuild"]
 
 
-class Catalog(Store):
-    """One catalog file: datasets, shards, keys and byte offsets, and what to do with
-    them: :meth:`ingest`, :meth:`dataset`, :meth:`verify`, :meth:`migrate`,
-    :meth:`query`, plus the store's :meth:`datasets`, :meth:`info`, :meth:`drop`,
-    :meth:`checkpoint`.
+class Catalog:
+    """One catalog: datasets, shards, keys and byte offsets, and what to do with
+    them: :meth:`ingest`, :meth:`dataset`, :meth:`query`, :meth:`datasets`,
+    :meth:`info`, :meth:`drop`, :meth:`verify`, :meth:`migrate`,
+    :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (also as a context manager).
 
-    ``Catalog(path, readonly=False, immutable=False)`` opens the file through the
+    ``Catalog(path, readonly=False, immutable=False)`` opens its store
+    (:class:`~shardcat.catalog.store.Store`, kept as :attr:`store`) through the
     opener (:mod:`shardcat.facade.opener`, as every ``catalog`` command does):
     created or upgraded when needed; without a path ``$SHARDCAT_CATALOG``, then
-    ``./shardcat.sqlite``; ``readonly`` never writes, ``immutable`` takes no
-    locks at all. ``create=False``: a missing file is refused instead of created;
-    ``make_dirs=False``: so is a missing directory. Errors opening the file are
+    ``./shardcat.sqlite``; a ``postgresql://`` URL opens a server catalog;
+    ``readonly`` never writes, ``immutable`` takes no locks at all.
+    ``create=False``: a missing file is refused instead of created;
+    ``make_dirs=False``: so is a missing directory. Errors opening it are
     :class:`CatalogError` naming it (and what to do, as its ``hint``).
     """
 
@@ -82,16 +89,40 @@ class Catalog(Store):
         create: bool = True,
         make_dirs: bool = True,
     ) -> None:
-        def store(where: Path | str, mode: opener.Mode) -> None:
-            Store.__init__(self, where, readonly=mode.readonly, immutable=mode.immutable)
+        def store(where: Path | str, mode: opener.Mode) -> Store:
+            return Store(where, readonly=mode.readonly, immutable=mode.immutable)
 
         mode = opener.Mode.of(readonly=readonly, immutable=immutable)
-        opener.open_with(store, path, mode, create=create, make_dirs=make_dirs)
+        #: the store: SQL and nothing else (what the CLI and tools below the facade use)
+        self.store = opener.open_with(store, path, mode, create=create, make_dirs=make_dirs)
 
-    def normalized_source(self, paths: PathsLike) -> list[str]:
+    @property
+    def path(self) -> Path | str:
+        """The catalog's name in messages: a file's path, a URL without its password."""
+        return self.store.path
+
+    @property
+    def location(self) -> str:
+        """What reopens this catalog: a file's path, a server's whole URL."""
+        return self.store.location
+
+    @property
+    def readonly(self) -> bool:
+        return self.store.readonly
+
+    @property
+    def immutable(self) -> bool:
+        return self.store.immutable
+
+    @property
+    def closed(self) -> bool:
+        return self.store.closed
+
+    def _normalized_source(self, paths: PathsLike) -> list[str]:
         """The patterns as stored: absolute, or relative to the catalog when below it."""
+        directory = self.store.directory
         return [
-            p if is_url(p) else stored_path(os.path.abspath(os.path.expanduser(p)), self.directory)
+            p if is_url(p) else stored_path(os.path.abspath(os.path.expanduser(p)), directory)
             for p in as_patterns(paths)
         ]
 
@@ -147,8 +178,9 @@ class Catalog(Store):
             and not opts.options
         )
         rule = None if any_rule or not files else self._rule(files, opts)
-        wanted = {stored_path(f, self.directory) for f in files}
-        return reuse.choose(self.reader_connection(), self.normalized_source(paths), wanted, rule)
+        wanted = {stored_path(f, self.store.directory) for f in files}
+        conn = self.store.reader_connection()
+        return reuse.choose(conn, self._normalized_source(paths), wanted, rule)
 
     # -- public API ------------------------------------------------------------
 
@@ -248,90 +280,83 @@ class Catalog(Store):
         """:meth:`ingest` with its options as one :class:`IngestOptions`.
         ``detected``: the options already read off the first shard (``migrate``
         has them), so none of its bytes are read again; used with ``opts.format``."""
-        given = opts.options.get(STORAGE_OPTIONS)
-        if given:  # kept by this process (and its workers) in full, stored without secrets
-            for pattern in as_patterns(paths):
-                if is_url(os.fspath(pattern)):
-                    configure(protocol_of(os.fspath(pattern)), **given)
-            opts = opts.with_(options={**opts.options, STORAGE_OPTIONS: public_options(given)})
-        engine = self._writer()
+        opts = _storage_options_kept(paths, opts)
+        self.store.check_writable()  # before any file is read
         remote_options = opts.options.get(STORAGE_OPTIONS)
         files = resolve_paths(paths, remote_options)
         if not files:
             raise CatalogError(f"no files match {as_patterns(paths)}")
         # Precedence: detected from the first shard < stored with the dataset < given here.
         rule = self._rule(files, opts, detected)
-        fmt = get_format(rule.format)
-        name = dataset
-        if name is None:
-            # Without a name: the dataset of these files with this rule, else a new one
-            # (never another path set's dataset, never one with another rule).
-            name, other = reuse.choose(
-                self.reader_connection(),
-                self.normalized_source(paths),
-                {stored_path(f, self.directory) for f in files},
-                rule,
-            )
-            if name is None:
-                base = (
-                    default_dataset_name(files)
-                    if other is None
-                    else reuse.variant_name(other, rule)
-                )
-                name = self.unused_name(base)
-        # A new dataset may take options that only all its shards tell (RecordIO: .idx
-        # keys that collide across shards); read outside the write lock, once.
-        new = not self.has_dataset(name)
-        first = dataset_wide_options(fmt, files, rule, remote_options) if new else {}
-        stats, same_file = judge_files(files, self.directory, remote_options)
-        dataset_id, dataset_options, key_rule = self.ensure_dataset(
+        name = dataset or self._name_for(paths, files, rule)
+        new = not self.store.has_dataset(name)
+        stats, same_file = judge_files(files, self.store.directory, remote_options)
+        plan = DatasetPlan(
             name,
             rule,
-            first=first,
-            source=self.normalized_source(paths),
-            files=stats,
-            same_file=same_file,
+            self._normalized_source(paths),
+            stats,
+            same_file,
+            first=dataset_wide_options(get_format(rule.format), files, rule, remote_options)
+            if new
+            else {},
             rescan=opts.rescan,
             seed=provided is None and not opts.rescan,
         )
-        job = IngestJob(
-            self.location,
-            self.directory,
-            dataset_id,
-            name,
-            rule.format,
-            dataset_options,
-            key_rule,
-            field_types(fmt, dataset_options),
-            opts.on_duplicate,
-            opts.lease,
-            fmt.ONE_RANGE,
-            opts.on_bad_record,
-        )
-        n_workers = (
-            opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
-        )
-        callback = None if progress is None else (lambda o: progress(o, len(files)))
-        by_stored = (
+        job = self._job(plan, opts)
+        workers = opts.workers if opts.workers is not None else min(len(files), os.cpu_count() or 1)
+        work = Work(
+            max(1, workers),
+            None if progress is None else (lambda o: progress(o, len(files))),
             None
             if provided is None
-            else {stored_path(p, self.directory): f for p, f in provided.items()}
+            else {stored_path(p, self.store.directory): f for p, f in provided.items()},
+            opts.wait_timeout,
         )
         try:
-            with stopping_on_signals():
-                outcomes = run_ingest(
-                    engine, job, max(1, n_workers), callback, by_stored, opts.wait_timeout
-                )
+            with stopping_on_signals(), self.store.ingest_session(job) as session:
+                outcomes = run_ingest(session, work)
         except SQLAlchemyError as exc:  # claims and commits on a catalog that cannot be written
             raise catalog_error(str(self.path), exc) from None
-        self.reader_connection()  # end any read snapshot: see what was just committed
+        self.store.reader_connection()  # end any read snapshot: see what was just committed
         if new and any(o.error for o in outcomes) and not self.info(name).ready_shards:
             self.drop(name)  # a first ingest that indexed nothing leaves no empty dataset
         raise_for_failures(outcomes)
         self.checkpoint(wait=False)  # a finished writer leaves the main file complete
-        reader = Reader(self, name)
+        reader = self._reader(name)
         reader.indexed_duplicates = sum(o.duplicates for o in outcomes)
         return reader
+
+    def _name_for(self, paths: PathsLike, files: Sequence[str], rule: reuse.Rule) -> str:
+        """Without a dataset name: the dataset of these files with this rule, else a new
+        one (never another path set's dataset, never one with another rule)."""
+        wanted = {stored_path(f, self.store.directory) for f in files}
+        conn = self.store.reader_connection()
+        name, other = reuse.choose(conn, self._normalized_source(paths), wanted, rule)
+        if name is not None:
+            return name
+        base = default_dataset_name(files) if other is None else reuse.variant_name(other, rule)
+        return self.store.unused_name(base)
+
+    def _job(self, plan: DatasetPlan, opts: IngestOptions) -> IngestJob:
+        """Sync the dataset's rows to ``plan`` (one write transaction); the job its
+        indexing processes are given."""
+        dataset_id, dataset_options, key_rule = self.store.ensure_dataset(plan)
+        fmt = get_format(plan.rule.format)
+        return IngestJob(
+            catalog=self.store.location,
+            catalog_dir=self.store.directory,
+            dataset_id=dataset_id,
+            dataset_name=plan.name,
+            format=plan.rule.format,
+            options=dataset_options,
+            key_rule=key_rule,
+            field_types=field_types(fmt, dataset_options),
+            on_duplicate=opts.on_duplicate,
+            lease=opts.lease,
+            one_range=fmt.ONE_RANGE,
+            on_bad_record=opts.on_bad_record,
+        )
 
     def migrate(
         self, paths: PathsLike, *, progress: Progress | None = None, **options: Any
@@ -353,7 +378,12 @@ class Catalog(Store):
         """A reader over the dataset ``name`` (no re-indexing happens). Every read is
         checked against the catalog; ``verify=False`` trusts the bytes (``verify_crc``
         is its older name)."""
-        return Reader(self, name, verify=verify, verify_crc=verify_crc)
+        return self._reader(name, verify=verify, verify_crc=verify_crc)
+
+    def _reader(self, name: str, **options: Any) -> Reader:
+        """A reader of ``name`` on a read-only handle of this catalog's store, re-indexed
+        by :func:`rebuild`."""
+        return Reader(ReadHandle(self.store), name, reindex=rebuild, **options)
 
     def query(
         self,
@@ -405,11 +435,12 @@ class Catalog(Store):
         if columnar.wants_duckdb(engine):
             if attach:
                 raise CatalogError("attach= is for engine='sqlite'")
-            with columnar.streamed(self, sql, params, timeout=timeout, memory=memory) as result:
+            store = self.store
+            with columnar.streamed(store, sql, params, timeout=timeout, memory=memory) as result:
                 yield result
             return
         files = None if attach is None else {k: sql_file(v) for k, v in attach.items()}
-        with super().query_rows(
+        with self.store.query_rows(
             sql, params, attach=files, timeout=timeout, memory=memory
         ) as result:
             yield result
@@ -430,11 +461,11 @@ class Catalog(Store):
         result. An existing ``path`` is refused unless ``overwrite``. See
         :mod:`shardcat.catalog.snapshot`."""
         names = [datasets] if isinstance(datasets, str) else list(datasets)
-        return snapshots.take(self, names, path, overwrite=overwrite)
+        return snapshots.take(self.store, names, path, overwrite=overwrite)
 
     def snapshot_info(self) -> snapshots.Provenance | None:
         """Which catalog this snapshot was taken of and when (None: not a snapshot)."""
-        return snapshots.provenance(self.reader_connection())
+        return snapshots.provenance(self.store.reader_connection())
 
     def bad_records(self, name: str) -> list[SetAside]:
         """The records of dataset ``name``'s shards that an ingest with
@@ -443,10 +474,10 @@ class Catalog(Store):
         ``offset``, ``length``, ``reason``, ``key``). They are not records of the
         dataset: no key, position or sampler reaches them. A good re-index of
         their shard clears them."""
-        dataset_id = self.dataset_row(name)[0]
+        dataset_id = self.store.dataset_row(name).id
         return [
-            replace(found, shard=absolute_path(found.shard, self.directory))
-            for found in bad_records_of(self.reader_connection(), dataset_id)
+            replace(found, shard=absolute_path(found.shard, self.store.directory))
+            for found in bad_records_of(self.store.reader_connection(), dataset_id)
         ]
 
     def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
@@ -460,6 +491,77 @@ class Catalog(Store):
         """
         with self.dataset(name) as reader:
             return reader.verify(progress)
+
+    # -- the store's, as they are -------------------------------------------------
+
+    def datasets(self) -> list[DatasetInfo]:
+        """Every dataset with its shard and record counts."""
+        return self.store.datasets()
+
+    def info(self, name: str) -> DatasetInfo:
+        """One dataset as :meth:`datasets` describes it (:class:`CatalogError`
+        naming the known datasets when it is missing)."""
+        return self.store.info(name)
+
+    def drop(self, name: str) -> None:
+        """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
+        self.store.drop(name)
+
+    def create_index(self, dataset: str, field: str) -> bool:
+        """Index the SQL field ``field`` of ``dataset`` (see
+        :meth:`Store.create_index <shardcat.catalog.store.Store.create_index>`);
+        False when it was indexed already."""
+        return self.store.create_index(dataset, field)
+
+    def drop_index(self, dataset: str, field: str) -> bool:
+        """Drop the index :meth:`create_index` made; False when the field had none."""
+        return self.store.drop_index(dataset, field)
+
+    def checkpoint(self, *, wait: bool = True) -> bool:
+        """Copy every commit from the ``-wal`` file back into the main file; True when
+        the main file now holds every commit (see
+        :meth:`Store.checkpoint <shardcat.catalog.store.Store.checkpoint>`)."""
+        return self.store.checkpoint(wait=wait)
+
+    def close(self) -> None:
+        """Close this process's connections (idempotent)."""
+        self.store.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as where and how to reopen it
+        reopen = functools.partial(type(self), readonly=self.readonly, immutable=self.immutable)
+        return (reopen, (self.location,))
+
+
+def _storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:
+    """The storage options given for URLs are kept by this process (and its workers)
+    in full, and stored without secrets: ``opts`` as stored."""
+    given = opts.options.get(STORAGE_OPTIONS)
+    if not given:
+        return opts
+    for pattern in as_patterns(paths):
+        if is_url(os.fspath(pattern)):
+            configure(protocol_of(os.fspath(pattern)), **given)
+    return opts.with_(options={**opts.options, STORAGE_OPTIONS: public_options(given)})
+
+
+def rebuild(handle: ReadHandle, dataset: str) -> None:
+    """Re-index every shard of ``dataset`` from its source patterns, with the format
+    and options it was ingested with (``Reader.rebuild_index``): an ingest with
+    ``rescan=True`` through a catalog opened as the reader's handle was."""
+    row = handle.dataset_row(dataset)
+    options = {k: v for k, v in row.options.items() if k != DROPPED}
+    with Catalog(handle.location, readonly=handle.readonly, immutable=handle.immutable) as cat:
+        sources = [absolute_path(p, cat.store.directory) for p in row.source]
+        cat.ingest(sources, dataset, format=row.format, options=options, rescan=True).close()
 
 
 def discard_if_empty(path: Path) -> None:

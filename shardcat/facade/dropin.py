@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcat.catalog.engine import locate
+from shardcat.catalog.handle import ReadHandle
 from shardcat.errors import CatalogError, ShardcatWarning
-from shardcat.facade.catalog import Catalog, discard_if_empty
+from shardcat.facade.catalog import Catalog, discard_if_empty, rebuild
 from shardcat.facade.legacy_index import catalog_for_legacy_index
 from shardcat.facade.options import IngestOptions
 from shardcat.formats.registry import get_format
@@ -124,11 +125,11 @@ class _PathReader(Reader):
                 )
             Reader.__init__(
                 self,
-                catalog,
+                ReadHandle(catalog.store, owned=True),
                 name,
                 verify=verify,
                 file_pool_size=file_pool_size,
-                owns_catalog=True,
+                reindex=rebuild,
             )
         self.files = files
         self.names_as_given = names_as_given(paths)

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from shardcat.catalog import export as rows
-from shardcat.catalog.store import Store
 from shardcat.catalog.sync import absolute_path
 from shardcat.errors import REPLACE, CatalogError, StaleShardError
+from shardcat.facade.catalog import Catalog
 from shardcat.formats.base import Entry
 from shardcat.formats.registry import get_format
 
@@ -55,7 +55,7 @@ def index_name(shard: str, extensions: tuple[str, ...]) -> str:
 
 
 def export_index(
-    catalog: Store,
+    catalog: Catalog,
     dataset: str,
     out_dir: str | os.PathLike[str] | None = None,
     *,
@@ -74,10 +74,10 @@ def export_index(
     fmt = get_format(info.format)
     if not isinstance(fmt, DaliIndex):
         raise CatalogError(f"DALI has no index file for {fmt.TITLE} shards")
-    conn = catalog.reader_connection()
+    conn = catalog.store.reader_connection()
     shards = rows.shards_of(conn, dataset)
     by_position = info.key_rule == "position"
-    files = [absolute_path(row[1], catalog.directory) for row in shards]
+    files = [absolute_path(row[1], catalog.store.directory) for row in shards]
     for row, path in zip(shards, files, strict=True):
         if row[2] != "ready":
             raise CatalogError(

@@ -24,34 +24,17 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from shardcat.catalog.backend import backend_for, make_engine
-from shardcat.catalog.claims import (
-    CLAIM_LOST,
-    Waiting,
-    claim_next,
-    give_back,
-    open_shards,
-    owner_id,
-    release,
-    still_mine,
-)
-from shardcat.catalog.commit import (
-    IngestJob,
-    catalog_error,
-    commit_shard,
-    dedupe_within,
-    defer_key_index,
-    finish_key_index,
-)
-from shardcat.catalog.engine import fork_generation
+from shardcat.catalog.backend import backend_for
+from shardcat.catalog.claims import CLAIM_LOST
+from shardcat.catalog.commit import IngestJob, catalog_error, dedupe_within
 from shardcat.catalog.processes import end_with_parent, stops_held
+from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
     KEEP_ONE,
@@ -72,6 +55,7 @@ from shardcat.sources.local import Identity, fingerprint_file, mismatch
 __all__ = [
     "ProvideEntries",
     "ShardOutcome",
+    "Work",
     "judge_files",
     "local_copy",
     "raise_for_failures",
@@ -79,6 +63,7 @@ __all__ = [
 ]
 
 POLL_SECONDS = 0.2
+_UNSET: Any = object()
 #: what a shard's error adds when a bad record failed it
 SKIP_HINT = Hint.naming(
     "on_bad_record='skip'",
@@ -150,50 +135,6 @@ def judge_files(
     return {k: st for k, (_, st) in found.items()}, judge
 
 
-_engines: dict[tuple[str, int], Engine] = {}
-
-
-def _engine(catalog: str) -> Engine:
-    """One engine per catalog per process (a forked worker makes its own), keeping
-    one connection open across this process's claims, commits and releases."""
-    key = (catalog, fork_generation())
-    engine = _engines.get(key)
-    if engine is None:
-        engine = _engines.setdefault(key, make_engine(catalog, keep_connection=True))
-    return engine
-
-
-def _close_engines() -> None:
-    """Close the connections this process keeps (before forking workers, so that
-    none crosses the fork, and when an ingest ends). Engines inherited from a
-    parent process are left alone: their connections were closed before the fork."""
-    generation = fork_generation()
-    for key in [key for key in _engines if key[1] == generation]:
-        engine = _engines.pop(key, None)
-        if engine is not None:
-            engine.dispose()
-
-
-# The workers of one ingest take turns at the catalog's write lock through this lock
-# (set in each forked worker): a waiting worker wakes as soon as the other is done,
-# where SQLite's busy handler sleeps in steps of up to 100 ms and lets a worker that
-# commits and claims again at once starve the other one. Other processes (another
-# ingest) still meet at the catalog's own locks. A server catalog has no such lock:
-# its workers write at once.
-_turns: Any = None
-_UNSET: Any = object()
-
-
-@contextlib.contextmanager
-def _writer_turn() -> Iterator[None]:
-    """This worker's turn to write (a no-op outside a pool of workers)."""
-    if _turns is None:
-        yield
-        return
-    with _turns:
-        yield
-
-
 def scan_shard(fmt: Format, path: str, job: IngestJob) -> ShardScan:
     """The scan of the shard at ``path``; with ``on_bad_record="skip"`` its bad
     records are set aside (``columns.bad``) where the format can go on after them."""
@@ -206,11 +147,8 @@ def scan_shard(fmt: Format, path: str, job: IngestJob) -> ShardScan:
 
 
 def index_claimed(
-    engine: Engine,
-    job: IngestJob,
-    shard_id: int,
-    stored: str,
-    owner: str,
+    session: IngestSession,
+    shard: ClaimedShard,
     provide: ProvideEntries | None = None,
     then: Callable[[], None] | None = None,
 ) -> ShardOutcome:
@@ -221,10 +159,11 @@ def index_claimed(
     ``then`` runs after a successful commit in the same turn at the write lock
     (a worker claims its next shard there); a catalog error in it is ignored.
     """
-    path = absolute_path(stored, job.catalog_dir)
+    job = session.job
+    path = absolute_path(shard.stored, job.catalog_dir)
     fmt = get_format(job.format)
     if remote.is_url(path):
-        return _index_remote(engine, job, shard_id, stored, owner, path, provide, then)
+        return _index_remote(session, shard, path, provide, then)
     try:
         st = os.stat(path)
         require_regular(path, st)  # a FIFO put in a shard's place would block the open
@@ -239,55 +178,46 @@ def index_claimed(
             st.st_ino,
         ) or fingerprint_file(path, after.st_size) != fp:
             raise ShardcatError(f"{path}: the file changed while it was being indexed")
-        return _commit_scan(engine, job, shard_id, stored, owner, scanned, st, fp, then)
+        return _commit(session, shard, _version(job, shard, scanned, st, fp), then)
     except BaseException as exc:
         other = other_format(path, fmt) if isinstance(exc, CorruptRecordError) else None
         if other is not None:  # a dataset holds one format: say what this file is
             exc = CorruptRecordError(f"{other} (a dataset holds files of one format)")
-        return _failed(engine, job, shard_id, stored, owner, exc, path)
+        return _failed(session, shard, exc, path)
 
 
-def _commit_scan(
-    engine: Engine,
-    job: IngestJob,
-    shard_id: int,
-    stored: str,
-    owner: str,
-    scanned: ShardScan,
-    st: os.stat_result,
-    fp: str,
-    then: Callable[[], None] | None,
-) -> ShardOutcome:
-    """Commit a shard's scan, if this process still holds its claim (``then``: see
-    :func:`index_claimed`)."""
-    columns = dedupe_within(scanned.columns, stored, job.on_duplicate)
-    within = len(scanned.columns) - len(columns)
+def _version(
+    job: IngestJob, shard: ClaimedShard, scanned: ShardScan, st: os.stat_result, fp: str
+) -> ShardVersion:
+    """What the commit of ``scanned`` writes (duplicate keys within the shard settled
+    by the job's policy first), read from the file whose stat and fingerprint these are."""
+    columns = dedupe_within(scanned.columns, shard.stored, job.on_duplicate)
     seek = (
         None
         if scanned.seek_kind is None or scanned.seek_index is None
         else (scanned.seek_kind, scanned.seek_index)
     )
-    with _writer_turn():
-        with engine.begin() as conn:
-            if not still_mine(conn, shard_id, owner):
-                return ShardOutcome(stored, 0, CLAIM_LOST)
-            n, dropped = commit_shard(
-                conn, job, shard_id, stored, columns, st, fp, scanned.compression, seek, within
-            )
-        if then is not None:
-            try:
-                then()
-            except SQLAlchemyError:
-                pass  # the shard is committed; the caller meets the error again
-    return ShardOutcome(stored, n, duplicates=dropped)
+    dropped = len(scanned.columns) - len(columns)
+    return ShardVersion(columns, st, fp, scanned.compression, seek, dropped)
+
+
+def _commit(
+    session: IngestSession,
+    shard: ClaimedShard,
+    version: ShardVersion,
+    then: Callable[[], None] | None,
+) -> ShardOutcome:
+    """Commit a shard's scan, if this process still holds its claim (``then``: see
+    :func:`index_claimed`)."""
+    counts = session.commit(shard, version, then)
+    if counts is None:
+        return ShardOutcome(shard.stored, 0, CLAIM_LOST)
+    return ShardOutcome(shard.stored, counts[0], duplicates=counts[1])
 
 
 def _failed(
-    engine: Engine,
-    job: IngestJob,
-    shard_id: int,
-    stored: str,
-    owner: str,
+    session: IngestSession,
+    shard: ClaimedShard,
     exc: BaseException,
     name: str,
     renames: Sequence[tuple[str, str]] = (),
@@ -311,34 +241,32 @@ def _failed(
             isinstance(exc, CorruptRecordError)
             and exc.offset is not None  # a bad record (not a file of another format)
             and not isinstance(exc, LegacyIndexError)
-            and job.on_bad_record == "raise"
+            and session.job.on_bad_record == "raise"
         ):
             message, hint = SKIP_HINT.join(message), SKIP_HINT
-        release(engine, job.dataset_id, shard_id, owner, failed=message)
-        return ShardOutcome(stored, 0, message, hint=hint)
+        session.fail(shard, message)
+        return ShardOutcome(shard.stored, 0, message, hint=hint)
     try:
-        release(engine, job.dataset_id, shard_id, owner, failed=None)  # give it back
+        session.release(shard)  # give it back
     except SQLAlchemyError:
         if not isinstance(exc, SQLAlchemyError):
             raise
         # the claim dies with this process; the next ingest takes it over
     if isinstance(exc, SQLAlchemyError):  # the catalog itself failed (disk full, I/O error)
-        raise catalog_error(backend_for(job.catalog).display, exc) from None
+        raise catalog_error(backend_for(session.job.catalog).display, exc) from None
     raise exc
 
 
 def _index_remote(
-    engine: Engine,
-    job: IngestJob,
-    shard_id: int,
-    stored: str,
-    owner: str,
+    session: IngestSession,
+    shard: ClaimedShard,
     url: str,
     provide: ProvideEntries | None,
     then: Callable[[], None] | None,
 ) -> ShardOutcome:
     """:func:`index_claimed` of a remote shard: streamed once to a local copy, scanned
     (or its entries from ``provide``, judged against the object's identity now)."""
+    job = session.job
     fmt = get_format(job.format)
     tmp = ""
     try:
@@ -351,17 +279,8 @@ def _index_remote(
             copy = local_copy(url, storage, fmt=fmt, format_options=job.options)
             with copy as (tmp, info), warnings_naming(tmp, url):
                 scanned = scan_shard(fmt, tmp, job)
-        return _commit_scan(
-            engine,
-            job,
-            shard_id,
-            stored,
-            owner,
-            scanned,
-            info.as_stat(),
-            info.fingerprint or "",
-            then,
-        )
+        version = _version(job, shard, scanned, info.as_stat(), info.fingerprint or "")
+        return _commit(session, shard, version, then)
     except BaseException as exc:
         renames = []
         if tmp:  # name the object (and its sidecar), not their local copies
@@ -369,37 +288,32 @@ def _index_remote(
             if near is not None and far is not None:
                 renames += [(near, far), (os.path.basename(near), far.rsplit("/", 1)[-1])]
             renames.append((tmp, url))
-        return _failed(engine, job, shard_id, stored, owner, exc, url, renames)
+        return _failed(session, shard, exc, url, renames)
 
 
 def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
     """A forked worker: claim and index shards until none is claimable, sending
     ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
     ``("error", exception)``). The next claim follows each commit in the same turn
-    at the write lock, so this worker scans its next shard while the other commits
-    (claiming after the other's commit left it idle for that commit). A signal, or
-    the end of ``parent``, ends it quietly, its claim given back
-    (:func:`~shardcat.catalog.processes.end_with_parent`)."""
-    global _turns
-    _turns = turns
+    at the write lock (``turns``: see :meth:`IngestSession.turn`), so this worker
+    scans its next shard while the other commits (claiming after the other's commit
+    left it idle for that commit). A signal, or the end of ``parent``, ends it
+    quietly, its claim given back (:func:`~shardcat.catalog.processes.end_with_parent`)."""
+    session = IngestSession(job, turns=turns)
     try:
         end_with_parent(parent)
-        engine = _engine(job.catalog)
-        owner = owner_id()
         following: list[Any] = [_UNSET]
 
         def claim() -> None:
-            following[0] = claim_next(engine, job.dataset_id, job.lease, owner)
+            following[0] = session.claim()
 
-        with _writer_turn():
+        with session.turn():
             claim()
         while (claimed := following[0]) is not None:
             following[0] = _UNSET
-            out.send(
-                ("done", index_claimed(engine, job, claimed[0], claimed[1], owner, then=claim))
-            )
+            out.send(("done", index_claimed(session, claimed, then=claim)))
             if following[0] is _UNSET:
-                with _writer_turn():
+                with session.turn():
                     claim()
         out.send(("end", None))
     except SystemExit:  # stopped (by the parent, or its end): the parent gives the claims back
@@ -410,7 +324,7 @@ def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
         except Exception:  # an exception that does not pickle
             out.send(("error", IngestError(f"ingest worker failed: {exc!r}", [])))
     finally:
-        _close_engines()
+        session.close()
         out.close()
 
 
@@ -463,65 +377,64 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
                 proc.join()
 
 
-def _work_one(job: IngestJob) -> ShardOutcome | None:
+def _work_one(session: IngestSession) -> ShardOutcome | None:
     """Claim and index one shard in this process; None when nothing was claimable."""
-    engine = _engine(job.catalog)
-    owner = owner_id()
-    with _writer_turn():
-        claimed = claim_next(engine, job.dataset_id, job.lease, owner)
-    if claimed is None:
-        return None
-    return index_claimed(engine, job, claimed[0], claimed[1], owner)
+    with session.turn():
+        claimed = session.claim()
+    return None if claimed is None else index_claimed(session, claimed)
 
 
-def run_ingest(
-    engine: Engine,
-    job: IngestJob,
-    workers: int,
-    progress: Callable[[ShardOutcome], None] | None = None,
-    provided: Mapping[str, ProvideEntries] | None = None,
-    wait_timeout: float | None = None,
-) -> list[ShardOutcome]:
-    """Index every pending shard of the dataset, sharing the work with any other
-    process doing the same; returns once no shard is pending or being indexed.
+@dataclass(frozen=True)
+class Work:
+    """How :func:`run_ingest` shares the work: ``workers`` processes scan (forked when
+    more than one); ``provided`` maps stored shard paths to where their entries come
+    from instead of a scan; ``progress`` is called with each shard's outcome; a wait
+    for shards that live processes hold ends after ``wait_timeout`` seconds."""
 
-    ``provided`` maps stored shard paths to where their entries come from
-    instead of a scan: those shards are claimed and committed first, in this
-    process; the rest are scanned by ``workers`` processes as usual.
+    workers: int = 1
+    progress: Callable[[ShardOutcome], None] | None = None
+    provided: Mapping[str, ProvideEntries] | None = None
+    wait_timeout: float | None = None
+
+
+def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
+    """Index every pending shard of the session's dataset, sharing the work with any
+    other process doing the same; returns once no shard is pending or being indexed.
+
+    The ``provided`` shards (see :class:`Work`) are claimed and committed first, in
+    this process; the rest are scanned by ``work.workers`` processes as usual.
     A wait for shards that live processes hold is named (see
-    :class:`~shardcat.catalog.claims.Waiting`)
-    and given up after ``wait_timeout`` seconds (None: no limit).
+    :class:`~shardcat.catalog.claims.Waiting`) and given up after ``wait_timeout``.
+    The session's kept connection is closed when this returns.
     """
     outcomes: list[ShardOutcome] = []
-    defer_key_index(engine, job.dataset_id)  # a first ingest builds it after the rows
 
     def note(outcome: ShardOutcome | None) -> None:
         if outcome is not None:
             outcomes.append(outcome)
-            if progress is not None:
-                progress(outcome)
+            if work.progress is not None:
+                work.progress(outcome)
 
-    if provided:
-        owner = owner_id()
-        while (
-            claimed := claim_next(engine, job.dataset_id, job.lease, owner, only=provided)
-        ) is not None:
-            shard_id, stored = claimed
-            note(index_claimed(engine, job, shard_id, stored, owner, provided[stored]))
     try:
-        waiting = Waiting(engine, job.dataset_id, job.lease, wait_timeout)
-        _share_work(engine, job, workers, note, outcomes, waiting)
+        session.defer_key_index()  # a first ingest builds it after the rows
+        if work.provided:
+            only = work.provided
+            while (claimed := session.claim(only=only)) is not None:
+                note(index_claimed(session, claimed, only[claimed.stored]))
+        _share_work(session, work, note, outcomes)
     except BaseException:
+        session.close()  # (stopped mid-transaction, maybe: a fresh connection from here)
         with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
-            give_back(engine, job.dataset_id, owner_id())  # claims and its workers' back
-        _close_engines()
+            session.give_back()  # claims and its workers' back
+        session.close()
         try:
-            finish_key_index(engine, job)  # whatever is in, the next ingest goes on from
+            session.finish_key_index()  # whatever is in, the next ingest goes on from
         except Exception:
             pass  # the error being raised says more; the next ingest builds the index
+        session.close()
         raise
-    _close_engines()
-    failed, lost = finish_key_index(engine, job)  # the key index, if this was a first ingest
+    failed, lost = session.finish_key_index()  # the key index, if this was a first ingest
+    session.close()
     return [
         ShardOutcome(o.path, 0, failed[o.path], hint=KEEP_ONE)
         if o.path in failed
@@ -533,25 +446,24 @@ def run_ingest(
 
 
 def _share_work(
-    engine: Engine,
-    job: IngestJob,
-    workers: int,
+    session: IngestSession,
+    work: Work,
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
-    waiting: Waiting,
 ) -> None:
     """Claim and index shards, here or in forked workers, until none is open."""
     idle = False
+    waiting = session.waiting(work.wait_timeout)
     while True:
-        open_count = open_shards(engine, job.dataset_id)
+        open_count = session.open_shards()
         if open_count == 0:
             return
         done = len(outcomes)
-        if workers > 1 and open_count > 1 and not idle:
-            _close_engines()  # no kept connection crosses the fork
-            _run_workers(job, min(workers, open_count), note)
+        if work.workers > 1 and open_count > 1 and not idle:
+            session.close()  # no kept connection crosses the fork
+            _run_workers(session.job, min(work.workers, open_count), note)
         else:
-            note(_work_one(job))
+            note(_work_one(session))
         idle = len(outcomes) == done
         if idle:  # other processes hold the remaining claims
             waiting.still()

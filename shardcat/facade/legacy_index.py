@@ -115,7 +115,7 @@ def _dataset_options(catalog: Path, shard_paths: PathsLike) -> dict[str, Any] | 
     try:
         with Catalog(catalog, readonly=True) as cat:
             name = cat.find_dataset(shard_paths)
-            return None if name is None else cat.stored_options(name)
+            return None if name is None else cat.store.stored_options(name)
     except ShardcatError:  # too old to open read-only, or not a catalog: import again
         return None
 

@@ -214,7 +214,7 @@ def _opened(
     catalog: Any, where: Path | str | None, dry_run: bool, open_catalog: OpenCatalog
 ) -> Iterator[Any]:
     """The catalog to migrate into (None: a dry run where no catalog file exists yet)."""
-    if isinstance(catalog, Store) or where is None:
+    if _is_open(catalog) or where is None:
         yield catalog
         return
     if dry_run and isinstance(where, Path) and not where.is_file():
@@ -227,14 +227,19 @@ def _opened(
         cat.close()
 
 
-def _known_shards(cat: Store | None, name: str | None) -> dict[str, tuple[int, int, str, int]]:
+def _is_open(catalog: Any) -> bool:
+    """Whether ``catalog`` is an open catalog (a :class:`shardcat.Catalog`), not where one is."""
+    return isinstance(getattr(catalog, "store", None), Store)
+
+
+def _known_shards(cat: Any, name: str | None) -> dict[str, tuple[int, int, str, int]]:
     """Stored shard path -> (size, mtime_ns, state, records) of dataset ``name``."""
-    return {} if cat is None or name is None else cat.shard_states(name)
+    return {} if cat is None or name is None else cat.store.shard_states(name)
 
 
-def _stored_options(cat: Store | None, name: str | None) -> dict[str, Any] | None:
+def _stored_options(cat: Any, name: str | None) -> dict[str, Any] | None:
     """The options dataset ``name`` was ingested with; None when there is no such dataset."""
-    return None if cat is None or name is None else cat.stored_options(name)
+    return None if cat is None or name is None else cat.store.stored_options(name)
 
 
 def _stat(path: str, storage: Mapping[str, Any] | None) -> os.stat_result:
@@ -276,9 +281,9 @@ def _fill_command(report: DatasetReport) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--catalog", report.catalog, "--fields"])
 
 
-def _free_name(cat: Store | None, base: str) -> str:
+def _free_name(cat: Any, base: str) -> str:
     """``base``, or ``base_2``... when the catalog gives it to another dataset."""
-    return base if cat is None else cat.unused_name(base)
+    return base if cat is None else cat.store.unused_name(base)
 
 
 @dataclass(frozen=True)
@@ -298,8 +303,8 @@ class _Run:
 def _target(run: _Run, plan: Plan) -> tuple[Path | str | None, str]:
     """Where a plan's dataset goes: the catalog path to open (None: the
     :class:`Catalog` given) and the directory its shard paths are stored relative to."""
-    if isinstance(run.catalog, Store):
-        return None, run.catalog.directory
+    if _is_open(run.catalog):
+        return None, run.catalog.store.directory
     if run.catalog is not None and backend_for(run.catalog).local_file is None:
         return str(run.catalog), ""  # a catalog that is no local file stores paths absolute
     # remote shards: the default catalog (there is no "beside them" on object storage)
@@ -449,7 +454,7 @@ def _commit(
     def on_outcome(outcome: ShardOutcome, total: int) -> None:
         nonlocal dropped
         dropped += outcome.duplicates  # what on_duplicate removed (here and in other shards)
-        report = reports.get(absolute_path(outcome.path, cat.directory))
+        report = reports.get(absolute_path(outcome.path, cat.store.directory))
         if report is not None and outcome.error != CLAIM_LOST:
             report.records = outcome.records
             if outcome.error is not None:
@@ -468,7 +473,7 @@ def _commit(
         pass  # the dataset exists (the ingest made it first); failures are in the reports
     # shards indexed by another process at the same time, and the final counts
     for path, (_, _, state, records) in _known_shards(cat, name).items():
-        report = reports.get(absolute_path(path, cat.directory))
+        report = reports.get(absolute_path(path, cat.store.directory))
         if report is not None and report.action in ("import", "re-index"):
             report.action = "re-indexed" if state == "ready" else "failed"
         if report is not None and state == "ready":

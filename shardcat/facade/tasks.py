@@ -127,8 +127,8 @@ class VerifyResult:
 def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> VerifyResult:
     """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`); returns how
     many records were checked with the problems. ``progress(done, total)``. The
-    catalog file is checked first (:meth:`Catalog.damage`)."""
-    damage = catalog.damage()
+    catalog file is checked first (:meth:`Store.damage`)."""
+    damage = catalog.store.damage()
     if damage:
         return VerifyResult(0, [], damage=damage)
     checked = 0

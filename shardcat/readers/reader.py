@@ -62,7 +62,7 @@ from typing import Any
 from shardcat.catalog import lookup
 from shardcat.catalog.bad_records import bad_records_of
 from shardcat.catalog.lookup import ReadConnection
-from shardcat.catalog.sync import DROPPED, absolute_path
+from shardcat.catalog.sync import DROPPED
 from shardcat.errors import (
     CorruptRecordError,
     KeyNotFoundError,
@@ -75,10 +75,10 @@ from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers import record_view
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.verify import extents_of, verify_records
-from shardcat.readers.view import CatalogLike, DatasetView, follows_reindex, one_call
+from shardcat.readers.view import DatasetView, follows_reindex, one_call
 from shardcat.sources.rawio import Source
 
-__all__ = ["CatalogLike", "Reader"]
+__all__ = ["Reader"]
 
 
 # how far a batch's prefetched range reaches before and after a record's stored
@@ -568,11 +568,9 @@ class Reader(DatasetView):
         return verify_records(self, progress)
 
     def rebuild_index(self) -> None:
-        """Re-index every shard of this dataset from its source patterns."""
-        sources = [absolute_path(p, self.catalog.directory) for p in self._patterns]
-        self.catalog.ingest(
-            sources, self.dataset, format=self.format, options=self.options, rescan=True
-        ).close()
+        """Re-index every shard of this dataset from its source patterns (through what
+        opened this reader: :class:`shardcat.Catalog`, the path-taking readers)."""
+        self._reindex(self.catalog, self.dataset)
         self.refresh()
 
     # -- protocol ----------------------------------------------------------------
@@ -597,8 +595,7 @@ class Reader(DatasetView):
         if self.closed:
             return
         self._pool.close()
-        if self._owns_catalog:
-            self.catalog.close()
+        self.catalog.close()  # (its store only when the handle opened it)
         self.closed = True
 
     def __enter__(self) -> Reader:

@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from shardcat.catalog import lookup
+from shardcat.catalog.handle import ReadHandle
 from shardcat.errors import CorruptRecordError, ShardcatError, StaleShardError, masked
 from shardcat.formats.base import Location
-from shardcat.readers.view import CatalogLike, _Shard
+from shardcat.readers.view import _Shard
 from shardcat.sources.rawio import Source
 
 __all__ = ["extents_of", "verify_records"]
@@ -28,7 +29,7 @@ _BATCH = 4096
 class Reader(Protocol):
     """What of a :class:`~shardcat.readers.reader.Reader` verifying uses."""
 
-    catalog: CatalogLike
+    catalog: ReadHandle
     _order: list[_Shard]
     _sql: lookup.RecordStatements
     _parts: bool

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
-from shardcat.catalog.backend import Backend
+from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
@@ -36,48 +34,23 @@ from shardcat.sources.rawio import Source
 #: the dataset option holding the storage options of remote shards (without secrets)
 STORAGE_OPTIONS = "storage_options"
 
-__all__ = ["CatalogLike", "DatasetView", "follows_reindex", "one_call"]
+__all__ = ["DatasetView", "Reindex", "cannot_reindex", "follows_reindex", "one_call"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class CatalogLike(Protocol):
-    """The catalog as a reader uses it (:class:`shardcat.Catalog`): the store's read
-    connection and dataset rows, SQL queries, and ``ingest`` for ``rebuild_index``."""
+#: How a reader re-indexes its dataset (``rebuild_index``), given by whoever opened it
+#: (the facade: :func:`shardcat.facade.catalog.rebuild`); called with the reader's
+#: handle and dataset name. A module-level function, so that it pickles with the reader.
+Reindex = Callable[[ReadHandle, str], None]
 
-    path: Path | str
-    location: str
-    backend: Backend
-    readonly: bool
-    immutable: bool
-    closed: bool
 
-    @property
-    def directory(self) -> str: ...
-
-    def reader_connection(self, *, snapshot: bool = False) -> ReadConnection: ...
-
-    def read_snapshot(self) -> tuple[ReadConnection, int]: ...
-
-    def damaged(self, exc: BaseException) -> CatalogError: ...
-
-    def damage(self) -> list[str]: ...
-
-    def dataset_row(self, name: str) -> Any: ...
-
-    def query(self, sql: str, params: Any = None) -> Any: ...
-
-    def ingest(
-        self,
-        paths: Any,
-        dataset: str | None = None,
-        *,
-        format: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        rescan: bool = False,
-    ) -> Any: ...
-
-    def close(self) -> None: ...
+def cannot_reindex(handle: ReadHandle, dataset: str) -> None:
+    """The :data:`Reindex` of a reader opened without one."""
+    raise CatalogError(
+        f"this reader of {dataset!r} cannot re-index it: open it through shardcat.Catalog "
+        "(or a path-taking reader), or run `catalog ingest --rescan`"
+    )
 
 
 @dataclass(frozen=True)
@@ -148,20 +121,22 @@ class DatasetView:
 
     def __init__(
         self,
-        catalog: CatalogLike,
+        catalog: ReadHandle,
         dataset: str,
         *,
         verify: bool = True,
         verify_crc: bool | None = None,
         file_pool_size: int = 1024,
-        owns_catalog: bool = False,
+        reindex: Reindex = cannot_reindex,
     ) -> None:
+        #: the read-only handle on the store this reader reads (closed with the reader
+        #: when the handle opened its store)
         self.catalog = catalog
         self.dataset = dataset
         #: every read is checked (``verify``; ``verify_crc`` is its older name):
         #: see :class:`~shardcat.readers.reader.Reader`
         self.verify_reads = verify if verify_crc is None else verify_crc
-        self._owns_catalog = owns_catalog
+        self._reindex = reindex
         self._pool = SourcePool(file_pool_size)
         self._shards: dict[int, _Shard] = {}
         self._serial = -1
@@ -174,12 +149,11 @@ class DatasetView:
         #: (:meth:`Catalog.ingest` sets it; 0 otherwise).
         self.indexed_duplicates = 0
         row = catalog.dataset_row(dataset)
-        self._id: int = row[0]
-        self.format = row[2]
-        self.key_rule: str = row[3]
-        self.options: dict[str, Any] = json.loads(row[5])
-        self.options.pop(DROPPED, None)  # bookkeeping (see get_stats), not a format option
-        self._patterns: list[str] = json.loads(row[6])
+        self._id: int = row.id
+        self.format = row.format
+        self.key_rule: str = row.key_rule
+        # (DROPPED is bookkeeping, see get_stats, not a format option)
+        self.options: dict[str, Any] = {k: v for k, v in row.options.items() if k != DROPPED}
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._one_range: bool = self._fmt.ONE_RANGE
@@ -191,31 +165,26 @@ class DatasetView:
         self._plain = self._one_range and not self._parts and not self._by_position
         self.refresh()
 
-    # Pickling (DataLoader with the spawn start method): reopen by name.
+    # Pickling (DataLoader with the spawn start method): the handle reopens the store.
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "catalog_type": type(self.catalog),  # pickled by name: shardcat.Catalog
-            "catalog": self.catalog.location,
-            "readonly": self.catalog.readonly,
-            "immutable": self.catalog.immutable,
+            "catalog": self.catalog,
             "dataset": self.dataset,
             "verify": self.verify_reads,
             "pool": self._pool.size,
+            "reindex": self._reindex,
             "files": getattr(self, "files", None),
             "names_as_given": self.names_as_given,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        catalog = state["catalog_type"](
-            state["catalog"], readonly=state["readonly"], immutable=state["immutable"]
-        )
         DatasetView.__init__(
             self,
-            catalog,
+            state["catalog"],
             state["dataset"],
             verify=state["verify"],
             file_pool_size=state["pool"],
-            owns_catalog=True,
+            reindex=state["reindex"],
         )
         if state["files"] is not None:
             self.files = state["files"]

@@ -101,7 +101,7 @@ class Site:
         env.filters["cell"] = _cell
         self.env = env
         #: what the header names: a file's name (not where it lies), a server's URL
-        file = cat.backend.local_file
+        file = cat.store.backend.local_file
         self.title = str(cat.path) if file is None else file.name
 
     def info(self, name: str) -> DatasetInfo:
@@ -113,7 +113,7 @@ class Site:
 
     def reader(self, name: str) -> Reader:
         """The reader of the dataset ``name`` (404 unless the catalog lists it)."""
-        if not self.cat.has_dataset(name):
+        if not self.cat.store.has_dataset(name):
             raise HTTPException(404, f"no dataset {name!r} in this catalog")
         with self._lock:
             if name not in self._readers:

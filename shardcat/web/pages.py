@@ -79,7 +79,7 @@ def summaries(cat: Catalog) -> list[Summary]:
     return [
         Summary(
             info,
-            sum(state[0] or 0 for state in cat.shard_states(info.name).values()),
+            sum(state[0] or 0 for state in cat.store.shard_states(info.name).values()),
             len(cat.bad_records(info.name)),
         )
         for info in cat.datasets()
