@@ -350,3 +350,34 @@ def test_native_batches_equal_the_python_path_and_check_each_record(
             f.write(b"appended")
         with pytest.raises(StaleShardError, match="changed after it was indexed"):
             reader.get_many(["k1", "k0"])
+
+
+_LEFT_OPEN = """
+import sys, threading
+from shardcat import Catalog
+with Catalog(sys.argv[1]) as cat:
+    reader = cat.dataset("d")             # never closed: the catalog's close must do
+    assert reader.get_feature("k3", "label") is not None
+    def in_a_thread():                    # a connection of a thread that ends
+        assert reader.get_feature("k4", "label") is not None
+    t = threading.Thread(target=in_a_thread); t.start(); t.join()
+    assert reader.get_feature("k5", "label") is not None  # (the ended thread's connection closes)
+    native = reader._hot is not None and bool(reader._hot._by_conn)
+print(native)
+"""
+
+
+def test_a_prepared_statement_never_keeps_the_catalog_open(catalog: Path) -> None:
+    # a statement left on a connection keeps SQLite's database open after close():
+    # the -wal and -shm files stayed beside the catalog when its reader was not closed
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, str(catalog)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == str(hot.available())
+    assert sorted(p.name for p in catalog.parent.iterdir() if p.name.startswith("c.")) == [
+        "c.sqlite"
+    ]

@@ -44,6 +44,26 @@ def next_serial() -> int:
     return next(_serials)
 
 
+_before_close: list[weakref.WeakMethod[Callable[[Any], None]]] = []
+
+
+def before_close(method: Callable[[Any], None]) -> None:
+    """Have ``method(conn)`` called before any read connection of this process closes
+    (``method`` a bound method, held weakly): what holds statements prepared on a
+    connection finalizes them then, or the database would stay open after ``close``
+    (SQLite keeps a connection with live statements, and its ``-wal``/``-shm``)."""
+    _before_close.append(weakref.WeakMethod(method))
+
+
+def _close(conn: Any) -> None:
+    live = [m for m in (ref() for ref in list(_before_close)) if m is not None]
+    if len(live) < len(_before_close):
+        _before_close[:] = [weakref.WeakMethod(m) for m in live]
+    for method in live:
+        method(conn)
+    conn.close()
+
+
 class Slot:
     """One thread's connection and its read snapshot: ``since`` (monotonic time it
     began) and ``serial`` (its number, 0: none begun yet)."""
@@ -83,7 +103,7 @@ class ThreadConnections:
         with self._lock:
             alive = {t.ident for t in threading.enumerate()}
             for ident in [i for i in self._slots if i not in alive]:
-                self._slots.pop(ident).conn.close()  # a thread that has ended
+                _close(self._slots.pop(ident).conn)  # a thread that has ended
             slot = self._slots[threading.get_ident()] = Slot(conn)
         return slot
 
@@ -98,7 +118,7 @@ class ThreadConnections:
             slots, self._slots = self._slots, {}
         if self._generation == _engine._fork_generation:
             for slot in slots.values():
-                slot.conn.close()
+                _close(slot.conn)
 
 
 class FileWatch:

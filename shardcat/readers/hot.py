@@ -31,6 +31,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from shardcat.catalog.connections import before_close
 from shardcat.sources.local import FileSource
 
 __all__ = ["AGAIN", "MISS", "HotLookups", "available", "example_dict", "read", "read_rows"]
@@ -84,6 +85,7 @@ class HotLookups:
     def __init__(self, sql: str) -> None:
         self.sql = sql
         self._by_conn: dict[Any, Any] = {}
+        before_close(self.forget)  # a statement must not outlive its connection's close
 
     def lookup(self, conn: Any) -> Any:
         """The lookup prepared on ``conn`` for :func:`read`; None: ``conn`` is not a
@@ -104,3 +106,13 @@ class HotLookups:
             self._by_conn.clear()
         self._by_conn[conn] = lookup
         return lookup
+
+    def forget(self, conn: Any) -> None:
+        """Finalize the statement prepared on ``conn`` (which is about to close)."""
+        self._by_conn.pop(conn, None)
+
+    def clear(self) -> None:
+        """Finalize every statement (before their connections close: a statement
+        left on a connection keeps its database open, and its ``-wal``/``-shm``
+        files in place, after ``close``)."""
+        self._by_conn.clear()

@@ -591,6 +591,9 @@ class Reader(DatasetView):
         if self.closed:
             return
         self._pool.close()
+        hot = getattr(self, "_hot", None)  # (None too when __init__ failed before it)
+        if hot is not None:
+            hot.clear()  # its statements, before their connections close
         self.catalog.close()  # (its store only when the handle opened it)
         self.closed = True
 
