@@ -6,6 +6,7 @@ restores. On SQLite and PostgreSQL catalogs."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -150,8 +151,10 @@ def test_cli_delete_and_undelete(tmp_path: Path, shards: str) -> None:
     assert "4 record(s) of d deleted" in done.stdout
     with Catalog(db) as cat:
         check_deleted(cat)
-    shown = runner.invoke(app, ["stats", "d", "--catalog", db])
-    assert "d: 16 records in 2 shards, 4 deleted" in shown.stdout
+    shown = json.loads(runner.invoke(app, ["stats", "d", "--json", "--catalog", db]).stdout)
+    assert (shown["total_records"], shown["deleted_records"]) == (16, 4)
+    listed = json.loads(runner.invoke(app, ["datasets", "--json", "--catalog", db]).stdout)
+    assert [(d["records"], d["deleted"]) for d in listed] == [(20, 4)]
     bad = runner.invoke(app, ["delete", "d", "--where", "nosuch = 1", "--catalog", db])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     done = runner.invoke(app, ["undelete", "d", "--catalog", db])

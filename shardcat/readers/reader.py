@@ -54,7 +54,6 @@ checked on every read.
 
 from __future__ import annotations
 
-import bisect
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -359,11 +358,6 @@ class Reader(DatasetView):
         for row in self._rows_at(conn, positions) if positions else ():
             keys[row[0]] = str(row[-1])  # row[0]: its place in the batch
         return keys
-
-    def shard_starts(self) -> list[int]:
-        """The first position of each shard, in position order (a shard's records are
-        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
-        return [s.first - bisect.bisect_left(self._dead, s.first) for s in self._order]
 
     @follows_reindex
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:

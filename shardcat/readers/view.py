@@ -329,6 +329,11 @@ class DatasetView:
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
 
+    def shard_starts(self) -> list[int]:
+        """The first position of each shard, in position order (a shard's records are
+        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
+        return [s.first - bisect.bisect_left(self._dead, s.first) for s in self._order]
+
     def _row_at(self, conn: ReadConnection, position: int) -> lookup.Row:
         """The record row (key last) at one position: one point query."""
         shard, ordinal = self._shard_at(position)
