@@ -5,13 +5,17 @@ records are never among them."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from shardcat import Catalog, SamplerError, TFRecordWriter, make_example
+from shardcat.cli import app
 from shardcat.readers.reader import Reader
 from shardcat.testing.required import need
 from shardcat.torch import Mixture, RecordDataset, RecordSampler, Stream
@@ -87,3 +91,31 @@ def test_seen_needs_keys(catalog: Catalog) -> None:
     sampler = RecordSampler(list(range(10)))
     with pytest.raises(SamplerError, match="list cannot name its items' keys"):
         list(sampler.seen())
+
+
+def test_cli_seen_writes_a_table_to_join(catalog: Catalog, tmp_path: Path) -> None:
+    """`catalog seen` writes what the run consumed; `catalog query --attach` joins it."""
+    runner = CliRunner()
+    db = str(catalog.path)
+    with catalog.dataset("a") as reader:
+        subset = RecordDataset(reader, keys=reader.where("label < 3"))
+        sampler = RecordSampler(subset, 2, 1, seed=9, shuffle="block", block_size=4)
+        sampler.set_epoch(1)
+        taken = [subset.keys_of([i])[0] for i in itertools.islice(iter(sampler), 5)]
+        state = sampler.state_dict()
+        expected = Counter(RecordSampler(subset, seed=9, shuffle="block", block_size=4).seen(state))
+    assert set(taken) <= set(expected) and sum(expected.values()) == 28 + 10
+    (tmp_path / "state.json").write_text(json.dumps({"sampler": state}))
+    out = tmp_path / "seen.sqlite"
+    args = ["seen", str(tmp_path / "state.json"), "--dataset", "a", "--where", "label < 3"]
+    done = runner.invoke(app, [*args, "--out", str(out), "--catalog", db])
+    assert done.exit_code == 0, done.output
+    assert f"{len(expected)} key(s) of a seen" in done.stdout
+    sql = "SELECT a.key, s.times FROM run.seen s JOIN a USING (key) ORDER BY a.key"
+    query = ["query", sql, "--attach", f"run={out}", "--json", "--catalog", db]
+    rows = json.loads(runner.invoke(app, query).stdout)
+    assert {r["key"]: r["times"] for r in rows} == dict(expected)
+    bad = runner.invoke(
+        app, ["seen", str(out), "--dataset", "a", "--out", str(out), "--catalog", db]
+    )
+    assert bad.exit_code != 0 and "cannot read a sampler state" in bad.output

@@ -1,8 +1,10 @@
 """``catalog delete`` and ``catalog undelete``: soft deletes of a dataset's records
-(:meth:`shardcat.Catalog.delete`, :meth:`shardcat.Catalog.undelete`)."""
+(:meth:`shardcat.Catalog.delete`, :meth:`shardcat.Catalog.undelete`); ``catalog
+seen``: what a training run consumed, as a table (:mod:`shardcat.facade.provenance`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,6 +49,26 @@ def undelete(
     typer.echo(f"{n} record(s) of {dataset} restored")
 
 
+@handle_errors
+def seen(
+    state: Annotated[Path, typer.Argument(help="A RecordSampler (or loader) state, JSON.")],
+    dataset: Annotated[str, typer.Option("--dataset", help="The dataset the run read.")],
+    out: Annotated[Path, typer.Option("--out", help="The SQLite file to write.")],
+    where: Annotated[
+        str | None, typer.Option("--where", help="The run's keys= subset, as SQL.")
+    ] = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Write the keys a training run consumed up to a saved sampler state to a SQLite
+    file (table seen: key, times), to query with `catalog query --attach run=FILE`."""
+    from shardcat.facade.provenance import load_state, write_seen
+
+    with open_catalog(catalog) as cat, cat.dataset(dataset) as reader:
+        n = write_seen(reader, load_state(state), out, where)
+    typer.echo(f"{n} key(s) of {dataset} seen, written to {out}")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(delete)
     app.command()(undelete)
+    app.command()(seen)
