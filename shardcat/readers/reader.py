@@ -73,18 +73,13 @@ from shardcat.errors import (
 from shardcat.formats.base import Location
 from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers import record_view
+from shardcat.readers.hot import AGAIN
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import DatasetView, follows_reindex, one_call
 from shardcat.sources.rawio import Source
 
 __all__ = ["Reader"]
-
-
-# how far a batch's prefetched range reaches before and after a record's stored
-# location: a tar member's header block, a TFRecord frame's header and CRC
-_PREFETCH_BEFORE = 512
-_PREFETCH_AFTER = 64
 
 
 class Reader(DatasetView):
@@ -195,9 +190,22 @@ class Reader(DatasetView):
             return self._load_parts(conn, [row], [key])[0]
         return self._decoded(row, True, key)
 
-    @follows_reindex
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
+        if self._hot is not None:
+            data = self._native(key, None)
+            if data is None:
+                return None
+            if data is not AGAIN:
+                try:
+                    return self._fmt.decode(data, self.options)
+                except Exception:
+                    pass
+        return self._get_record(key)
+
+    @follows_reindex
+    def _get_record(self, key: Any) -> Any:
+        """:meth:`get_record` in Python (the reference)."""
         conn = self._conn()
         if self._plain:  # every single read by key: the shortest lookup, _decoded inlined
             found = conn.execute(self._sql.one, (str(key),)).fetchone()
@@ -249,7 +257,11 @@ class Reader(DatasetView):
         """
         if self._parts and not self._by_position:
             return self._member(key, feature_name)
-        record = self.get_record(key)
+        if self._hot is not None:
+            value = self._native(key, feature_name)
+            if value is not AGAIN:
+                return value
+        record = self._get_record(key)
         if record is None:
             return None
         values = self._fmt.feature_list(record, feature_name)
@@ -405,6 +417,12 @@ class Reader(DatasetView):
         keyed = not self._by_position  # the stored check mixes the record's key
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
         ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        got: Any = self._read_natively(ordered, names) if plain is not None and not ahead else AGAIN
+        if got is not AGAIN:
+            try:
+                return got if raw else [decode(data, options) for data in got]
+            except Exception:
+                pass
         for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)
@@ -452,28 +470,6 @@ class Reader(DatasetView):
         for source in ahead:  # ends their batch
             source.check()
         return out
-
-    def _prefetch(self, ranges: Sequence[tuple[int, int, int]]) -> list[Source]:
-        """Hand the sources that fetch ahead (remote shards: see
-        :mod:`shardcat.sources.remote`) the ``(shard, offset, length)`` ranges a batch
-        is about to read, widened by a frame's header/footer; local sources have no
-        ``prefetch`` and are left alone. Returns the sources that took them (their
-        ``check()`` ends the batch); their reads check each record's frame (TFRecord
-        length and CRCs, the tar header before a member), which the prefetched bytes
-        hold: bytes a server moved under a true Content-Range are an error."""
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for shard_id, offset, length in ranges:
-            by_shard.setdefault(shard_id, []).append(
-                (offset - _PREFETCH_BEFORE, length + _PREFETCH_BEFORE + _PREFETCH_AFTER)
-            )
-        took = []
-        for shard_id, spans in by_shard.items():
-            source = self._source(shard_id)
-            prefetch = getattr(source, "prefetch", None)
-            if prefetch is not None:
-                prefetch(spans)
-                took.append(source)
-        return took
 
     def _missing_message(self, missing: list[str]) -> str:
         shown = ", ".join(repr(k) for k in missing[:5])
