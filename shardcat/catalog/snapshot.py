@@ -42,7 +42,7 @@ from sqlalchemy import Connection, column, create_engine, func, inspect, select,
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import deletes, schema, tables
 from shardcat.catalog.backend import run
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
@@ -315,6 +315,7 @@ def _index_and_view(src: Connection, dst: Connection, name: str) -> None:
     for column_name, _, idx in tables.field_columns(dst, dataset_id).values():
         if tables.field_index_name(dataset_id, idx) in have:
             tables.create_field_index(dst, dataset_id, name, column_name)
+    deletes.copy_marks(src, dst, name, dataset_id)
     tables.create_view(dst, dataset_id, name)
 
 

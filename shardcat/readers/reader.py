@@ -140,6 +140,8 @@ class Reader(DatasetView):
         if self._by_position:
             position = self._position_of_key(key)
             return None if position is None else self._row_at(conn, position)
+        if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
+            return None
         row: lookup.Row | None = conn.execute(self._sql.by_key, (key,)).fetchone()
         return row
 
@@ -267,6 +269,8 @@ class Reader(DatasetView):
 
     @follows_reindex
     def _member(self, key: Any, feature_name: str) -> bytes | None:
+        if str(key) in self._deleted:
+            return None
         found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
@@ -280,7 +284,7 @@ class Reader(DatasetView):
         :meth:`get_feature`; None when the key or member is missing or records have
         no parts. For members too large to hold: ``catalog get`` writes them so."""
         found = None
-        if self._parts and not self._by_position:
+        if self._parts and not self._by_position and str(key) not in self._deleted:
             found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
@@ -320,6 +324,8 @@ class Reader(DatasetView):
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
         conn = self._conn()
         rows = lookup.records_by_key(conn, self._sql, keys)
+        if self._deleted:
+            rows = [r for r in rows if keys[r[0]] not in self._deleted]
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
@@ -364,11 +370,6 @@ class Reader(DatasetView):
         for row in self._rows_at(conn, positions) if positions else ():
             keys[row[0]] = str(row[-1])  # row[0]: its place in the batch
         return keys
-
-    def shard_starts(self) -> list[int]:
-        """The first position of each shard, in position order (a shard's records are
-        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
-        return [s.first for s in self._order]
 
     @follows_reindex
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
@@ -530,6 +531,7 @@ class Reader(DatasetView):
             "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
             "bad_records": sum(bad.values()),
             "bad_records_per_file": bad,
+            "deleted_records": len(self._dead),
         }
 
     @property

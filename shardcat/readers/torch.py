@@ -72,6 +72,12 @@ class RecordDataset:
         to_dict = self.reader.to_dict
         return [to_dict(r) for r in records]
 
+    def keys_of(self, indices: Sequence[int]) -> list[str]:
+        """The keys of items ``indices`` (one query; :meth:`RecordSampler.seen`)."""
+        if self.keys is None:
+            return self.reader.keys_at(list(indices))
+        return [self.keys[i] for i in indices]
+
     def shard_starts(self) -> list[int] | None:
         """The index of each shard's first item (for a shard-local block shuffle);
         None over ``keys``, whose shards the dataset does not know."""

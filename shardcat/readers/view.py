@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
+from shardcat.catalog.deletes import DELETED_AT
 from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
@@ -148,7 +149,7 @@ class DatasetView:
         self._shards: dict[int, _Shard] = {}
         self._serial = -1
         self._version: int | None = None
-        self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
+        self._pinned: tuple[tuple[int, ...], ...] | None = None
         self._positions_moved = False
         self.closed = False
         self._new_lock()
@@ -169,7 +170,8 @@ class DatasetView:
         self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)
-        self._plain = self._one_range and not self._parts and not self._by_position
+        self._plain_kind = self._one_range and not self._parts and not self._by_position
+        self._plain = self._plain_kind  # ... and no soft deletes (see _load_deleted)
         examples = self.format == "tfrecord" and self.options.get("message") != "sequence_example"
         #: records as ``to_dict`` gives them straight off the wire (None: decode them)
         self.native_dicts = hot.example_dict if examples and hot.available() else None
@@ -219,7 +221,8 @@ class DatasetView:
         return function(*args)
 
     def _keys_of(self, shard_id: int) -> list[str]:
-        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+        keys = lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+        return [k for k in keys if k not in self._deleted] if self._deleted else keys
 
     def _new_lock(self) -> None:
         self._lock = threading.RLock()
@@ -280,14 +283,29 @@ class DatasetView:
         self._shards = shards
         self._order = list(shards.values())
         self._starts = [s.first for s in self._order]
-        self._len = sum(s.count for s in self._order)
+        self._load_deleted(conn)
+        self._len = sum(s.count for s in self._order) - len(self._dead)
         self._files_only = not any(s.compression or "://" in s.path for s in self._order)
         self._version = version
         if self._pinned is not None and self._layout() != self._pinned:
             self._positions_moved = True
 
-    def _layout(self) -> tuple[tuple[int, int, int, int], ...]:
-        return tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+    def _load_deleted(self, conn: ReadConnection) -> None:
+        """The dataset's soft-deleted records (:mod:`shardcat.catalog.deletes`): their
+        keys, and their stored positions in order (``_dead``). Positions skip them:
+        position ``p`` is stored position ``p + bisect_right(_skip, p)``, where
+        ``_skip[i]`` is ``_dead[i] - i`` (the live records before the i-th dead one).
+        One query returning nothing for a dataset without deletes."""
+        rows = conn.execute(DELETED_AT.format(id=int(self._id)), (self._id,)).fetchall()
+        self._deleted = frozenset(str(r[2]) for r in rows)
+        self._dead = sorted(self._shards[r[0]].first + r[1] for r in rows if r[0] in self._shards)
+        self._skip = [d - i for i, d in enumerate(self._dead)]
+        self._plain = self._plain_kind and not self._deleted
+
+    def _layout(self) -> tuple[tuple[int, ...], ...]:
+        """What positions depend on: each shard's version and place, the deleted ones."""
+        shards = tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+        return (*shards, tuple(self._dead))
 
     def _source(self, shard_id: int) -> Source:
         source = self._pool.sources.get(shard_id)
@@ -318,6 +336,8 @@ class DatasetView:
         if lookup is None or not self._files_only:
             return AGAIN
         key = key if type(key) is str else str(key)
+        if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
+            return None
         got = hot.read(lookup, key, self._pool.sources, feature, self.verify_reads)
         return None if got is MISS else got
 
@@ -358,8 +378,15 @@ class DatasetView:
         if not -self._len <= position < self._len:
             raise IndexError(f"position {position} out of range for {self._len} records")
         position %= self._len
+        if self._skip:  # soft-deleted records leave the position space
+            position += bisect.bisect_right(self._skip, position)
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
+
+    def shard_starts(self) -> list[int]:
+        """The first position of each shard, in position order (a shard's records are
+        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
+        return [s.first - bisect.bisect_left(self._dead, s.first) for s in self._order]
 
     def _row_at(self, conn: ReadConnection, position: int) -> lookup.Row:
         """The record row (key last) at one position: one point query."""
