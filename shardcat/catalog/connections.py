@@ -44,23 +44,20 @@ def next_serial() -> int:
     return next(_serials)
 
 
-_before_close: list[weakref.WeakMethod[Callable[[Any], None]]] = []
+_forgetting: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def before_close(method: Callable[[Any], None]) -> None:
-    """Have ``method(conn)`` called before any read connection of this process closes
-    (``method`` a bound method, held weakly): what holds statements prepared on a
-    connection finalizes them then, or the database would stay open after ``close``
-    (SQLite keeps a connection with live statements, and its ``-wal``/``-shm``)."""
-    _before_close.append(weakref.WeakMethod(method))
+def before_close(holder: Any) -> None:
+    """Have ``holder.forget(conn)`` called before any read connection of this process
+    closes (``holder`` held weakly): what holds statements prepared on a connection
+    finalizes them then, or the database would stay open after ``close`` (SQLite
+    keeps a connection with live statements, and its ``-wal``/``-shm``)."""
+    _forgetting.add(holder)
 
 
 def _close(conn: Any) -> None:
-    live = [m for m in (ref() for ref in list(_before_close)) if m is not None]
-    if len(live) < len(_before_close):
-        _before_close[:] = [weakref.WeakMethod(m) for m in live]
-    for method in live:
-        method(conn)
+    for holder in list(_forgetting):
+        holder.forget(conn)
     conn.close()
 
 

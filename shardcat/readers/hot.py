@@ -85,7 +85,7 @@ class HotLookups:
     def __init__(self, sql: str) -> None:
         self.sql = sql
         self._by_conn: dict[Any, Any] = {}
-        before_close(self.forget)  # a statement must not outlive its connection's close
+        before_close(self)  # a statement must not outlive its connection's close
 
     def lookup(self, conn: Any) -> Any:
         """The lookup prepared on ``conn`` for :func:`read`; None: ``conn`` is not a
