@@ -105,7 +105,7 @@ typedef struct {
     uint32_t keycrc; /* what the row's key mixes into the check (0: none) */
 } Row;
 
-/* The row of the bound lookup (1), none (0) or AGAIN (-1); `key_column` >= 0: the
+/* The row of the bound lookup (1), none (0) or AGAIN (-1), the statement reset after; `key_column` >= 0: the
  * column of the row's key, whose CRC32C goes to row->keycrc. */
 static int find_row(Lookup *lk, Row *row, int key_column) {
     sqlite3_stmt *st = lk->stmt;
@@ -130,18 +130,17 @@ static int find_row(Lookup *lk, Row *row, int key_column) {
         found = sqlite3_step(st) == SQLITE_DONE ? 1 : -1; /* one row: a unique key */
     }
     sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
     return found;
 }
 
 /* The row of `key` (1), none (0) or AGAIN (-1). */
 static int find(Lookup *lk, const char *key, Py_ssize_t klen, Row *row) {
     if (((ConnHead *)lk->conn)->db != lk->db || lk->pid != getpid()) return -1;
-    if (sqlite3_bind_text(lk->stmt, 1, key, (int)klen, SQLITE_STATIC) != SQLITE_OK) {
-        sqlite3_clear_bindings(lk->stmt);
-        return -1;
-    }
-    return find_row(lk, row, -1);
+    int found = sqlite3_bind_text(lk->stmt, 1, key, (int)klen, SQLITE_STATIC) != SQLITE_OK
+                    ? -1
+                    : find_row(lk, row, -1);
+    sqlite3_clear_bindings(lk->stmt);
+    return found;
 }
 
 /* Whether `seen` (None, or the source's (mtime_ns, ctime_ns, size)) still holds. */
@@ -227,14 +226,19 @@ static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
     return data;
 }
 
-/* example_dict(payload) -> {feature: value} (single values unwrapped, lists otherwise:
- * Reader.to_dict of the decoded Example), or AGAIN. */
-static PyObject *py_example_dict(PyObject *module, PyObject *arg) {
+/* example_dict(payload[, select]) -> {feature: value} (single values unwrapped, lists
+ * otherwise: Reader.to_dict of the decoded Example; of the features in `select`, a
+ * tuple of str, only), or AGAIN. */
+static PyObject *py_example_dict(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *select = nargs == 2 && args[1] != Py_None ? args[1] : NULL, *out = NULL;
+    if (nargs < 1 || nargs > 2 || (select != NULL && !PyTuple_Check(select))) {
+        PyErr_SetString(PyExc_TypeError, "example_dict(payload, select: tuple | None = None)");
+        return NULL;
+    }
     Py_buffer view;
-    PyObject *out = NULL;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const uint8_t *p = view.buf;
-    int settled = example_items(p, p + view.len, NULL, &out);
+    int settled = example_items(p, p + view.len, select, &out);
     PyBuffer_Release(&view);
     if (!settled) { /* odd, malformed or a failed allocation: the Python path */
         PyErr_Clear();
@@ -367,8 +371,8 @@ static PyMethodDef methods[] = {
      "read_rows(rows, at, sources, file_type, verify, keyed, names): a batch's payloads."},
     {"read_batch", (PyCFunction)(void (*)(void))py_read_batch, METH_FASTCALL,
      "read_batch(lookup, items, layout, sources, verify, keyed, dicts, select): a batch."},
-    {"example_dict", py_example_dict, METH_O,
-     "example_dict(payload): {feature: value} of an Example, or AGAIN."},
+    {"example_dict", (PyCFunction)(void (*)(void))py_example_dict, METH_FASTCALL,
+     "example_dict(payload, select=None): {feature: value} of an Example, or AGAIN."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -167,6 +167,16 @@ static int first_value(const uint8_t *p, const uint8_t *end, const char *name, s
     return 1;
 }
 
+/* Whether [k, ke) is UTF-8 (protobuf refuses a map key that is not): 1, or 0. */
+static int utf8(const uint8_t *k, const uint8_t *ke) {
+    const uint8_t *a = k;
+    while (a < ke && *a < 0x80) a++;
+    if (a == ke) return 1;
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)k, ke - k, NULL);
+    Py_XDECREF(name);
+    return name != NULL;
+}
+
 /* Whether the entry key [k, ke) is one of `select` (a tuple of str; NULL: all). */
 static int chosen(const uint8_t *k, const uint8_t *ke, PyObject *select) {
     if (select == NULL) return 1;
@@ -194,7 +204,7 @@ static int example_items(const uint8_t *p, const uint8_t *end, PyObject *select,
     if (dict != NULL && example_features(p, end, &fs, &fe)) {
         for (p = fs; (got = next_entry(&p, fe, &k, &ke, &v, &ve)) == 1;) {
             if (!chosen(k, ke, select)) { /* its wire checked, no objects */
-                if (!feature_list(v, ve, &kind, &ls, &le) ||
+                if (!utf8(k, ke) || !feature_list(v, ve, &kind, &ls, &le) ||
                     !list_values(ls, le, kind, PY_SSIZE_T_MAX, NULL))
                     got = 0;
                 if (got == 0) break;

@@ -67,8 +67,9 @@ read_rows: Any = getattr(_hot, "read_rows", None)
 #: of keys or positions looked up, read and checked, as payloads or dicts; ``AGAIN``;
 #: or ``(shard ids,)`` whose sources to open first (see ``readers/hot_batch.h``)
 read_batch: Any = getattr(_hot, "read_batch", None)
-#: example_dict(payload): ``Reader.to_dict`` of the Example, straight off the wire,
-#: or ``AGAIN`` (an odd or malformed wire: decode it)
+#: example_dict(payload, select=None): ``Reader.to_dict`` of the Example (of the
+#: features in the tuple ``select`` only), straight off the wire, or ``AGAIN`` (an
+#: odd or malformed wire: decode it)
 example_dict: Any = getattr(_hot, "example_dict", None)
 
 # the sqlite3.Connection layout the extension reads (its sqlite3 * after the object head)

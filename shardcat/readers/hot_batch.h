@@ -26,11 +26,10 @@
 
 #include <stdlib.h>
 
-#define GAP 4096              /* bytes between two frames still read in one pread */
+#define GAP 512 /* bytes between two payloads still read in one pread (frames: 16) */
 #define BATCH_MOST (1LL << 30) /* a batch's bytes read natively at most */
 
-typedef struct {
-    Py_ssize_t place;   /* in the batch */
+typedef struct { /* one item of a batch (the batch's w[i] is item i) */
     const char *key;    /* by key: its UTF-8 (the str's own) */
     Py_ssize_t klen;
     int64_t ordinal;    /* by position */
@@ -40,21 +39,22 @@ typedef struct {
     int joined;         /* read in one pread with the record before it */
 } Want;
 
+/* orders of Want pointers */
 static int by_key_order(const void *a, const void *b) {
-    const Want *x = a, *y = b;
+    const Want *x = *(Want *const *)a, *y = *(Want *const *)b;
     Py_ssize_t n = x->klen < y->klen ? x->klen : y->klen;
     int c = memcmp(x->key, y->key, (size_t)n);
     return c ? c : (x->klen > y->klen) - (x->klen < y->klen);
 }
 
 static int by_place_in_table(const void *a, const void *b) {
-    const Want *x = a, *y = b;
+    const Want *x = *(Want *const *)a, *y = *(Want *const *)b;
     if (x->row.shard_id != y->row.shard_id) return x->row.shard_id < y->row.shard_id ? -1 : 1;
     return (x->ordinal > y->ordinal) - (x->ordinal < y->ordinal);
 }
 
 static int by_place_in_file(const void *a, const void *b) {
-    const Want *x = a, *y = b;
+    const Want *x = *(Want *const *)a, *y = *(Want *const *)b;
     if (x->row.shard_id != y->row.shard_id) return x->row.shard_id < y->row.shard_id ? -1 : 1;
     return (x->row.offset > y->row.offset) - (x->row.offset < y->row.offset);
 }
@@ -65,7 +65,6 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
     if (layout == Py_None) {
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *key = PyList_GET_ITEM(items, i);
-            w[i].place = i;
             w[i].key = PyUnicode_CheckExact(key) ? PyUnicode_AsUTF8AndSize(key, &w[i].klen) : NULL;
             if (w[i].key == NULL) return 0; /* surrogates: the Python path encodes them */
         }
@@ -94,7 +93,6 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
                 else hi = mid;
             }
             if (first[lo] > p) break;
-            w[i].place = i;
             w[i].row.shard_id = id[lo];
             w[i].ordinal = p - first[lo];
         }
@@ -104,23 +102,27 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
     return i == n;
 }
 
-/* Each item's row, the lookups in sorted order: 1, or 0 (AGAIN). */
-static int find_rows(Lookup *lk, Want *w, Py_ssize_t n, int by_key, int keyed) {
+/* Each item's row, the lookups in sorted order (`o`: the items, sorted here), the
+ * connection's mutex held across them (SQLite's calls inside then take it cheaply):
+ * 1, or 0 (AGAIN). */
+static int find_rows(Lookup *lk, Want **o, Py_ssize_t n, int by_key, int keyed) {
     sqlite3_stmt *st = lk->stmt;
+    int ok = 1;
     if (((ConnHead *)lk->conn)->db != lk->db || lk->pid != getpid()) return 0;
-    qsort(w, (size_t)n, sizeof(Want), by_key ? by_key_order : by_place_in_table);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int bound = by_key ? sqlite3_bind_text(st, 1, w[i].key, (int)w[i].klen, SQLITE_STATIC)
-                           : sqlite3_bind_int64(st, 1, w[i].row.shard_id);
-        if (bound == SQLITE_OK && !by_key) bound = sqlite3_bind_int64(st, 2, w[i].ordinal);
-        if (bound != SQLITE_OK) {
-            sqlite3_clear_bindings(st);
-            return 0;
-        }
-        if (find_row(lk, &w[i].row, keyed && !by_key ? 4 : -1) != 1) return 0;
-        if (keyed && by_key) w[i].row.keycrc = crc32c((const uint8_t *)w[i].key, (size_t)w[i].klen);
+    qsort(o, (size_t)n, sizeof(Want *), by_key ? by_key_order : by_place_in_table);
+    sqlite3_mutex *mutex = sqlite3_db_mutex(lk->db);
+    sqlite3_mutex_enter(mutex);
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        Want *w = o[i];
+        int bound = by_key ? sqlite3_bind_text(st, 1, w->key, (int)w->klen, SQLITE_STATIC)
+                           : sqlite3_bind_int64(st, 1, w->row.shard_id);
+        if (bound == SQLITE_OK && !by_key) bound = sqlite3_bind_int64(st, 2, w->ordinal);
+        ok = bound == SQLITE_OK && find_row(lk, &w->row, keyed && !by_key ? 4 : -1) == 1;
+        if (ok && keyed && by_key) w->row.keycrc = crc32c((const uint8_t *)w->key, (size_t)w->klen);
     }
-    return 1;
+    sqlite3_clear_bindings(st);
+    sqlite3_mutex_leave(mutex);
+    return ok;
 }
 
 /* Each row's source descriptor and its payload's place in the batch's buffer, a
@@ -129,68 +131,68 @@ static int find_rows(Lookup *lk, Want *w, Py_ssize_t n, int by_key, int keyed) {
  * (*missing: a list of the ids of shards without an open plain file source). */
 #define AGAIN_SIZE (-2)
 #define MISSING_SIZE (-1)
-static int64_t lay_out(Want *w, Py_ssize_t n, PyObject *sources, PyObject *file_type, int verify,
+static int64_t lay_out(Want **o, Py_ssize_t n, PyObject *sources, PyObject *file_type, int verify,
                        PyObject **missing) {
     int64_t size = 0;
-    qsort(w, (size_t)n, sizeof(Want), by_place_in_file);
+    qsort(o, (size_t)n, sizeof(Want *), by_place_in_file);
     for (Py_ssize_t i = 0; i < n; i++) {
-        Row *r = &w[i].row;
+        Row *r = &o[i]->row;
         if (r->offset < 0 || r->length < 0 || r->length > BATCH_MOST || (verify && !r->has_crc))
             return AGAIN_SIZE;
-        w[i].joined = 0;
-        if (i == 0 || r->shard_id != w[i - 1].row.shard_id) {
+        o[i]->joined = 0;
+        if (i == 0 || r->shard_id != o[i - 1]->row.shard_id) {
             PyObject *source;
-            w[i].fd = file_fd(file_type, sources, r->shard_id, &source);
-            if (w[i].fd < 0) {
+            o[i]->fd = file_fd(file_type, sources, r->shard_id, &source);
+            if (o[i]->fd < 0) {
                 if (*missing == NULL && (*missing = PyList_New(0)) == NULL) return AGAIN_SIZE;
                 if (append_new(*missing, PyLong_FromLongLong(r->shard_id))) return AGAIN_SIZE;
             }
         } else {
-            const Row *prev = &w[i - 1].row;
+            const Row *prev = &o[i - 1]->row;
             int64_t gap = r->offset - (prev->offset + prev->length);
-            w[i].fd = w[i - 1].fd;
-            w[i].joined = gap >= 0 && gap <= GAP;
+            o[i]->fd = o[i - 1]->fd;
+            o[i]->joined = gap >= 0 && gap <= GAP;
         }
-        w[i].at = w[i].joined ? w[i - 1].at + (r->offset - w[i - 1].row.offset) : size;
-        size = w[i].at + r->length;
+        o[i]->at = o[i]->joined ? o[i - 1]->at + (r->offset - o[i - 1]->row.offset) : size;
+        size = o[i]->at + r->length;
         if (size > BATCH_MOST) return AGAIN_SIZE;
     }
     return *missing != NULL ? MISSING_SIZE : size;
 }
 
 /* Read every run into `buf` and check each payload (the GIL released): 1, or 0. */
-static int read_all(Want *w, Py_ssize_t n, char *buf, int verify) {
+static int read_all(Want **o, Py_ssize_t n, char *buf, int verify) {
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && ok;) {
         Py_ssize_t j = i; /* the run: i up to j */
-        while (j + 1 < n && w[j + 1].joined) j++;
-        int64_t want = w[j].at + w[j].row.length - w[i].at, done = 0;
-        off_t from = (off_t)(w[i].row.offset + TFRECORD_HEADER);
+        while (j + 1 < n && o[j + 1]->joined) j++;
+        int64_t want = o[j]->at + o[j]->row.length - o[i]->at, done = 0;
+        off_t from = (off_t)(o[i]->row.offset + TFRECORD_HEADER);
         while (done < want) {
-            ssize_t got = pread(w[i].fd, buf + w[i].at + done, (size_t)(want - done), from + done);
+            ssize_t got = pread(o[i]->fd, buf + o[i]->at + done, (size_t)(want - done), from + done);
             if (got < 0 && errno == EINTR) continue;
             if (got <= 0) break;
             done += got;
         }
         ok = done == want;
         for (; ok && i <= j; i++) {
-            const uint8_t *p = (const uint8_t *)buf + w[i].at;
-            ok = !verify || (crc32c(p, (size_t)w[i].row.length) ^ w[i].row.keycrc) ==
-                                (uint32_t)w[i].row.crc;
+            const uint8_t *p = (const uint8_t *)buf + o[i]->at;
+            ok = !verify || (crc32c(p, (size_t)o[i]->row.length) ^ o[i]->row.keycrc) ==
+                                (uint32_t)o[i]->row.crc;
         }
     }
     Py_END_ALLOW_THREADS return ok;
 }
 
 /* Whether every shard's file read is still the version its source saw. */
-static int files_unchanged(Want *w, Py_ssize_t n, PyObject *sources) {
+static int files_unchanged(Want **o, Py_ssize_t n, PyObject *sources) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i > 0 && w[i].row.shard_id == w[i - 1].row.shard_id) continue;
-        PyObject *key = PyLong_FromLongLong(w[i].row.shard_id), *source, *seen;
+        if (i > 0 && o[i]->row.shard_id == o[i - 1]->row.shard_id) continue;
+        PyObject *key = PyLong_FromLongLong(o[i]->row.shard_id), *source, *seen;
         source = key == NULL ? NULL : PyDict_GetItemWithError(sources, key);
         Py_XDECREF(key);
         seen = source == NULL ? NULL : PyObject_GetAttr(source, s_seen);
-        int same = seen != NULL && unchanged(w[i].fd, seen);
+        int same = seen != NULL && unchanged(o[i]->fd, seen);
         Py_XDECREF(seen);
         if (!same) return 0;
     }
@@ -213,7 +215,7 @@ static PyObject *items_of(Want *w, Py_ssize_t n, const char *buf, int dicts, PyO
             Py_CLEAR(out);
             break;
         }
-        PyList_SET_ITEM(out, w[i].place, item);
+        PyList_SET_ITEM(out, i, item);
     }
     return out;
 }
@@ -233,18 +235,25 @@ static PyObject *py_read_batch(PyObject *module, PyObject *const *args, Py_ssize
     if (verify < 0 || keyed < 0 || dicts < 0) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
     Want *w = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Want));
+    Want **o = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(Want *)); /* w in some order */
     char *buf = NULL;
-    if (w == NULL) return PyErr_NoMemory();
+    if (w == NULL || o == NULL) {
+        PyMem_Free(w);
+        PyMem_Free(o);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) o[i] = &w[i];
     int64_t size = AGAIN_SIZE;
     if (n == 0) size = 0;
-    else if (place_items(w, items, layout) && find_rows(lk, w, n, by_key, keyed))
-        size = lay_out(w, n, sources, lk->file_type, verify, &missing);
+    else if (place_items(w, items, layout) && find_rows(lk, o, n, by_key, keyed))
+        size = lay_out(o, n, sources, lk->file_type, verify, &missing);
     if (size >= 0) {
         buf = PyMem_Malloc(size ? (size_t)size : 1);
-        if (buf != NULL && read_all(w, n, buf, verify) && files_unchanged(w, n, sources))
+        if (buf != NULL && read_all(o, n, buf, verify) && files_unchanged(o, n, sources))
             out = items_of(w, n, buf, dicts, select);
     }
     PyMem_Free(buf);
+    PyMem_Free(o);
     PyMem_Free(w);
     if (size == MISSING_SIZE) {
         PyErr_Clear();
