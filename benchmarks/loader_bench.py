@@ -7,7 +7,9 @@ dataset giving the same dicts, every contender interleaved in rotating order.
 tfd-utils' index of :mod:`benchmarks.hotpath` (made there once: ``--prepare``).
 Contenders: ``native`` (the items straight off the checked payloads' wire),
 ``python`` (the same reader opened with ``SHARDCAT_NATIVE=0``: decoded Examples
-converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion).
+converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion), and
+``no reads`` (the same items held in a list: what the DataLoader itself costs, the
+ceiling of every contender's records/s).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet
+from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet, tfd_dict
 
 BATCH, WORKERS = 64, 2
 
@@ -41,13 +43,23 @@ class TfdDicts:
         return self.n
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        record = self.reader.get_record(KEY_FORMAT % i)
-        out = {}
-        for name, feature in record.features.feature.items():
-            kind = feature.WhichOneof("kind")
-            values = list(getattr(feature, kind).value) if kind else []
-            out[name] = values[0] if len(values) == 1 else values
-        return out
+        return tfd_dict(self.reader.get_record(KEY_FORMAT % i))
+
+
+class NoReads:
+    """The items held in a list: the DataLoader's own cost (fork, pickling, queues)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [self.items[i] for i in indices]
 
 
 def _loader(dataset: Any, shuffle: str) -> Callable[[], int]:
@@ -91,10 +103,12 @@ def main(argv: list[str] | None = None) -> None:
         sample = [0, 7, len(native) - 1]
         if ours.__getitems__(sample) != [tfd[i] for i in sample]:
             raise SystemExit("the contenders' items differ")
+        held = NoReads(ours.__getitems__(list(range(len(native)))))
+        contenders = (("native", ours), ("python", reference), ("tfd-utils", tfd))
         runs = {
             f"{name} {shuffle}": _loader(dataset, shuffle)
             for shuffle in ("full", "block")
-            for name, dataset in (("native", ours), ("python", reference), ("tfd-utils", tfd))
+            for name, dataset in (*contenders, ("no reads", held))
         }
         rates: dict[str, list[float]] = {name: [] for name in runs}
         names = list(runs)

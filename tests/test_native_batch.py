@@ -306,3 +306,32 @@ def test_chosen_features_settle_or_defer_every_damaged_wire() -> None:
     bad = _field(1, _field(1, _field(1, b"x") + _field(2, _field(3, b"\xff"))))
     assert hot.example_dict(bad, ("key",)) is AGAIN and hot.example_dict(bad) is AGAIN
     assert hot.example_dict(ex_bytes(key=b(b"k"), label=b(b"l")), ("key",)) == {"key": b"k"}
+
+
+_LEFT_OPEN = """
+import sys, threading
+from shardcat import Catalog
+with Catalog(sys.argv[1]) as cat:
+    reader = cat.dataset("d")             # never closed: the catalog's close must do
+    assert len(reader.get_dicts_at([0, 40])) == 2 and len(reader.get_dicts(["k1"])) == 1
+    def in_a_thread():                    # a connection of a thread that ends
+        assert len(reader.get_dicts_at([3])) == 1
+    t = threading.Thread(target=in_a_thread); t.start(); t.join()
+    assert len(reader.get_dicts_at([5])) == 1  # (the ended thread's connection closes)
+    native = reader._hot_at is not None and bool(reader._hot_at._by_conn)
+print(native)
+"""
+
+
+def test_a_batch_statement_never_keeps_the_catalog_open(catalog: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, str(catalog)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == str(hot.available())
+    assert sorted(p.name for p in catalog.parent.iterdir() if p.name.startswith("c.")) == [
+        "c.sqlite"
+    ]
