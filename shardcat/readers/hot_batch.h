@@ -39,6 +39,36 @@ typedef struct { /* one item of a batch (the batch's w[i] is item i) */
     int joined;         /* read in one pread with the record before it */
 } Want;
 
+/* The buffer of the last batch, kept for the next one (a fresh one costs a page fault
+ * per 4 KiB read): taken and given back with the GIL held, so a batch in another
+ * thread meanwhile (reading with the GIL released) allocates its own. */
+#define SPARE_MOST (64LL << 20)
+static char *spare;
+static size_t spare_size;
+
+/* A buffer of at least `size` bytes (NULL: no memory); *capacity: its size. */
+static char *take_buffer(size_t size, size_t *capacity) {
+    char *buf = NULL;
+    if (spare != NULL && spare_size >= size) {
+        buf = spare, *capacity = spare_size;
+        spare = NULL, spare_size = 0;
+        return buf;
+    }
+    *capacity = size ? size : 1;
+    return PyMem_Malloc(*capacity);
+}
+
+/* Keep `buf` (of `capacity` bytes) as the spare when it is larger than the spare. */
+static void give_back(char *buf, size_t capacity) {
+    if (buf == NULL) return;
+    if ((spare != NULL && spare_size >= capacity) || (long long)capacity > SPARE_MOST) {
+        PyMem_Free(buf);
+        return;
+    }
+    PyMem_Free(spare);
+    spare = buf, spare_size = capacity;
+}
+
 /* orders of Want pointers */
 static int by_key_order(const void *a, const void *b) {
     const Want *x = *(Want *const *)a, *y = *(Want *const *)b;
@@ -247,12 +277,13 @@ static PyObject *py_read_batch(PyObject *module, PyObject *const *args, Py_ssize
     if (n == 0) size = 0;
     else if (place_items(w, items, layout) && find_rows(lk, o, n, by_key, keyed))
         size = lay_out(o, n, sources, lk->file_type, verify, &missing);
+    size_t held = 0; /* the buffer's size */
     if (size >= 0) {
-        buf = PyMem_Malloc(size ? (size_t)size : 1);
+        buf = take_buffer((size_t)size, &held);
         if (buf != NULL && read_all(o, n, buf, verify) && files_unchanged(o, n, sources))
             out = items_of(w, n, buf, dicts, select);
     }
-    PyMem_Free(buf);
+    give_back(buf, held);
     PyMem_Free(o);
     PyMem_Free(w);
     if (size == MISSING_SIZE) {
