@@ -20,7 +20,13 @@ import pytest
 from features import b, ex_bytes
 from test_native_read import _field, _payload_at, _records
 
-from shardcat import Catalog, CorruptRecordError, KeyNotFoundError, StaleShardError
+from shardcat import (
+    Catalog,
+    CorruptRecordError,
+    KeyNotFoundError,
+    ShardcatError,
+    StaleShardError,
+)
 from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter
 from shardcat.readers import hot
 from shardcat.readers.hot import AGAIN
@@ -175,6 +181,16 @@ def test_a_lying_catalog_row_is_refused_never_other_bytes(catalog: Path) -> None
         with pytest.raises(CorruptRecordError, match="record 'k20': the bytes read are not"):
             reader.get_dicts_at([10, 3])  # (by position: checked with the row's key)
         assert reader.get_dicts(["k22"], ["label"]) == [{"label": [-8, 7]}]
+        for offset, length in ((2**62 + 5, 10), (2**63 - 1, 10), (-5, 10), (0, -1)):
+            with sqlite3.connect(catalog) as conn:  # rows no file holds: never a crash
+                conn.execute(
+                    'UPDATE shardcat_records_1 SET "offset" = ?, length = ? WHERE key = ?',
+                    (offset, length, "k20"),
+                )
+            reader.refresh()
+            with pytest.raises(ShardcatError) as err:
+                reader.get_dicts(["k1", "k20"])
+            assert "k20" in str(err.value) or str(offset) in str(err.value)
 
 
 def test_a_shard_changed_under_a_batch_is_stale(catalog: Path) -> None:

@@ -167,7 +167,8 @@ static int64_t lay_out(Want **o, Py_ssize_t n, PyObject *sources, PyObject *file
     qsort(o, (size_t)n, sizeof(Want *), by_place_in_file);
     for (Py_ssize_t i = 0; i < n; i++) {
         Row *r = &o[i]->row;
-        if (r->offset < 0 || r->length < 0 || r->length > BATCH_MOST || (verify && !r->has_crc))
+        if (r->offset < 0 || r->offset > (1LL << 62) || r->length < 0 || r->length > BATCH_MOST ||
+            (verify && !r->has_crc))
             return AGAIN_SIZE;
         o[i]->joined = 0;
         if (i == 0 || r->shard_id != o[i - 1]->row.shard_id) {
