@@ -218,11 +218,21 @@ def test_shards_without_a_source_are_opened_then_read_natively(catalog: Path) ->
 
 def test_soft_deleted_records_leave_the_batch(catalog: Path) -> None:
     with Catalog(catalog) as cat:
-        cat.delete("d", keys=["k1"])  # shard s1's first record, position 31
+        cat.delete("d", keys=["k1", "k4", "run"])  # s1's first, s0's third, the last
         with cat.dataset("d") as reader:
-            assert reader.get_dicts_at([30, 31], ["key"]) == [{"key": b"twice"}, {"key": b"k3"}]
+            assert len(reader) == 59
+            assert reader.get_dicts_at([29, 30], ["key"]) == [{"key": b"twice"}, {"key": b"k3"}]
+            assert reader.get_dicts_at([1, 2], ["key"]) == [{"key": b"k2"}, {"key": b"k6"}]
+            everything = list(range(59))
+            assert reader.get_dicts_at(everything) == _reference(reader, everything, False)
+            assert reader.get_dicts_at([58])[0]["key"] == b"k59"
+            with pytest.raises(IndexError):
+                reader.get_dicts_at([59])
             with pytest.raises(KeyNotFoundError, match="'k1'"):
                 reader.get_dicts(["k0", "k1"])
+            assert reader.get_dicts(["k2", "k6"], ["key"]) == [{"key": b"k2"}, {"key": b"k6"}]
+            assert reader.get_record("k4") is None and reader.get_feature("k2", "key") == b"k2"
+            assert _wired(reader) == (2 if _native(reader) else 0)  # read natively
 
 
 def test_threads_share_a_batch_reader(catalog: Path) -> None:

@@ -3,8 +3,7 @@
 (records as ``{feature: value}`` dicts, of every feature or of a chosen few) and the
 native batch read behind them and ``get_many``/``get_many_at``.
 
-On a SQLite catalog, a TFRecord dataset of plain local files without soft deletes
-reads a whole batch in one call to C (:data:`shardcat.readers.hot.read_batch`):
+On a SQLite catalog, a TFRecord dataset of plain local files reads a whole batch in one call to C (:data:`shardcat.readers.hot.read_batch`):
 each key, or each position's ``(shard, ordinal)``, looked up through a statement
 prepared once on the calling thread's own catalog connection (the snapshot the call
 reads), the payloads read in (shard, offset) order (nearby frames in one ``pread``)
@@ -57,12 +56,12 @@ class BatchReads(DatasetView):
         wire cannot settle is ``AGAIN``), in batch order; ``AGAIN`` where the native
         read does not apply or is not sure (the caller reads the batch in Python)."""
         hot_lookups = self._hot if by_key else self._hot_at
-        if (
-            hot_lookups is None
-            or not self._files_only
-            or self._deleted
-            or (self._positions_moved and not by_key)
-        ):
+        if hot_lookups is None or not self._files_only:
+            return AGAIN
+        if by_key:  # a soft-deleted key is a missing one: the Python path names it
+            if self._deleted and not self._deleted.isdisjoint(items):
+                return AGAIN
+        elif self._positions_moved:  # the Python path raises StaleShardError
             return AGAIN
         lookup = hot_lookups.lookup(conn)
         if lookup is None:

@@ -7,8 +7,9 @@
  *
  * `lookup` is prepared on the calling thread's own sqlite3 connection, as the single
  * read's: by key (`items` are str; `layout` None) or by (shard_id, ordinal) (`items`
- * are positions; `layout` is (starts, ids, count): int64 buffers of each shard's
- * first position and id, in position order, and the number of positions). Rows are
+ * are positions; `layout` is (starts, ids, count, skip): int64 buffers of each
+ * shard's first stored position and id, in position order, the number of positions,
+ * and DatasetView._skip, which maps a position past soft-deleted records). Rows are
  * (shard_id, offset, length, crc[, key]). The lookups run in sorted order (B-tree
  * locality), the reads in (shard, offset) order with the GIL released, frames within
  * GAP bytes of each other read in one pread; every payload is checked against the
@@ -100,9 +101,9 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
         }
         return 1;
     }
-    Py_buffer starts, ids;
+    Py_buffer starts, ids, skip;
     long long count;
-    if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 3) return 0;
+    if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 4) return 0;
     count = PyLong_AsLongLong(PyTuple_GET_ITEM(layout, 2));
     if (count < 0 || PyObject_GetBuffer(PyTuple_GET_ITEM(layout, 0), &starts, PyBUF_SIMPLE) < 0)
         return 0;
@@ -110,13 +111,25 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
         PyBuffer_Release(&starts);
         return 0;
     }
-    const int64_t *first = starts.buf, *id = ids.buf;
-    Py_ssize_t shards = starts.len / 8, i = 0;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(layout, 3), &skip, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&starts);
+        PyBuffer_Release(&ids);
+        return 0;
+    }
+    const int64_t *first = starts.buf, *id = ids.buf, *dead = skip.buf;
+    Py_ssize_t shards = starts.len / 8, deleted = skip.len / 8, i = 0;
     if (shards > 0 && ids.len == starts.len) {
         for (; i < n; i++) {
             long long p = PyLong_AsLongLong(PyList_GET_ITEM(items, i));
             if (p < 0 || p >= count) break; /* negative or out of range: the Python path */
-            Py_ssize_t lo = 0, hi = shards; /* the last shard starting at or before p */
+            Py_ssize_t lo = 0, hi = deleted; /* deleted records at or before p: skipped */
+            while (lo < hi) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (dead[mid] <= p) lo = mid + 1;
+                else hi = mid;
+            }
+            p += lo;
+            lo = 0, hi = shards; /* the last shard starting at or before p */
             while (hi - lo > 1) {
                 Py_ssize_t mid = (lo + hi) / 2;
                 if (first[mid] <= p) lo = mid;
@@ -129,6 +142,7 @@ static int place_items(Want *w, PyObject *items, PyObject *layout) {
     }
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ids);
+    PyBuffer_Release(&skip);
     return i == n;
 }
 

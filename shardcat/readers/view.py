@@ -179,7 +179,7 @@ class DatasetView:
         self._native_rows = self.native_dicts is not None  # batches read by hot.read_rows
         native = examples and catalog.backend.dialect.native_lookups and hot.available()
         #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
-        self._hot = hot.HotLookups(self._sql.one) if self._plain and native else None
+        self._hot = hot.HotLookups(self._sql.one) if self._plain_kind and native else None
         #: the native batch read by position (:mod:`shardcat.readers.batch`)
         one = self._one_range and not self._parts
         self._hot_at = hot.HotLookups(self._sql.one_at) if one and native else None
@@ -281,14 +281,15 @@ class DatasetView:
         self._shards = shards
         self._order = list(shards.values())
         self._starts = [s.first for s in self._order]
-        #: what the native batch read maps positions with (:func:`hot.read_batch`)
+        self._load_deleted(conn)
+        self._len = sum(s.count for s in self._order) - len(self._dead)
+        #: what the native batch read maps positions with (:data:`hot.read_batch`)
         self._layout_buffers = (
             array("q", self._starts),
             array("q", [s.id for s in self._order]),
-            sum(s.count for s in self._order),
+            self._len,
+            array("q", self._skip),
         )
-        self._load_deleted(conn)
-        self._len = sum(s.count for s in self._order) - len(self._dead)
         self._files_only = not any(s.compression or "://" in s.path for s in self._order)
         self._version = version
         if self._pinned is not None and self._layout() != self._pinned:
