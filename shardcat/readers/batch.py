@@ -3,8 +3,9 @@
 (records as ``{feature: value}`` dicts, of every feature or of a chosen few) and the
 native batch read behind them and ``get_many``/``get_many_at``.
 
-On a SQLite catalog, a TFRecord dataset of plain local files reads a whole batch in one call to C (:data:`shardcat.readers.hot.read_batch`):
-each key, or each position's ``(shard, ordinal)``, looked up through a statement
+On a SQLite catalog, a TFRecord dataset of plain local files reads a whole batch in
+one call to C (:data:`shardcat.readers.hot.read_batch`): each key, or each
+position's ``(shard, ordinal)`` (past soft-deleted records), looked up through a statement
 prepared once on the calling thread's own catalog connection (the snapshot the call
 reads), the payloads read in (shard, offset) order (nearby frames in one ``pread``)
 and checked against the catalog's check of each record, each shard's file checked
