@@ -488,12 +488,10 @@ class Catalog:
     def verify(
         self, name: str, progress: Progress | None = None, *, delete_bad: bool = False
     ) -> list[Any]:
-        """Re-read every live record of ``name`` checking framing, checksums and the
-        check the catalog stores of each; a list of :class:`CorruptRecordError` (one
-        per bad record or stale shard, ``key`` naming the record), empty when every
-        byte checked out. Records set aside at ingest (:meth:`bad_records`) or
-        soft-deleted are not re-read. ``delete_bad``: soft-delete the bad records
-        (:meth:`delete`; a stale shard is re-ingested, not deleted)."""
+        """Re-read every live record of ``name`` (framing, checksums, the catalog's check
+        of each): one :class:`CorruptRecordError` per bad record or stale shard (``key``
+        naming it); none when every byte checked out. Records set aside at ingest or
+        soft-deleted are not re-read; ``delete_bad`` soft-deletes the bad ones."""
         if delete_bad:  # refused before any read: a read-only catalog, keys by position
             self.delete(name, keys=[])
         with self.dataset(name) as reader:
@@ -503,7 +501,12 @@ class Catalog:
         return problems
 
     def dedup(
-        self, dataset: str, across: Sequence[str] = (), *, mark: bool = False, progress: Any = None
+        self,
+        dataset: str,
+        across: Sequence[str] = (),
+        *,
+        mark: bool = False,
+        progress: dedups.DedupProgress | None = None,
     ) -> dedups.DedupReport:
         """Exact duplicate records of ``dataset`` (and with the ``across`` datasets); ``mark``
         soft-deletes all but the first of each: see :mod:`shardcat.facade.dedup`."""

@@ -191,7 +191,7 @@ def _open(
     if mark and by_position:
         raise CatalogError(
             f"dataset {name!r} is keyed by position: marking duplicates deleted needs a "
-            "dataset keyed by a feature (run without mark to list them)"
+            "dataset keyed by a feature (without marking, dedup lists them)"
         )
     fmt = get_format(row.format)
     if not fmt.OWN_BYTES:
@@ -218,22 +218,19 @@ def _parts_signature(members: Sequence[tuple[str, int]]) -> int:
 
 def _signed(side: _Side, page: Page, report: DedupReport) -> list[tuple[int, int, int, str]]:
     """``(signature, dataset, place, key)`` of a page's records: from their stored
-    checks, else (none stored) from their bytes, read in one batch."""
-    mixed = 0 if side.by_position else None  # a keyed check mixes in its key's CRC32C
+    checks (a keyed record's mixes in its key's CRC32C), else from their bytes, read
+    in one batch."""
     signed: list[tuple[int, int, int, str]] = []
     unchecked: list[tuple[int, str]] = []
     for place, key, check in page:
-        if side.parts:
-            if any(crc is None for _, crc in check):
-                unchecked.append((place, key))
-                continue
-            mix = key_check(key) if mixed is None else 0
+        mix = 0 if side.by_position else key_check(key)
+        if side.parts and all(crc is not None for _, crc in check):
             sig = _parts_signature([(name, crc ^ mix) for name, crc in check])
-        elif check is None:
+        elif not side.parts and check is not None:
+            sig = check ^ mix
+        else:
             unchecked.append((place, key))
             continue
-        else:
-            sig = check ^ (key_check(key) if mixed is None else 0)
         signed.append((sig, side.index, place, key))
     if unchecked:
         places, keys = [p for p, _ in unchecked], [k for _, k in unchecked]
