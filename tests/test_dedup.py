@@ -109,6 +109,12 @@ def check_found(cat: Catalog, deleted: int = 0) -> None:
 def test_planted_duplicates_within_and_across_datasets(two: Path) -> None:
     with Catalog(two, readonly=True) as cat:  # finding them writes nothing
         check_found(cat)
+        steps: list[tuple[str, int, int]] = []
+        cat.dedup("a", ["b"], progress=lambda *step: steps.append(step))
+        assert steps[:2] == [("scan", 10, 16), ("scan", 16, 16)]  # a page a dataset here
+        compared = [done for stage, done, total in steps[2:] if stage == "compare" and total == 11]
+        assert len(compared) == 4 == len(steps) - 2  # a group at a time, in CRC32C order
+        assert compared == sorted(compared) and compared[-1] == 11
         assert cat.dedup("b").duplicates == 1
         with pytest.raises(CatalogError, match="read-only"):
             cat.dedup("a", mark=True)

@@ -108,7 +108,7 @@ def verify_records(
             if reader._deleted:
                 rows = [r for r in rows if r[5] not in reader._deleted]
             problems.extend(_shard(reader, rows, shard))
-        done += shard.count
+        done = min(done + shard.count, len(reader))  # (a shard's count has its deleted)
         if progress is not None:
             progress(done, len(reader))
     if progress is not None:
