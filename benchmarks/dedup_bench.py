@@ -1,12 +1,13 @@
 """``Catalog.dedup`` over a large dataset: time and peak memory (issue 32, item 4).
 
-``python -m benchmarks.dedup_bench [--records N] [--every K]``. Builds (once, in
-``benchmarks/data/dedup-N/``) N RecordIO records of 64 random bytes in 8 shards,
-every K-th a copy of an earlier record's bytes, and its catalog; then, each in a
-fresh process, times ``Catalog.dedup`` (readonly catalog) and its peak RSS, against
-the same process opening the catalog and reading one record (the RSS floor), and
-against raw ``sqlite3`` reading every ``(key, crc)`` row (the floor for reading the
-checks). Prints one table.
+``python -m benchmarks.dedup_bench [--records N] [--every K] [--postgres]``. Builds
+(once, in ``benchmarks/data/dedup-N-K/``) N RecordIO records of 64 random bytes in 8
+shards, every K-th a copy of an earlier record's bytes, and its catalog; then, each
+in a fresh process, times ``Catalog.dedup`` (readonly catalog) and its peak RSS,
+against the same process opening the catalog and reading one record (the RSS
+floor), and against raw ``sqlite3`` reading every ``(key, crc)`` row (the floor for
+reading the checks). ``--postgres``: the same dedup on a catalog of the same shards
+on a private PostgreSQL server too. Prints one table.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def build(records: int, every: int) -> Path:
     return catalog
 
 
-def child(what: str, catalog: Path) -> dict[str, float]:
+def child(what: str, catalog: Path | str) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, what, str(catalog)],
         check=True,
@@ -85,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args()
     catalog = build(args.records, args.every)
     import sqlite3
@@ -96,19 +98,34 @@ def main() -> None:
     conn.close()
     floor = child("open", catalog)
     found = child("dedup", catalog)
-    print_table(
-        ("what", "seconds", "peak RSS MB"),
-        [
-            (
-                f"dedup ({found['records']:,.0f} records, {found['duplicates']:,.0f} duplicates, "
-                f"{found['candidates']:,.0f} candidates, {found['collisions']:,.0f} collisions)",
-                f"{found['seconds']:.2f}",
-                f"{found['rss_mb']:.0f}",
-            ),
-            ("open + one read (RSS floor)", f"{floor['seconds']:.2f}", f"{floor['rss_mb']:.0f}"),
-            (f"raw sqlite3: every (key, crc) row ({rows:,})", f"{raw:.2f}", ""),
-        ],
+    table = [
+        _row("dedup", found),
+        ("open + one read (RSS floor)", f"{floor['seconds']:.2f}", f"{floor['rss_mb']:.0f}"),
+        (f"raw sqlite3: every (key, crc) row ({rows:,})", f"{raw:.2f}", ""),
+    ]
+    if args.postgres:
+        pg_floor, pg_found = _on_postgres(catalog.parent)
+        table.append(_row("dedup on PostgreSQL", pg_found))
+        seconds, rss = f"{pg_floor['seconds']:.2f}", f"{pg_floor['rss_mb']:.0f}"
+        table.append(("PostgreSQL: open + one read (RSS floor)", seconds, rss))
+    print_table(("what", "seconds", "peak RSS MB"), table)
+
+
+def _row(what: str, found: dict[str, float]) -> tuple[str, str, str]:
+    counts = (
+        f"{found['records']:,.0f} records, {found['duplicates']:,.0f} duplicates, "
+        f"{found['candidates']:,.0f} candidates, {found['collisions']:,.0f} collisions"
     )
+    return f"{what} ({counts})", f"{found['seconds']:.2f}", f"{found['rss_mb']:.0f}"
+
+
+def _on_postgres(directory: Path) -> tuple[dict[str, float], dict[str, float]]:
+    from shardcat.testing.postgres import fresh_database, postgres_server
+
+    with postgres_server() as server, fresh_database(server) as url:
+        with Catalog(url) as cat:
+            cat.ingest(str(directory / "part-*.rec"), "d").close()
+        return child("open", url), child("dedup", url)
 
 
 if __name__ == "__main__":
