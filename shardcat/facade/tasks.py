@@ -147,7 +147,7 @@ def verify(
             progress(done, total)
 
     problems = catalog.verify(dataset, count, delete_bad=delete_bad)
-    deleted = sum(p.key is not None for p in problems) if delete_bad else 0
+    deleted = len({p.key for p in problems if p.key is not None}) if delete_bad else 0
     return VerifyResult(int(checked), list(problems), catalog.bad_records(dataset), deleted=deleted)
 
 
