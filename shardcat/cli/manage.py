@@ -55,7 +55,9 @@ def dedup(
     dataset: DatasetArg,
     across: Annotated[
         list[str] | None,
-        typer.Option("--across", help="Another dataset to compare with (repeat for more)."),
+        typer.Option(
+            "--across", metavar="OTHER", help="Another dataset to compare with (repeat for more)."
+        ),
     ] = None,
     mark: Annotated[
         bool, typer.Option("--mark", help="Soft-delete all but the first of each group.")
