@@ -118,6 +118,10 @@ def test_planted_duplicates_within_and_across_datasets(two: Path) -> None:
         assert cat.dedup("b").duplicates == 1
         with pytest.raises(CatalogError, match="read-only"):
             cat.dedup("a", mark=True)
+    with Catalog(two) as cat:
+        cat.snapshot(["a", "b"], two.parent / "snap.sqlite")
+    with Catalog(two.parent / "snap.sqlite", immutable=True) as snap:  # no locks, no writes
+        check_found(snap)
 
 
 def test_pages_of_records(two: Path, monkeypatch: pytest.MonkeyPatch) -> None:
