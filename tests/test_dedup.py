@@ -25,6 +25,8 @@ from shardcat.facade.dedup import Copy, DedupReport
 from shardcat.formats.recordio import RecordIOWriter
 from shardcat.readers.sampler import RecordSampler
 from shardcat.testing.required import missing, need
+from tests.checked import N
+from tests.checked import write as write_damaged
 
 runner = CliRunner()
 
@@ -291,3 +293,11 @@ def test_a_postgresql_catalog(tmp_path: Path) -> None:
         check_marked(cat)
         assert cat.dedup("a", ["b"], mark=True).marked == {}
         assert cat.undelete("a") == 3
+        # verify's bad records soft-deleted the same way on a server (issue 32, item 3)
+        d = write_damaged("recordio", tmp_path / "data")
+        cat.ingest(str(d.path), "v", workers=1).close()
+        d.damage()
+        assert [p.key for p in cat.verify("v", delete_bad=True)] == [d.key]
+        with cat.dataset("v") as reader:
+            assert d.key not in reader and len(reader) == N - 1
+        assert cat.verify("v") == [] and cat.undelete("v") == 1
