@@ -271,6 +271,8 @@ def test_cli(two: Path) -> None:
     assert "marked deleted: a 3, b 3 (catalog undelete restores them)" in marked.stderr
     with Catalog(db) as cat:
         check_marked(cat)
+    again = runner.invoke(app, ["dedup", "a", "--across", "b", "--mark", "-c", db])
+    assert again.exit_code == 0 and again.stdout == "" and "nothing to mark" in again.stderr
     for args in (["dedup", "nope"], ["dedup", "a", "--across", "a"]):
         bad = runner.invoke(app, [*args, "-c", db])
         assert bad.exit_code == 1 and "Traceback" not in bad.output

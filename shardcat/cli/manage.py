@@ -95,9 +95,11 @@ def dedup(
     if report.computed:
         computed = f"{report.computed:,} record(s) had no stored check: read to compute it"
         typer.echo(computed, err=True)
-    if mark:
-        marked = ", ".join(f"{name} {n:,}" for name, n in report.marked.items()) or "none"
+    if mark and report.marked:
+        marked = ", ".join(f"{name} {n:,}" for name, n in report.marked.items())
         typer.echo(f"marked deleted: {marked} (catalog undelete restores them)", err=True)
+    elif mark:
+        typer.echo("nothing to mark", err=True)
 
 
 @handle_errors
