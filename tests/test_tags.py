@@ -100,6 +100,8 @@ def test_a_tag_reads_what_it_pinned_after_changes(tmp_path: Path, shards: str) -
         (tmp_path / "b.tfrecord").unlink()
         (tmp_path / "kept.bin").rename(tmp_path / "b.tfrecord")  # the same file (inode)
         check_pinned(cat)
+        sql = 'SELECT count(*), sum(label) FROM "d@v1"'
+        assert cat.query(sql, engine="duckdb") == [(19, sum(range(20)) - 3)]
         assert [d.name for d in cat.datasets()] == ["d"]  # a tag is no dataset of its own
         assert cat.info("d").tags == 1
 
