@@ -6,9 +6,11 @@ naming the tag; ``untag`` removes the rows; on SQLite and PostgreSQL catalogs.""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
+import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,6 +156,7 @@ def test_snapshot_and_torch_dataset_of_a_tag(tmp_path: Path, shards: str) -> Non
             assert items[11]["image"] == bytes([12]) * 30
     with Catalog(tmp_path / "snap.sqlite", immutable=True) as snap:
         check_pinned(snap)
+        assert [d.name for d in snap.datasets()] == ["d@v1"]  # there, a dataset of its own
 
 
 def test_tags_are_read_only_and_names_are_checked(tmp_path: Path, shards: str) -> None:
@@ -192,6 +195,49 @@ def test_tags_are_read_only_and_names_are_checked(tmp_path: Path, shards: str) -
     ro = Catalog(tmp_path / "c.sqlite", readonly=True)
     with ro, pytest.raises(CatalogError, match="read-only"):
         ro.tag("d", "v2")
+
+
+def _tar_gz(path: Path, first: int, n: int) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for i in range(first, first + n):
+            for ext, data in (("txt", f"text {i}".encode()), ("cls", str(i % 7).encode())):
+                info = tarfile.TarInfo(f"sample{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_tar_members_seek_points_and_position_keys(tmp_path: Path, shards: str) -> None:
+    """A compressed tar shard (members, seek points) and a dataset keyed by position
+    read through their tags after the live datasets dropped or added shards."""
+    _tar_gz(tmp_path / "a.tar.gz", 0, 30)
+    _tar_gz(tmp_path / "b.tar.gz", 30, 5)
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(str(tmp_path / "*.tar.gz"), "t", workers=1).close()
+        cat.ingest(shards, "p", key=None, workers=1).close()
+        assert (cat.tag("t", "v1").records, cat.tag("p", "v1").records) == (35, 20)
+        # an ingest without a name finds the dataset, never the tag's copy of it
+        same_files = sorted(str(p) for p in tmp_path.glob("*.tfrecord"))  # another spelling
+        assert cat.find_dataset(same_files) == "p"
+        cat.ingest(str(tmp_path / "b.tar.gz"), "t", workers=1).close()  # a.tar.gz dropped
+        write(tmp_path / "c.tfrecord", 20, 5)
+        cat.ingest(shards, "p", key=None, workers=1).close()  # c added
+        kept = cat.store.reader_connection().execute(
+            "SELECT count(*) FROM shardcat_seek_indexes i JOIN shardcat_shards s "
+            "ON s.id = i.shard_id JOIN shardcat_datasets d ON d.id = s.dataset_id "
+            "WHERE d.name = 't@v1'"
+        )
+        assert kept.fetchone() == (2,)
+        with cat.dataset("t") as live, cat.dataset("t@v1") as tag:
+            assert (len(live), len(tag)) == (5, 35)
+            assert tag.get_record("sample0012") == {"txt": b"text 12", "cls": b"5"}
+            assert tag.get_feature("sample0031", "txt") == b"text 31"
+            assert tag.key_at(29) == "sample0029"
+        with cat.dataset("p") as live, cat.dataset("p@v1") as tag:
+            assert (len(live), len(tag)) == (25, 20)
+            assert tag.to_dict(tag["19"])["label"] == 19 and "20" not in tag
+            assert tag.to_dict(tag.get_record_at(12))["key"] == b"r12"
+        got = cat.query('SELECT key, label FROM "p@v1" WHERE position IN (0, 19) ORDER BY 1')
+        assert got == [("0", 0), ("19", 19)]
 
 
 def _pinned_rows(db: Path) -> tuple[int, int, int, list[str]]:

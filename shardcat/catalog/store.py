@@ -353,11 +353,14 @@ class Store:
 
     @reads_catalog
     def datasets(self) -> list[DatasetInfo]:
-        """Every dataset with its shard and record counts."""
+        """Every dataset with its shard and record counts (tags are listed by
+        :meth:`tags`; in a snapshot of a tag, the tag is a dataset of its own)."""
         conn = self.reader_connection()
-        rows = conn.execute(f"SELECT {ROW_COLUMNS} FROM shardcat_datasets ORDER BY name")
-        found = [DatasetRow.of(row) for row in rows.fetchall()]
-        return [self._describe(row) for row in found if schema.tag_of(row.name) is None]
+        rows = conn.execute(
+            f"SELECT {ROW_COLUMNS} FROM shardcat_datasets WHERE id NOT IN "
+            "(SELECT pinned_id FROM shardcat_tags) ORDER BY name"
+        )
+        return [self._describe(DatasetRow.of(row)) for row in rows.fetchall()]
 
     @reads_catalog
     def info(self, name: str) -> DatasetInfo:

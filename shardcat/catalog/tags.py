@@ -108,6 +108,9 @@ def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
     name."""
     _check_tag_name(tag)
     t, d = schema.tags, schema.datasets
+    # the dataset's row locked first (PostgreSQL; SQLite's write lock holds it all):
+    # a shard commit or a delete bumps its version, so none lands mid-copy
+    source = conn.execute(select(d).where(d.c.id == live.id).with_for_update()).mappings().one()
     taken = conn.execute(
         select(t.c.name).where(t.c.dataset_id == live.id, func.lower(t.c.name) == tag.lower())
     ).first()
@@ -116,7 +119,6 @@ def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
             f"dataset {live.name!r} has a tag {taken[0]!r} already "
             f"(`catalog untag {live.name} {taken[0]}` first to move it)"
         )
-    source = conn.execute(select(d).where(d.c.id == live.id)).mappings().one()
     name = f"{live.name}{schema.TAG_MARK}{tag}"
     pinned_id = _inserted(
         conn,
