@@ -93,7 +93,9 @@ def test_a_tag_reads_what_it_pinned_after_changes(tmp_path: Path, shards: str) -
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(shards, "d", workers=1).close()
         cat.delete("d", keys=["r03"])
+        cat.create_index("d", "label")
         info = cat.tag("d", "v1")
+        assert cat.info("d@v1").indexed == ["label"]  # the tag's view is as fast
         assert (info.dataset, info.name, info.records, info.shards) == ("d", "v1", 19, 2)
         assert info.pinned == "d@v1"
         # shard b's file as tagged, kept aside: the tag reads it after b is rewritten
@@ -328,6 +330,8 @@ def test_cli_tag_tags_untag(tmp_path: Path, shards: str) -> None:
     assert "tagged d as d@v1: 20 record(s) in 2 shard(s)" in done.stdout
     listed = json.loads(runner.invoke(app, ["tags", "--json", "--catalog", db]).stdout)
     assert [(t["dataset"], t["name"], t["records"]) for t in listed] == [("d", "v1", 20)]
+    listed = json.loads(runner.invoke(app, ["datasets", "--json", "--catalog", db]).stdout)
+    assert [(d["name"], d["tags"]) for d in listed] == [("d", 1)]
     shown = runner.invoke(app, ["tags", "d", "--catalog", db])
     assert shown.exit_code == 0 and "v1" in shown.stdout
     stats = json.loads(runner.invoke(app, ["stats", "d@v1", "--json", "--catalog", db]).stdout)

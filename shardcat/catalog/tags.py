@@ -9,8 +9,9 @@ tagged, in one write transaction (one moment of the dataset):
 - a shard row per shard with an indexed version, carrying that version: its
   ``generation`` and the file identity it was indexed from (size, mtime, inode,
   ctime, fingerprint), its positions and record count;
-- its own records table (the rows of those versions, field values included),
-  members and seek points, and the dataset's soft-delete marks;
+- its own records table (the rows of those versions, field values included,
+  with the field indexes the dataset has), members and seek points, and the
+  dataset's soft-delete marks;
 - its view, named ``<dataset>@<tag>`` (SQL: ``SELECT * FROM "train@v1"``).
 
 The live dataset's ingests, deletes and drops never touch the pinned copy, so
@@ -19,13 +20,17 @@ exactly the tagged record set through the same code as any dataset, and reads
 of the live dataset pay nothing for tags. A pinned shard whose file changed on
 disk since is a :class:`~shardcat.errors.StaleShardError` naming the tag and
 the file (checked like every shard, by its identity); one the live dataset
-dropped reads fine while its file is unchanged. Why a copy rather than rows
-shared with the live dataset (kept aside when a re-ingest replaces them): the
-reader's lookups, the native hot path, tar members, seek points and snapshots
-need no second code path, and the live dataset's ingest none; the price is the
-copy, O(records) in time and space per tag (measured in the README of
-``benchmarks``: about 1 s and the size of the records table per million).
-:func:`unpin` drops the copy (its records table, rows and view) at once.
+dropped reads fine while its file is unchanged.
+
+Why a copy rather than rows shared with the live dataset (kept aside when a
+re-ingest replaces them): the readers' lookups, the native hot path, tar
+members, seek points, snapshots and the columnar mirror then need no second
+code path, and the live dataset's ingest (:mod:`~shardcat.catalog.commit`)
+none; the price is the copy, O(records) in time and space per tag (at 1M
+records: 2-3 s, and the rows once more: ``benchmarks/tags_bench.py``). Sharing
+rows by reference is what a subset of a dataset needs too; a tag can take that
+machinery once it exists. :func:`unpin` drops the copy (its records table, rows
+and view) at once.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 from sqlalchemy import Connection, Insert, delete, func, select
 
 from shardcat.catalog import schema, tables
-from shardcat.catalog.backend import run
+from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.datasets import DatasetRow
 from shardcat.errors import CatalogError
 
@@ -138,6 +143,7 @@ def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
         (pinned_id, live.id),
     )
     tables.create_view(conn, pinned_id, name)
+    _pin_field_indexes(conn, live.id, pinned_id, name)
     records = _live_records(conn, pinned_id)
     created = time.time()
     conn.execute(
@@ -207,6 +213,15 @@ def _pin_records(conn: Connection, live_id: int, pinned_id: int, shards: dict[in
         for sql in (into_records, into_members, into_seek):
             run(conn, sql, (pinned_shard, live_shard))
     tables.create_key_index(conn, pinned_id)
+
+
+def _pin_field_indexes(conn: Connection, live_id: int, pinned_id: int, name: str) -> None:
+    """The field indexes the dataset has (``create_index``), on the pinned copy."""
+    sql = dialect_of(conn).index_names_sql
+    have = {r[0] for r in run(conn, sql, (schema.records_table_name(live_id),))}
+    for column, _, idx in tables.field_columns(conn, pinned_id).values():
+        if tables.field_index_name(live_id, idx) in have:
+            tables.create_field_index(conn, pinned_id, name, column)
 
 
 def _live_records(conn: Connection, dataset_id: int) -> int:
