@@ -182,6 +182,8 @@ def test_tags_are_read_only_and_names_are_checked(tmp_path: Path, shards: str) -
             cat.tag("d", "V1")
         with pytest.raises(CatalogError, match="invalid tag name 'a@b'"):
             cat.tag("d", "a@b")
+        with pytest.raises(CatalogError, match=r"tag name 'x+' is too long for dataset 'd'"):
+            cat.tag("d", "x" * 127)
         with pytest.raises(CatalogError, match="invalid tag name ''"):
             cat.tag("d", "")
         with pytest.raises(CatalogError, match="no dataset 'nope'"):

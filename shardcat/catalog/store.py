@@ -481,19 +481,23 @@ class Store:
     def tag(self, dataset: str, name: str) -> TagInfo:
         """Pin dataset ``dataset`` as it is now as tag ``name``, read later as
         ``"<dataset>@<name>"`` (see :mod:`~shardcat.catalog.tags`)."""
-        tagging.refuse_write(dataset, "tag")
-        row = self.dataset_row(dataset)
-        with self._transaction() as conn:
-            info = tagging.pin(conn, row, name)
-        self.reader_connection()  # end any read snapshot: see the tag
-        return info
+        return self._change_tags(dataset, name, "tag", tagging.pin)
 
     def untag(self, dataset: str, name: str) -> TagInfo:
         """Remove tag ``name`` of ``dataset`` and the rows it pinned; returns what it was."""
-        tagging.refuse_write(dataset, "untag")
+        return self._change_tags(dataset, name, "untag", tagging.unpin)
+
+    def _change_tags(
+        self,
+        dataset: str,
+        name: str,
+        doing: str,
+        change: Callable[[Connection, DatasetRow, str], TagInfo],
+    ) -> TagInfo:
+        tagging.refuse_write(dataset, doing)
         row = self.dataset_row(dataset)
         with self._transaction() as conn:
-            info = tagging.unpin(conn, row, name)
+            info = change(conn, row, name)
         self.reader_connection()  # end any read snapshot: see the change
         return info
 

@@ -125,6 +125,8 @@ def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
             f"(`catalog untag {live.name} {taken[0]}` first to move it)"
         )
     name = f"{live.name}{schema.TAG_MARK}{tag}"
+    if len(name) > schema.datasets.c.name.type.length:  # type: ignore[attr-defined]
+        raise CatalogError(f"tag name {tag!r} is too long for dataset {live.name!r}: {name!r}")
     pinned_id = _inserted(
         conn,
         d.insert().values(
