@@ -399,3 +399,8 @@ def test_tags_on_postgresql(tmp_path: Path, shards: str, server: str) -> None:
         assert cat.tags() == []
         with pytest.raises(CatalogError, match="no dataset 'd@v1'"):
             cat.dataset("d@v1")
+        cat.tag("d", "v2")
+        cat.drop("d")  # its tags go with it
+        assert cat.tags() == [] and cat.datasets() == []
+        with pytest.raises(CatalogError, match="no dataset 'd@v2'"):
+            cat.dataset("d@v2")
