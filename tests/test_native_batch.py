@@ -361,3 +361,20 @@ def test_a_batch_statement_never_keeps_the_catalog_open(catalog: Path) -> None:
     assert sorted(p.name for p in catalog.parent.iterdir() if p.name.startswith("c.")) == [
         "c.sqlite"
     ]
+
+
+def test_a_tag_reads_batches_natively_and_names_a_changed_shard(catalog: Path) -> None:
+    path, _ = _payload_at(catalog, "k0")
+    with Catalog(catalog) as cat:
+        cat.tag("d", "v1")
+        with cat.dataset("d@v1") as tagged, cat.dataset("d") as reader:
+            assert tagged.get_dicts_at(list(range(62))) == reader.get_dicts_at(list(range(62)))
+            assert tagged.get_dicts(KEYS, ["key"]) == reader.get_dicts(KEYS, ["key"])
+            assert _wired(tagged) == (2 if _native(tagged) else 0)
+            with open(path, "ab") as f:
+                f.write(b"appended")
+            pinned = r"tag 'v1' of dataset 'd' pins shard .*changed after it was indexed"
+            with pytest.raises(StaleShardError, match=pinned):
+                tagged.get_dicts_at([0, 40])
+            with pytest.raises(StaleShardError, match=pinned):
+                tagged.get_dicts(["k0", "k1"])
