@@ -18,8 +18,9 @@ reader does the whole read in Python, whose errors are the reference.
 up through a statement prepared the same way, the payloads read in file order and
 checked, the items (``to_dict`` of each Example, or of some of its features) built
 straight off the wire (:mod:`shardcat.readers.batch`). Where the lookup cannot run
-natively (a PostgreSQL catalog, soft deletes), :data:`read_rows` reads and checks
-rows found in Python, and :data:`example_dict` builds an item from a payload.
+natively (a PostgreSQL catalog, a batch naming a soft-deleted key), :data:`read_rows`
+reads and checks rows found in Python, and :data:`example_dict` builds an item from a
+payload.
 
 Measured and kept (``benchmarks/hotpath.py``; see ``benchmarks/HISTORY.md``);
 ``SHARDCAT_NATIVE=0`` turns it off (the pure-Python path is the tested fallback).
