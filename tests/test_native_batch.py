@@ -100,6 +100,9 @@ def test_batches_equal_the_python_path_for_every_feature_kind(catalog: Path) -> 
         assert reader.get_dicts(["twice"])[0]["image"] == b"second"  # protobuf's answer
         assert reader.get_dicts(["k3"], ["label", "key"]) == [{"label": [-27, 7], "key": b"k3"}]
         assert reader.get_dicts_at(slice(0, 3)) == reader.get_dicts_at([0, 1, 2])
+        first, second = reader.get_dicts_at([0, 1])
+        if _native(reader):  # a batch's dicts share their key objects (one pickle each)
+            assert all(a is b for a, b in zip(sorted(first), sorted(second), strict=True))
         assert reader.get_dicts([]) == [] and reader.get_dicts_at([]) == []
         assert by_pos.get_dicts(["5", "0"]) == by_pos.get_dicts_at([5, 0])
         assert _wired(reader) == (2 if _native(reader) else 0)

@@ -177,6 +177,29 @@ static int utf8(const uint8_t *k, const uint8_t *ke) {
     return name != NULL;
 }
 
+/* The feature name [k, ke) as a str (a new reference; NULL: not UTF-8, an error set).
+ * The names met last are kept (records of a dataset share them): the dicts of a batch
+ * then share their key objects, whose hashes are computed once and which pickle as
+ * one (a DataLoader worker's batch). Used with the GIL held. */
+#define NAMES_KEPT 32
+static PyObject *names_kept[NAMES_KEPT];
+static unsigned names_next;
+
+static PyObject *feature_name(const uint8_t *k, const uint8_t *ke) {
+    Py_ssize_t n = ke - k, have;
+    for (unsigned i = 0; i < NAMES_KEPT && names_kept[i] != NULL; i++) {
+        const char *name = PyUnicode_AsUTF8AndSize(names_kept[i], &have);
+        if (name != NULL && have == n && memcmp(name, k, (size_t)n) == 0)
+            return Py_NewRef(names_kept[i]);
+    }
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)k, n, NULL);
+    if (name != NULL && n <= 256) {
+        unsigned at = names_next++ % NAMES_KEPT;
+        Py_XSETREF(names_kept[at], Py_NewRef(name));
+    }
+    return name;
+}
+
 /* Whether the entry key [k, ke) is one of `select` (a tuple of str; NULL: all). */
 static int chosen(const uint8_t *k, const uint8_t *ke, PyObject *select) {
     if (select == NULL) return 1;
@@ -210,7 +233,7 @@ static int example_items(const uint8_t *p, const uint8_t *end, PyObject *select,
                 if (got == 0) break;
                 continue;
             }
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)k, ke - k, NULL);
+            PyObject *name = feature_name(k, ke);
             PyObject *values = name == NULL ? NULL : PyList_New(0);
             int ok = values != NULL && !PyDict_Contains(dict, name) &&
                      feature_list(v, ve, &kind, &ls, &le) &&
