@@ -65,7 +65,7 @@ def _reference(reader: Any, items: list[Any], by_key: bool, select: Any = None) 
     """The Python path's dicts: each record decoded by protobuf, to_dict, chosen."""
     out = []
     for item in items:
-        record = reader._get_record(item) if by_key else reader.get_record_at(item)
+        record = reader._get_record(item if by_key else reader.key_at(item))  # (Python)
         d = reader.to_dict(record)
         out.append(d if select is None else {k: d[k] for k in select if k in d})
     return out
@@ -100,6 +100,13 @@ def test_batches_equal_the_python_path_for_every_feature_kind(catalog: Path) -> 
         assert reader.get_dicts(["twice"])[0]["image"] == b"second"  # protobuf's answer
         assert reader.get_dicts(["k3"], ["label", "key"]) == [{"label": [-27, 7], "key": b"k3"}]
         assert reader.get_dicts_at(slice(0, 3)) == reader.get_dicts_at([0, 1, 2])
+        for i in (0, 30, 31, 61):  # get_record_at: the native batch read of one
+            python = reader._get_record(reader.key_at(i)).SerializeToString()
+            assert reader.get_record_at(i).SerializeToString() == python
+            assert by_pos.get_record_at(i).SerializeToString() == python
+            assert reader._fmt.decode(
+                reader.get_record_at(i, raw=True), {}
+            ) == reader.get_record_at(i)
         first, second = reader.get_dicts_at([0, 1])
         if _native(reader):  # a batch's dicts share their key objects (one pickle each)
             assert all(a is b for a, b in zip(sorted(first), sorted(second), strict=True))

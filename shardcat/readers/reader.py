@@ -336,8 +336,12 @@ class Reader(BatchReads):
     @follows_reindex
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
         """The record at ``position`` (0..len-1, negative counts from the end): one
-        point query on (shard, ordinal)."""
+        point query on (shard, ordinal) (the native batch read of one, where it applies)."""
         conn = self._conn()
+        if self._hot_at is not None:
+            got = self._native_records(conn, [position], False, raw)
+            if got is not AGAIN:
+                return got[0]
         shard, ordinal = self._shard_at(position)
         row = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()  # _row_at inlined
         if row is None:
