@@ -12,7 +12,7 @@ so :func:`mosaic` stands an empty module in for that one subpackage.
 - litData: ``optimize`` (one worker, 1 MB chunks) into ``root/litdata``, then its
   ``StreamingDataset(shuffle=True)`` and ``StreamingDataLoader``, as its docs show.
   1 MB, not the docs' 64 MB: 20,000 records of 1 KB would make one chunk, which 2
-  workers read at about 6k records/s against 40-70k with 1 MB chunks (21 of them).
+  workers read at about 6k records/s against 39-70k with 1 MB chunks (21 of them).
   Byte fields come back as memoryviews, which a worker cannot pickle to the main
   process (torch's DataLoader then hangs), so the batch's collate makes them bytes.
 - Mosaic: ``MDSWriter`` (columns ``bytes``/``int``/``bytes``) into ``root/mosaic``, its
