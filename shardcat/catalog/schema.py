@@ -58,6 +58,13 @@ dataset, named after the dataset, may take any other name.
   rows stay as they are; readers, samplers and the dataset's view skip these
   keys (the view is made with a filter only while the dataset has any), and a
   re-ingest keeps them deleted. ``Catalog.undelete`` removes the marks.
+- ``shares`` (schema version 10): the shards a dataset reads by reference from
+  another dataset with the same rule (a subset of its shards: see
+  :mod:`~shardcat.catalog.shares`): ``(dataset_id, shard_id)``, the dataset's own
+  shard row (its path, identity, count and position), and ``(donor_id,
+  donor_shard_id)``, the donor's shard whose rows in ``records_<donor_id>``,
+  ``members``, ``seek_indexes`` and ``bad_records`` it reads. A dataset either
+  reads all its indexed shards this way or none.
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -71,6 +78,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -192,6 +200,38 @@ deleted = Table(
     ),
     Column("key", Text, nullable=False),
     PrimaryKeyConstraint("dataset_id", "key"),
+)
+
+# Schema version 10: shards read by reference from another dataset (see catalog/shares.py).
+shares = Table(
+    "shardcat_shares",
+    metadata,
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "shard_id",
+        Integer,
+        ForeignKey("shardcat_shards.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("donor_id", Integer, nullable=False),
+    # (a donor's shard goes only after its readers by reference own their rows;
+    # CASCADE makes a row that missed that read nothing rather than other rows)
+    Column(
+        "donor_shard_id",
+        Integer,
+        ForeignKey("shardcat_shards.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    PrimaryKeyConstraint("donor_shard_id", "dataset_id"),
+    Index("shardcat_shares_by_dataset", "dataset_id"),
+    Index("shardcat_shares_by_donor", "donor_id"),
+    sqlite_with_rowid=False,
 )
 
 fields = Table(

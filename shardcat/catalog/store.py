@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, deletes, schema, tables
+from shardcat.catalog import datasets, deletes, schema, shares, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.backend import Backend, backend_for
 from shardcat.catalog.commit import IngestJob, catalog_error
@@ -52,6 +52,13 @@ S = TypeVar("S", bound="Store")
 
 def open_catalogs() -> list[Store]:
     return [c for c in _open if not c.closed]
+
+
+def _create_field_index(conn: Connection, dataset_id: int, name: str, field: str) -> bool:
+    """:func:`tables.create_field_index` on rows the dataset owns (a dataset reading
+    another's by reference copies them first: :mod:`~shardcat.catalog.shares`)."""
+    shares.materialize(conn, dataset_id)
+    return tables.create_field_index(conn, dataset_id, name, field)
 
 
 def check_name(name: str) -> None:
@@ -430,6 +437,7 @@ class Store:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         dataset_id = self.dataset_row(name).id
         with self._transaction() as conn:
+            shares.release(conn, dataset_id, None)  # datasets reading its rows copy them
             tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)
@@ -473,7 +481,7 @@ class Store:
         it too) and goes with :meth:`drop`.
         :class:`CatalogError` for an unknown dataset or field (naming the known ones)
         and on a catalog opened read-only."""
-        return self._field_index(dataset, field, tables.create_field_index)
+        return self._field_index(dataset, field, _create_field_index)
 
     def drop_index(self, dataset: str, field: str) -> bool:
         """Drop the index :meth:`create_index` made; False when the field had none."""
