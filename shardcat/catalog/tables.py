@@ -155,19 +155,26 @@ def ensure_field_columns(
 
 
 def create_view(
-    conn: Connection, dataset_id: int, dataset_name: str, *, live: bool | None = None
+    conn: Connection,
+    dataset_id: int,
+    dataset_name: str,
+    *,
+    live: bool | None = None,
+    shared: bool = True,
 ) -> None:
     """(Re)create the view named after the dataset (see the module docstring); a
     dataset ingested without fields shows none; while it has soft-deleted keys
     (schema version 9) the view leaves them out (``live``: whether to; None: look
-    whether it has any; False for catalogs before version 9)."""
+    whether it has any; False for catalogs before version 9). ``shared``: False
+    for catalogs before version 10, where every dataset reads its own rows."""
     q = _quote(conn, dataset_name)
     run(conn, f"DROP VIEW IF EXISTS {q}")
     if live is None:
         d = schema.deleted
         found = conn.execute(select(d.c.key).where(d.c.dataset_id == dataset_id).limit(1))
         live = found.first() is not None
-    run(conn, f"CREATE VIEW {q} AS {view_select(conn, dataset_id, live=live)}")
+    select_sql = view_select(conn, dataset_id, live=live, shared=shared)
+    run(conn, f"CREATE VIEW {q} AS {select_sql}")
 
 
 def donor_of(conn: Connection, dataset_id: int) -> int | None:
@@ -178,7 +185,7 @@ def donor_of(conn: Connection, dataset_id: int) -> int | None:
     return found.scalar()
 
 
-def view_select(conn: Connection, dataset_id: int, *, live: bool) -> str:
+def view_select(conn: Connection, dataset_id: int, *, live: bool, shared: bool = True) -> str:
     """The SELECT of the dataset's view; ``live``: without its soft-deleted keys. A
     dataset reading another's rows by reference selects them from the donor's table
     (:func:`~shardcat.catalog.lookup.records_source`)."""
@@ -189,9 +196,8 @@ def view_select(conn: Connection, dataset_id: int, *, live: bool) -> str:
     cols = "".join(f", r.v{idx} AS {_quote(conn, col)}" for col, _, idx in shown)
     shard = "FROM shardcat_shards s WHERE s.id = r.shard_id)"
     position = f"(SELECT s.first_position {shard} + r.ordinal"
-    source = records_source(
-        dataset_id, donor_of(conn, dataset_id), [f"v{idx}" for _, _, idx in shown]
-    )
+    donor = donor_of(conn, dataset_id) if shared else None
+    source = records_source(dataset_id, donor, [f"v{idx}" for _, _, idx in shown])
     key = f"CAST({position} AS TEXT)" if row.key_rule == "position" else "r.key"
     where = (
         " WHERE NOT EXISTS (SELECT 1 FROM shardcat_deleted x "

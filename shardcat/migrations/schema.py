@@ -171,7 +171,8 @@ def _records_per_dataset(conn: Connection) -> None:
         conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
     conn.execute(text("DROP TABLE shardcat_records"))
     for dataset_id, name in datasets:
-        tables.create_view(conn, dataset_id, name, live=False)  # (no deletes before 9)
+        # (no deletes before 9, no shares before 10)
+        tables.create_view(conn, dataset_id, name, live=False, shared=False)
 
 
 def _add_checks(conn: Connection) -> None:
