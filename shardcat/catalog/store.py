@@ -224,7 +224,7 @@ class Store:
                 self.immutable = True
                 self._watch = FileWatch(file, str(self.path))
                 return self.backend.read_version(self.reader_connection())
-        except sqlite3.DatabaseError as exc:  # not a database, corrupt
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # not a database, corrupt
             raise self.backend.open_error(exc) from None
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
