@@ -159,7 +159,7 @@ def seed(
     among ``files`` (stored path -> stat) that one other dataset with the same rule
     and scan options holds complete (see the module docstring), unless
     ``same_file`` says the file changed since; returns how many shards it took."""
-    d, s = schema.datasets, schema.shards
+    d = schema.datasets
     me = conn.execute(
         select(d.c.format, d.c.key_rule, d.c.grouping).where(d.c.id == dataset_id)
     ).one()
@@ -197,13 +197,12 @@ def seed(
     if best is None:
         return 0
     donor_id, shard_ids = best
-    rows = []
-    for shard_id in shard_ids:
-        row = conn.execute(select(s).where(s.c.id == shard_id)).one()
-        if same_file(row, row.path) is not False:  # (a changed file is read again anyway)
-            rows.append(row)
-    if rows:
-        shares.share(conn, dataset_id, name, donor_id, rows)
+    among, listed = dialect_of(conn).any_of("id", shard_ids)
+    rows = run(conn, f"SELECT * FROM shardcat_shards WHERE {among}", (listed,)).all()
+    # (a file changed since is read again anyway)
+    taken = [row.id for row in rows if same_file(row, row.path) is not False]
+    if taken:
+        shares.share(conn, dataset_id, name, donor_id, taken)
         bump_version(conn, dataset_id)
         recompute_positions(conn, dataset_id)
-    return len(rows)
+    return len(taken)

@@ -24,12 +24,11 @@ that snapshot; a reader's next call sees the copy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import Connection, select, update
 
 from shardcat.catalog import schema, tables
-from shardcat.catalog.backend import run
+from shardcat.catalog.backend import dialect_of, run
 
 __all__ = ["MEMBER_COLUMNS", "RECORD_COLUMNS", "copies", "materialize", "release", "share"]
 
@@ -38,52 +37,48 @@ RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "
 MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents", "crc")
 
 
-def share(conn: Connection, dataset_id: int, name: str, donor_id: int, rows: Sequence[Any]) -> None:
-    """Give the new dataset ``dataset_id`` the donor's shards ``rows`` (its shard
-    rows, ready) by reference: its own shard rows (file identity and
-    ``indexed_at`` kept), their shares, the donor's field columns (same ``v<idx>``,
-    so its view reads the donor's table) and its view. The caller moves its
-    version and positions."""
-    s, x, f = schema.shards, schema.shares, schema.fields
-    fields = conn.execute(select(f).where(f.c.dataset_id == donor_id).order_by(f.c.idx)).all()
+_SHARD_COPY = (
+    "INSERT INTO shardcat_shards (dataset_id, path, size, mtime_ns, fingerprint, compression, "
+    "num_records, state, indexed_at, generation, ino, ctime_ns) SELECT ?, path, size, mtime_ns, "
+    "fingerprint, compression, num_records, 'ready', indexed_at, 1, ino, ctime_ns "
+    "FROM shardcat_shards WHERE id = ?"
+)
+
+
+def share(
+    conn: Connection, dataset_id: int, name: str, donor_id: int, shard_ids: Sequence[int]
+) -> None:
+    """Give the new dataset ``dataset_id`` the donor's shards ``shard_ids`` (ready)
+    by reference: its own shard rows (file identity and ``indexed_at`` kept), their
+    shares, the donor's field columns (same ``v<idx>``, so its view reads the donor's
+    table) and its view. The caller moves its version and positions. Driver SQL, a
+    few statements whatever the number of shards."""
+    fields = run(
+        conn,
+        "SELECT name, column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id = ? "
+        "ORDER BY idx",
+        (donor_id,),
+    ).all()
     table = schema.records_table_name(dataset_id)
     for field in fields:  # (its own table gets them too, for the copy it may make)
+        sql_type = tables.SQL_TYPES[field.sql_type]
+        run(conn, f'ALTER TABLE "{table}" ADD COLUMN v{int(field.idx)} {sql_type}')
+    if fields:
         run(
             conn,
-            f'ALTER TABLE "{table}" ADD COLUMN v{int(field.idx)} '
-            f"{tables.SQL_TYPES[field.sql_type]}",
+            "INSERT INTO shardcat_fields (dataset_id, name, column_name, sql_type, idx) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(dataset_id, *field) for field in fields],
         )
-    if fields:
-        conn.execute(
-            f.insert(),
-            [{**field._asdict(), "dataset_id": dataset_id} for field in fields],
-        )
-    for row in rows:
-        inserted = conn.execute(
-            s.insert().values(
-                dataset_id=dataset_id,
-                path=row.path,
-                size=row.size,
-                mtime_ns=row.mtime_ns,
-                fingerprint=row.fingerprint,
-                compression=row.compression,
-                num_records=row.num_records,
-                state="ready",
-                indexed_at=row.indexed_at,
-                generation=1,
-                ino=row.ino,
-                ctime_ns=row.ctime_ns,
-            )
-        ).inserted_primary_key
-        assert inserted is not None  # both databases report the new row's id
-        conn.execute(
-            x.insert().values(
-                dataset_id=dataset_id,
-                shard_id=inserted[0],
-                donor_id=donor_id,
-                donor_shard_id=row.id,
-            )
-        )
+    run(conn, _SHARD_COPY, [(dataset_id, shard_id) for shard_id in shard_ids])
+    among, listed = dialect_of(conn).any_of("d.id", list(shard_ids))
+    run(
+        conn,
+        "INSERT INTO shardcat_shares (dataset_id, shard_id, donor_id, donor_shard_id) "
+        "SELECT ?, s.id, ?, d.id FROM shardcat_shards s JOIN shardcat_shards d "
+        f"ON d.path = s.path WHERE s.dataset_id = ? AND d.dataset_id = ? AND {among}",
+        (dataset_id, donor_id, dataset_id, donor_id, listed),
+    )
     tables.create_view(conn, dataset_id, name)
 
 
