@@ -319,3 +319,13 @@ def test_postgresql_subsets_share_and_copy_when_written(tmp_path: Path, server: 
         assert sharing(cat, "other") == (0, 3 * PER_SHARD)
         with cat.dataset("other") as other:
             reads(other, images, subset_keys(images, range(2, 5)))
+
+
+def test_dedup_of_a_subset_against_its_donor(tmp_path: Path, train: Any) -> None:
+    cat, images = train
+    cat.ingest(str(tmp_path / SUBSET), "sub").close()
+    report = cat.dedup("sub", ["train"])
+    assert report.records == (3 + SHARDS) * PER_SHARD
+    found = sorted((g.kept.key, [(c.dataset, c.key) for c in g.duplicates]) for g in report.groups)
+    assert found == [(k, [("train", k)]) for k in sorted(subset_keys(images))]
+    assert sharing(cat, "sub") == (3, 0)

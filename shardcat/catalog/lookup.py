@@ -38,6 +38,7 @@ __all__ = [
     "member_by_key",
     "members_at",
     "members_by_key",
+    "members_source",
     "page_of_members",
     "page_of_records",
     "record_by_key",
@@ -140,7 +141,7 @@ def _shared(dataset_id: int, columns: str, table: str, by_shard: bool) -> str:
     )
 
 
-def _members_source(dataset_id: int, donor: int | None) -> str:
+def members_source(dataset_id: int, donor: int | None) -> str:
     """The members dataset ``dataset_id`` reads, as :func:`records_source` its records
     (always found by shard and ordinal)."""
     if donor is None:
@@ -172,7 +173,7 @@ def statements(
     dataset whose rows it reads by reference, see :func:`records_source`)."""
     t = records_source(dataset_id, donor)
     at = records_source(dataset_id, donor, by_shard=True)  # (the same for a dataset's own)
-    members = _members_source(dataset_id, donor)
+    members = members_source(dataset_id, donor)
     items, index, join, item_key, item_at = (
         batch.items,
         batch.index,
