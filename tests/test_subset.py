@@ -171,6 +171,17 @@ def test_a_dropped_donor_leaves_the_subset_whole(tmp_path: Path, train: Any) -> 
         reads(sub, images, keys)
 
 
+def test_dropping_a_subset_copies_nothing(tmp_path: Path, train: Any) -> None:
+    cat, images = train
+    cat.ingest(str(tmp_path / SUBSET), "sub").close()
+    before = view(cat, "train")
+    cat.drop("sub")
+    assert cat.query("SELECT count(*) FROM shardcat_shares") == [(0,)]
+    assert [d.name for d in cat.datasets()] == ["train"] and view(cat, "train") == before
+    with cat.dataset("train") as full:
+        reads(full, images, list(images))
+
+
 def test_deletes_are_per_dataset(tmp_path: Path, train: Any) -> None:
     cat, images = train
     keys = subset_keys(images)

@@ -147,11 +147,15 @@ def materialize(conn: Connection, dataset_id: int) -> bool:
     return True
 
 
-def release(conn: Connection, dataset_id: int, shard_ids: Sequence[int] | None) -> None:
+def release(
+    conn: Connection, dataset_id: int, shard_ids: Sequence[int] | None, *, own: bool = True
+) -> None:
     """Before the records of dataset ``dataset_id``'s shards ``shard_ids`` (None:
-    all) change or go: the dataset owns its rows, and so does every dataset that
-    reads them by reference (see the module docstring)."""
-    materialize(conn, dataset_id)
+    all) change or go: the dataset owns its rows (``own``; False for a dataset
+    being dropped), and so does every dataset that reads them by reference (see
+    the module docstring)."""
+    if own:
+        materialize(conn, dataset_id)
     x = schema.shares
     readers = select(x.c.dataset_id).where(x.c.donor_id == dataset_id)
     if shard_ids is not None:

@@ -437,7 +437,7 @@ class Store:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         dataset_id = self.dataset_row(name).id
         with self._transaction() as conn:
-            shares.release(conn, dataset_id, None)  # datasets reading its rows copy them
+            shares.release(conn, dataset_id, None, own=False)  # its readers by reference copy
             tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)
