@@ -238,9 +238,10 @@ def statements(
 
 
 _SHARDS = (
-    "SELECT id, path, first_position, num_records, compression, generation, "
-    "size, mtime_ns, ino, ctime_ns, fingerprint FROM shardcat_shards "
-    "WHERE dataset_id = ? AND generation IS NOT NULL ORDER BY path"
+    "SELECT s.id, s.path, s.first_position, s.num_records, s.compression, s.generation, "
+    "s.size, s.mtime_ns, s.ino, s.ctime_ns, s.fingerprint, x.donor_id FROM shardcat_shards s "
+    "LEFT JOIN shardcat_shares x ON x.shard_id = s.id "
+    "WHERE s.dataset_id = ? AND s.generation IS NOT NULL ORDER BY s.path"
 )
 _VERSION = "SELECT version FROM shardcat_datasets WHERE id = ?"
 _OPTIONS = "SELECT options FROM shardcat_datasets WHERE id = ?"
@@ -308,7 +309,8 @@ def members_by_key(conn: ReadConnection, sql: RecordStatements, key: str) -> lis
 def shards(conn: ReadConnection, dataset_id: int) -> list[Row]:
     """The shards with an indexed version, in position order: ``(id, path,
     first_position, num_records, compression, generation, size, mtime_ns, ino,
-    ctime_ns, fingerprint)``."""
+    ctime_ns, fingerprint, donor)`` (``donor``: the dataset whose rows the shard is
+    read from by reference, see :func:`records_source`; None: its own)."""
     rows: list[Row] = conn.execute(_SHARDS, (dataset_id,)).fetchall()
     return rows
 

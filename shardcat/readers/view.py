@@ -276,14 +276,15 @@ class DatasetView:
 
     def _load_shards(self, conn: ReadConnection, version: int) -> None:
         directory = self.catalog.directory
-        donor = lookup.records_table_of(conn, self._id)
+        rows = lookup.shards(conn, self._id)
+        donor = rows[0][11] if rows else None  # (all its shards, or none: see _read_from)
         if donor != self._donor:
             self._read_from(donor)
         shards = {
             r[0]: _Shard(
-                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:])
+                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:11])
             )
-            for r in lookup.shards(conn, self._id)
+            for r in rows
         }
         self._pool.keep(
             {i: s.generation for i, s in shards.items()},
