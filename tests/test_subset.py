@@ -340,3 +340,17 @@ def test_dedup_of_a_subset_against_its_donor(tmp_path: Path, train: Any) -> None
     found = sorted((g.kept.key, [(c.dataset, c.key) for c in g.duplicates]) for g in report.groups)
     assert found == [(k, [("train", k)]) for k in sorted(subset_keys(images))]
     assert sharing(cat, "sub") == (3, 0)
+
+
+def test_a_tag_of_a_subset_pins_its_rows(tmp_path: Path, train: Any) -> None:
+    cat, images = train
+    keys = subset_keys(images)
+    cat.ingest(str(tmp_path / SUBSET), "sub").close()
+    cat.tag("sub", "v1")
+    assert sharing(cat, "sub") == (3, 0)  # the tag copied the donor's rows, not the subset
+    write_shard(tmp_path, 2, version=1)
+    cat.ingest(str(tmp_path / "train-*.tfrecord"), "train").close()
+    with cat.dataset("sub@v1") as pinned:
+        assert pinned.get_keys() == keys and len(pinned) == len(keys)
+        unchanged = [k for k in keys if not k.startswith("s2_")]
+        assert [pinned.get_feature(k, "image") for k in unchanged] == [images[k] for k in unchanged]

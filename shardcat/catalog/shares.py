@@ -1,4 +1,4 @@
-"""Datasets that read another dataset's rows by reference (schema version 10).
+"""Datasets that read another dataset's rows by reference (schema version 11).
 
 A new dataset over shards another dataset has indexed with the same rule (a
 reader over ``train-0000[1-3].tfrecord`` after ``train-*.tfrecord``: see
@@ -13,7 +13,7 @@ dataset and key).
 A dataset reads all its indexed shards this way or none, and the rows it reads
 never change under it: before anything writes records, :func:`release` makes
 every dataset reading them by reference own a copy first (:func:`materialize`:
-the rows copied into its own table, as a seed copied them before version 10,
+the rows copied into its own table, as a seed copied them before version 11,
 its shares gone, its ``version`` moved so open readers reload). That covers a
 re-ingest of a shared shard on either side, a shard leaving either dataset,
 records dropped as duplicates, a dataset dropped, and an index asked for on the

@@ -166,7 +166,7 @@ def create_view(
     dataset ingested without fields shows none; while it has soft-deleted keys
     (schema version 9) the view leaves them out (``live``: whether to; None: look
     whether it has any; False for catalogs before version 9). ``shared``: False
-    for catalogs before version 10, where every dataset reads its own rows."""
+    for catalogs before version 11, where every dataset reads its own rows."""
     q = _quote(conn, dataset_name)
     run(conn, f"DROP VIEW IF EXISTS {q}")
     if live is None:

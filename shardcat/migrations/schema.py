@@ -171,7 +171,7 @@ def _records_per_dataset(conn: Connection) -> None:
         conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
     conn.execute(text("DROP TABLE shardcat_records"))
     for dataset_id, name in datasets:
-        # (no deletes before 9, no shares before 10)
+        # (no deletes before 9, no shares before 11)
         tables.create_view(conn, dataset_id, name, live=False, shared=False)
 
 
@@ -202,8 +202,14 @@ def _add_deleted(conn: Connection) -> None:
     schema.deleted.create(conn, checkfirst=True)  # (a test may fake an older version)
 
 
+def _add_tags(conn: Connection) -> None:
+    """9 -> 10: the ``shardcat_tags`` table (tags: pinned record sets). Earlier
+    versions had none: empty."""
+    schema.tags.create(conn, checkfirst=True)  # (a test may fake an older version)
+
+
 def _add_shares(conn: Connection) -> None:
-    """9 -> 10: the ``shardcat_shares`` table (shards a dataset reads by reference
+    """10 -> 11: the ``shardcat_shares`` table (shards a dataset reads by reference
     from another). Earlier versions copied such rows: empty, views as they are."""
     schema.shares.create(conn, checkfirst=True)  # (a test may fake an older version)
 
@@ -218,7 +224,8 @@ STEPS: dict[int, Step] = {
     6: _add_checks,
     7: _add_bad_records,
     8: _add_deleted,
-    9: _add_shares,
+    9: _add_tags,
+    10: _add_shares,
 }
 
 
