@@ -354,3 +354,21 @@ def test_a_tag_of_a_subset_pins_its_rows(tmp_path: Path, train: Any) -> None:
         assert pinned.get_keys() == keys and len(pinned) == len(keys)
         unchanged = [k for k in keys if not k.startswith("s2_")]
         assert [pinned.get_feature(k, "image") for k in unchanged] == [images[k] for k in unchanged]
+
+
+def test_the_dali_index_of_a_subset_equals_a_fresh_one(tmp_path: Path, train: Any) -> None:
+    from shardcat.facade.export import export_index
+
+    cat, _ = train
+    cat.ingest(str(tmp_path / SUBSET), "sub").close()
+    shared = export_index(cat, "sub", tmp_path / "shared")
+    with Catalog(tmp_path / "fresh.sqlite") as other:
+        other.ingest(str(tmp_path / SUBSET), "sub").close()
+        fresh = export_index(other, "sub", tmp_path / "fresh")
+    assert (
+        [p.name for p in shared]
+        == [p.name for p in fresh]
+        == [f"train-0000{s}.idx" for s in (1, 2, 3)]
+    )
+    assert [p.read_text() for p in shared] == [p.read_text() for p in fresh]
+    assert shared[0].read_text().count("\n") == PER_SHARD
