@@ -2,8 +2,8 @@
 (issue 31, item 5; ``shardcat.catalog.shares``): the same keys, bytes, positions and
 SQL as a fresh index of those shards, nothing copied at open, and never other
 bytes after a re-ingest on either side, a donor drop, deletes on either side,
-a snapshot, the columnar mirror, PostgreSQL, and threads and forked readers
-reading through a donor's re-ingest."""
+a snapshot, the columnar mirror, an index, dedup, a tag, a DALI index export,
+PostgreSQL, and threads and forked readers reading through a donor's re-ingest."""
 
 from __future__ import annotations
 
