@@ -326,6 +326,11 @@ def test_postgresql_subsets_share_and_copy_when_written(tmp_path: Path, server: 
             reads(sub, images, keys)
         cat.ingest(str(tmp_path / "train-0000[2-4].tfrecord"), "other").close()
         assert sharing(cat, "other") == (3, 0)
+        cat.snapshot("other", tmp_path / "snap.sqlite")  # (streamed from the server)
+        with Catalog(tmp_path / "snap.sqlite", immutable=True) as snap:
+            assert sharing(snap, "other") == (0, 3 * PER_SHARD)
+            with snap.dataset("other") as other:
+                reads(other, images, subset_keys(images, range(2, 5)))
         cat.drop("train")
         assert sharing(cat, "other") == (0, 3 * PER_SHARD)
         with cat.dataset("other") as other:
