@@ -247,9 +247,6 @@ def _label(key: str) -> int:
 def _read_loop(reader: Any, images: dict[str, bytes], keys: list[str], stop: Any) -> int:
     """Random reads until ``stop`` is set; returns how many gave other bytes."""
     rng, wrong, n = random.Random(os.getpid() + threading.get_ident()), 0, 0
-    # (a thread reusing an ended thread's ident gets its connection, snapshot and all:
-    # see the report of issue 31 item 5; end it before the first read)
-    reader.catalog.reader_connection()
     while not stop.is_set() or n < 200:
         key = rng.choice(keys)
         if reader.get_feature(key, "image") != images[key]:
