@@ -45,6 +45,7 @@ __all__ = [
     "owner_id",
     "stopping_on_signals",
     "stops_held",
+    "tag_of",
 ]
 
 _UNKNOWN = ("?", "")  # no /proc (start time not known), or an owner written without one
@@ -71,10 +72,19 @@ def owner_id() -> str:
 
 
 def _parse(owner: str) -> tuple[str, int | None, str]:
-    """(host, pid or None when unreadable, start time) of an owner string."""
+    """(host, pid or None when unreadable, start time) of an owner string (a
+    :func:`tag_of` after them is left out)."""
     host, _, rest = owner.partition(":")
-    pid_text, _, started = rest.partition(":")
+    pid_text, _, rest = rest.partition(":")
+    started = rest.partition(":")[0]
     return host, int(pid_text) if pid_text.isdigit() else None, started
+
+
+def tag_of(owner: str | None) -> str:
+    """What follows ``host:pid:start-time`` in an owner (``host:pid:start-time:tag``),
+    else ``""``: one task attempt of a Ray ingest names itself there, as one process
+    runs many attempts (see :mod:`shardcat.facade.ray_ingest`)."""
+    return (owner or "").split(":", 3)[3] if (owner or "").count(":") >= 3 else ""
 
 
 def _local_is_dead(pid: int, started: str) -> bool:

@@ -87,6 +87,23 @@ def ingest(
         ),
     ] = None,
     storage_option: StorageOpt = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="Where shards are scanned: local (worker processes here) or ray (tasks "
+            "spread over a Ray cluster's nodes; needs shardcat[ray]).",
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="With --engine ray: the cluster to connect to (default: Ray's usual "
+            "discovery: $RAY_ADDRESS, a cluster started on this host, else a new local one).",
+        ),
+    ] = None,
     old_storage_option: Annotated[
         list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")
     ] = None,
@@ -104,6 +121,8 @@ def ingest(
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
     Interrupted (Ctrl-C, SIGTERM, SIGHUP: exit code 130, 143, 129), the same
     command run again finishes the work; workers always end with it.
+    --engine ray runs each shard as a task on a Ray cluster's nodes, committing
+    through the same claims (a SQLite catalog only when every node is on this host).
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
@@ -130,6 +149,8 @@ def ingest(
         wait_timeout=wait_timeout,
         grouping=grouping,
         on_bad_record=on_bad_record,
+        engine=engine,
+        ray_address=ray_address,
         options={"storage_options": storage_options(storage_option)} if storage_option else {},
     )
     shards = {"total": 0}

@@ -193,6 +193,8 @@ class Catalog:
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        engine: str = "local",
+        ray_address: str | None = None,
     ) -> Reader:
         """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
 
@@ -237,6 +239,11 @@ class Catalog:
         :mod:`shardcat.sources.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
         passwords), which this process keeps in memory only.
+        ``engine="ray"`` scans the shards as tasks spread over the nodes of a Ray
+        cluster (``ray_address``; None: ``ray.init()``'s usual discovery; needs
+        ``shardcat[ray]``), each committing through the same claims, so a node lost
+        mid-ingest costs nothing (see :mod:`shardcat.facade.ray_ingest`); ``workers``
+        is then unused. A SQLite catalog needs every node on this host.
         Raises :class:`IngestError` naming each shard that failed (the others
         are committed).
         """
@@ -254,6 +261,8 @@ class Catalog:
             lease=lease,
             on_bad_record=on_bad_record,
             wait_timeout=wait_timeout,
+            engine=engine,
+            ray_address=ray_address,
         )
         return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
 
@@ -302,6 +311,7 @@ class Catalog:
             if provided is None
             else {stored_path(p, self.store.directory): f for p, f in provided.items()},
             opts.wait_timeout,
+            _share_for(opts),
         )
         try:
             with stopping_on_signals(), self.store.ingest_session(job) as session:
@@ -523,6 +533,15 @@ class Catalog:
     def __reduce__(self) -> tuple[Any, ...]:  # pickled as where and how to reopen it
         reopen = functools.partial(type(self), readonly=self.readonly, immutable=self.immutable)
         return (reopen, (self.location,))
+
+
+def _share_for(opts: IngestOptions) -> Any:
+    """Who scans the pending shards: local workers (None) or Ray tasks."""
+    if opts.engine == "local":
+        return None
+    from shardcat.facade.ray_ingest import RayEngine  # needs shardcat[ray]
+
+    return RayEngine(opts.ray_address)
 
 
 def _storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:

@@ -53,7 +53,9 @@ from shardcat.sources.local import Identity, fingerprint_file, mismatch
 __all__ = [
     "ProvideEntries",
     "ShardOutcome",
+    "ShareWork",
     "Work",
+    "index_claimed",
     "judge_files",
     "local_copy",
     "raise_for_failures",
@@ -375,17 +377,28 @@ def _work_one(session: IngestSession) -> ShardOutcome | None:
     return None if claimed is None else index_claimed(session, claimed)
 
 
+# How the pending shards get indexed: called with the session, the work, the
+# note(outcome) to call for each shard and the outcomes noted so far; returns once
+# no shard is open. Local workers by default; the Ray engine's (see
+# :mod:`shardcat.facade.ray_ingest`) fans them out as tasks.
+ShareWork = Callable[
+    [IngestSession, "Work", Callable[[ShardOutcome | None], None], list[ShardOutcome]], None
+]
+
+
 @dataclass(frozen=True)
 class Work:
     """How :func:`run_ingest` shares the work: ``workers`` processes scan (forked when
-    more than one); ``provided`` maps stored shard paths to where their entries come
-    from instead of a scan; ``progress`` is called with each shard's outcome; a wait
-    for shards that live processes hold ends after ``wait_timeout`` seconds."""
+    more than one), or ``share`` does it; ``provided`` maps stored shard paths to
+    where their entries come from instead of a scan; ``progress`` is called with
+    each shard's outcome; a wait for shards that live processes hold ends after
+    ``wait_timeout`` seconds."""
 
     workers: int = 1
     progress: Callable[[ShardOutcome], None] | None = None
     provided: Mapping[str, ProvideEntries] | None = None
     wait_timeout: float | None = None
+    share: ShareWork | None = None
 
 
 def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
@@ -412,7 +425,7 @@ def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
             only = work.provided
             while (claimed := session.claim(only=only)) is not None:
                 note(index_claimed(session, claimed, only[claimed.stored]))
-        _share_work(session, work, note, outcomes)
+        (work.share or _share_work)(session, work, note, outcomes)
     except BaseException:
         session.close()  # (stopped mid-transaction, maybe: a fresh connection from here)
         with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
