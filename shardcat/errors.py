@@ -8,12 +8,14 @@ or ``except ValueError``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "CatalogError",
     "CorruptRecordError",
     "DuplicateKeyError",
+    "Hint",
     "IngestError",
     "KeyNotFoundError",
     "LegacyIndexError",
@@ -65,16 +67,100 @@ def masked(text: str) -> str:
     return _PASSWORD.sub(r"\g<head>:***@", text) if "@" in text else text
 
 
-class _Masked:
-    """Messages (the string arguments) pass through :func:`masked`."""
+@dataclass(frozen=True)
+class Hint:
+    """What to do about an error (or warning), named as data in both spellings:
+    ``python`` as the library's arguments and calls say it (``on_duplicate='first'
+    or 'last'``), ``cli`` as the ``catalog`` command's options and commands do
+    (``--on-duplicate first or last``). A message is its text and its hint joined
+    by a space (``lead``: the hint first); the CLI shows the same text with
+    :attr:`cli` (:meth:`render`), so rewording a message never changes which option
+    the CLI names, and no message text is rewritten."""
 
-    def __init__(self, *args: Any) -> None:
+    python: str
+    cli: str
+    lead: bool = False
+
+    @classmethod
+    def naming(
+        cls, python: str, cli: str, *, before: str = "", after: str = "", lead: bool = False
+    ) -> Hint:
+        """A hint whose two spellings differ only in the option: ``before`` + the
+        option + ``after`` (``Hint.naming("format=", "--format", before="pass ")``)."""
+        return cls(before + python + after, before + cli + after, lead)
+
+    def join(self, text: str) -> str:
+        """``text`` with this hint, as the library says it."""
+        return f"{self.python} {text}" if self.lead else f"{text} {self.python}"
+
+    def render(self, message: str, *, cli: bool = True) -> str:
+        """``message`` (made by :meth:`join`, maybe with its paths renamed since) with
+        the hint in the CLI's spelling; unchanged if it does not carry this hint."""
+        python, shown = masked(self.python), masked(self.cli)  # as the message holds them
+        if not cli:
+            return message
+        if self.lead and message.startswith(python + " "):
+            return shown + message[len(python) :]
+        if not self.lead and message.endswith(" " + python):
+            return message[: len(message) - len(python)] + shown
+        return message
+
+
+# The hints several messages give.
+KEEP_ONE = Hint(
+    "(use on_duplicate='first' or 'last' to keep one)",
+    "(use --on-duplicate first or last to keep one)",
+)
+MORE_TIME = Hint("pass --timeout/timeout= to allow more", "pass --timeout to allow more")
+REPLACE = Hint("(overwrite=True / --force replaces it)", "(--force replaces it)")
+
+
+def checkpoint_hint(where: object, *, before: str = "", unseen: bool = False) -> Hint:
+    """Checkpoint the catalog ``where`` where it is written (``unseen``: first say
+    that an immutable open would not see the commits, and to open it read-only)."""
+    command = f"`catalog checkpoint -c {where}`"
+    python, cli = f"{before}({command}, Catalog.checkpoint())", f"{before}({command})"
+    if not unseen:
+        return Hint(python, cli)
+    said = "would not see them: open it with {} instead, or checkpoint it where it is written"
+    return Hint(
+        f"so immutable=True {said.format('readonly=True')} {python}",
+        f"so --immutable {said.format('--readonly')} {cli}",
+    )
+
+
+def upgrade_hint(where: object) -> Hint:
+    """Upgrade the catalog ``where`` (an older schema) before reading it."""
+    return Hint(
+        "open it once without readonly=True (or run `catalog upgrade`) to upgrade it",
+        f"run `catalog upgrade -c {where}` to upgrade it",
+    )
+
+
+class _Masked:
+    """Messages (the string arguments) pass through :func:`masked`; ``hint`` (a
+    :class:`Hint`, keyword only) is joined to the first one and kept as
+    :attr:`hint` for the CLI to render in its own spelling."""
+
+    hint: Hint | None = None
+
+    def __init__(self, *args: Any, hint: Hint | None = None) -> None:
+        if hint is not None:
+            self.hint = hint
+            if args and isinstance(args[0], str):
+                args = (hint.join(args[0]), *args[1:])
         super().__init__(*(masked(a) if isinstance(a, str) else a for a in args))
+
+    def cli_message(self) -> str:
+        """The message as the ``catalog`` command shows it: its hint in the CLI's spelling."""
+        text = str(self)
+        return text if self.hint is None else self.hint.render(text)
 
 
 class ShardcatError(_Masked, Exception):
     """Base class of all errors shardcat raises on purpose. Its message shows URLs
-    without their secrets (:func:`masked`); attributes such as ``path`` keep them."""
+    without their secrets (:func:`masked`); attributes such as ``path`` keep them.
+    ``hint``: what to do, in the library's and the CLI's spelling (:class:`Hint`)."""
 
 
 class CatalogError(ShardcatError, ValueError):
@@ -117,13 +203,20 @@ class CorruptRecordError(ShardcatError, ValueError):
     offset: int | None
     key: str | None = None
 
-    def __init__(self, path: str, offset: int | None = None, problem: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        offset: int | None = None,
+        problem: str | None = None,
+        *,
+        hint: Hint | None = None,
+    ) -> None:
         if offset is None and problem is None:
             self.path, self.offset, self.problem = None, None, path
-            super().__init__(path)
+            super().__init__(path, hint=hint)
             return
         self.path, self.offset, self.problem = path, offset, problem or ""
-        super().__init__(f"{path}: at byte {offset}: {problem}")
+        super().__init__(f"{path}: at byte {offset}: {problem}", hint=hint)
 
 
 class LegacyIndexError(CorruptRecordError):
@@ -186,7 +279,10 @@ class StorageBusyError(ShardcatError, BlockingIOError):
 
 
 class SchemaVersionError(ShardcatError, RuntimeError):
-    """The catalog's schema version does not match this library."""
+    """The catalog's schema version does not match this library; ``found``: the
+    version an older catalog records (None: newer, or not known)."""
+
+    found: int | None = None
 
 
 class StorageTypeError(ShardcatError, TypeError):

@@ -25,6 +25,7 @@ from shardcat.errors import CatalogError, IngestError, SchemaVersionError
 from shardcat.formats import native
 from shardcat.formats.recordio import RecordIOWriter
 from shardcat.formats.tfrecord import FRAME, HEADER, TFRecordWriter
+from shardcat.migrations import schema as schema_steps
 from shardcat.readers.sampler import RecordSampler
 from tests.damage import flip_keeping_mtime
 
@@ -335,7 +336,7 @@ def test_copied_shard_rows_and_snapshots_keep_their_bad_records(tmp_path: Path):
 def test_the_schema_step_adds_the_table_to_an_older_catalog(tmp_path: Path):
     """The step before which there was no bad-records table (whatever its number once
     the steps of parallel work are in order) adds it; the catalog then takes them."""
-    step = next(n for n, f in versions.STEPS.items() if f.__name__ == "_add_bad_records")
+    step = next(n for n, f in schema_steps.STEPS.items() if f.__name__ == "_add_bad_records")
     path = tmp_path / "a.tfrecord"
     truth = write_tfrecord(path, 4)
     db = tmp_path / "c.sqlite"

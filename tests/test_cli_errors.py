@@ -447,7 +447,7 @@ def test_messages_name_options_not_python_arguments(tmp_path: Path) -> None:
     fails_alike(
         ["query", "SELECT 1", "-c", old],
         f"{old} has catalog schema version 1, this shardcat writes version {SCHEMA_VERSION}: "
-        f"run `catalog migrate --upgrade -c {old}` to upgrade it",
+        f"run `catalog upgrade -c {old}` to upgrade it",
     )
 
 
@@ -473,17 +473,42 @@ def test_recordio_samples_and_the_by_position_hint(tmp_path: Path) -> None:
 
 
 def test_every_python_spelling_the_library_uses_is_translated() -> None:
+    """The CLI renders an error's hint (data), never rewrites its text: the same words
+    without a hint stay as they are; rewording the text keeps the hint's option."""
     from shardcat.cli.common import cli_message
+    from shardcat.errors import CorruptRecordError, Hint
 
-    assert cli_message(
+    rescan = Hint("(rescan=True)", "(catalog ingest --rescan)")
+    damaged = CorruptRecordError(
+        "x.tgz", 0, "the catalog's gzip seek index of this shard is damaged (bad); "
+        "re-ingest the shard", hint=rescan
+    )  # fmt: skip
+    assert str(damaged) == (
         "x.tgz: at byte 0: the catalog's gzip seek index of this shard is damaged (bad); "
         "re-ingest the shard (rescan=True)"
-    ) == (
+    )
+    assert cli_message(str(damaged), damaged.hint) == (
         "x.tgz: at byte 0: the catalog's gzip seek index of this shard is damaged (bad); "
         "re-ingest the shard (catalog ingest --rescan)"
     )
+    reworded = CorruptRecordError("x.tgz", 0, "seek index damaged, index again", hint=rescan)
+    assert reworded.cli_message() == (
+        "x.tgz: at byte 0: seek index damaged, index again (catalog ingest --rescan)"
+    )
     assert cli_message("two\n  lines") == "two lines"
-    assert cli_message("a key=None b") == "a key=None b"  # only whole phrases are rewritten
+    for text in ("a key=None b", "re-ingest (rescan=True)", "index 3 out of range: x"):
+        assert cli_message(text) == text  # text without a hint is never rewritten
+
+
+def test_a_path_that_reads_like_a_python_argument_is_shown_as_it_is(tmp_path: Path) -> None:
+    """Rewriting message text (the CLI did, with regexes) changed paths too: a directory
+    named ``with key=None`` became ``with --by-position`` in the error."""
+    shard = _shard(tmp_path / "with key=None" / "a.tfrecord", ["k0", "k1", "k0"])
+    fails_alike(
+        ["ingest", shard, "-c", tmp_path / "cat.sqlite"],
+        f"duplicate key 'k0' in with key=None/a.tfrecord: records at bytes 0 and "
+        f"{2 * (shard.stat().st_size // 3)} (use --on-duplicate first or last to keep one)",
+    )
 
 
 # -- 1. errors nobody planned for, Ctrl-C --------------------------------------------------

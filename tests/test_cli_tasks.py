@@ -10,6 +10,7 @@ import pytest
 from shardcat import Catalog
 from shardcat.errors import CatalogError, KeyNotFoundError, NoSuchFeatureError
 from shardcat.facade import records, tasks
+from shardcat.facade.migrate import MigrateOptions
 from shardcat.facade.options import IngestOptions
 from shardcat.readers.reader import Reader
 from shardcat.sample import make_sample
@@ -39,14 +40,14 @@ def test_ingest_returns_a_summary_and_creates_no_catalog_without_files(tmp_path:
 def test_verify_returns_the_count(tmp_path: Path):
     make_sample(tmp_path / "d", shards=2, records=7, image_bytes=8)
     tasks.ingest(tmp_path / "c.sqlite", str(tmp_path / "d"), "t", IngestOptions(workers=1))
-    with tasks.open_catalog(tmp_path / "c.sqlite", readonly=True) as cat:
+    with Catalog(tmp_path / "c.sqlite", readonly=True, create=False) as cat:
         result = tasks.verify(cat, "t")
     assert (result.records, result.problems) == (7, [])
 
 
 def test_open_catalog_refuses_a_missing_file(tmp_path: Path):
     with pytest.raises(CatalogError, match="no catalog at"):
-        tasks.open_catalog(tmp_path / "none.sqlite", readonly=True)
+        Catalog(tmp_path / "none.sqlite", readonly=True, create=False)
 
 
 def test_a_tar_feature_reads_one_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -83,6 +84,35 @@ def test_migrate_any_without_paths_or_indexes(tmp_path: Path):
     with pytest.raises(CatalogError):
         tasks.migrate_any([])
     make_sample(tmp_path / "d", shards=1, records=2, image_bytes=8)
-    outcome = tasks.migrate_any([str(tmp_path / "d")], catalog=tmp_path / "c.sqlite", dry_run=True)
+    outcome = tasks.migrate_any(
+        [str(tmp_path / "d")], MigrateOptions(dry_run=True), catalog=tmp_path / "c.sqlite"
+    )
     assert outcome.converted == [] and outcome.report is not None
     assert outcome.report.datasets == [] and not outcome.failed
+
+
+def test_the_library_opens_a_catalog_as_the_commands_do(tmp_path: Path):
+    """One opener: ``Catalog(path)`` makes the checks only the CLI made before."""
+    with pytest.raises(CatalogError) as err:
+        Catalog(tmp_path / "none.sqlite", create=False)
+    assert str(err.value) == (
+        f"no catalog at {tmp_path / 'none.sqlite'}: pass the catalog's path, set "
+        "$SHARDCAT_CATALOG, or create one with Catalog.ingest()"
+    )
+    assert err.value.cli_message() == (
+        f"no catalog at {tmp_path / 'none.sqlite'}: pass --catalog FILE, set "
+        "$SHARDCAT_CATALOG, or create one with `catalog ingest`"
+    )
+    deep = tmp_path / "a" / "b.sqlite"
+    with pytest.raises(CatalogError) as err:
+        Catalog(deep, make_dirs=False)
+    assert str(err.value) == (
+        f"cannot create catalog {deep}: no directory {deep.parent} "
+        "(create it, or pass make_dirs=True)"
+    )
+    assert err.value.cli_message().endswith("(create it, or pass --mkdir)")
+    assert not deep.parent.exists()
+    with pytest.raises(CatalogError, match="it is a directory"):
+        Catalog(tmp_path)
+    Catalog(deep).close()  # by default the library makes the directory
+    assert deep.is_file()

@@ -123,3 +123,16 @@ def test_masked_hides_url_secrets_and_keeps_the_rest(text: str, shown: str) -> N
     error = ShardIOError(f"read failed: {text}", text)
     assert str(error) == f"read failed: {shown}" and error.path == text
     assert isinstance(error, OSError)
+
+
+def test_a_hint_crosses_a_process_boundary_and_keeps_both_spellings() -> None:
+    hint = errors.Hint("(use on_duplicate='first')", "(use --on-duplicate first)")
+    error = errors.DuplicateKeyError("duplicate key 'k' in a.tfrecord", hint=hint)
+    assert str(error) == "duplicate key 'k' in a.tfrecord (use on_duplicate='first')"
+    back = pickle.loads(pickle.dumps(error))
+    assert (str(back), back.hint) == (str(error), hint)
+    assert back.cli_message() == "duplicate key 'k' in a.tfrecord (use --on-duplicate first)"
+    rebuilt = errors.DuplicateKeyError(str(error))  # as torch's DataLoader rebuilds it
+    assert (str(rebuilt), rebuilt.hint) == (str(error), None)
+    lead = errors.CatalogError("must be one of a, b", hint=errors.Hint("x", "--x", lead=True))
+    assert (str(lead), lead.cli_message()) == ("x must be one of a, b", "--x must be one of a, b")

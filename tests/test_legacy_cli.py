@@ -124,3 +124,23 @@ def test_upgrade_and_usage_errors(tmp_path: Path):
         "no catalog at" in run("migrate", "--upgrade", "-c", tmp_path / "no.sqlite", code=1).stderr
     )
     assert "give the directories" in run("migrate", code=1).stderr
+
+
+def test_catalog_upgrade_is_its_own_command_and_migrate_upgrade_says_so(tmp_path: Path):
+    write_tfrecords(tmp_path, shards=1)
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "t", workers=1).close()
+    downgrade_to_v1(db)
+    done = run("upgrade", "-c", db)
+    assert done.stdout == (
+        f"{db}: schema version 8 (upgraded from 1: older shardcat versions can no longer open it)\n"
+    )
+    assert done.stderr == ""
+    assert run("upgrade", "-c", db).stdout == f"{db}: schema version 8 (up to date)\n"
+    old = run("migrate", "--upgrade", "-c", db)
+    assert old.stdout == f"{db}: schema version 8 (up to date)\n"
+    assert old.stderr == (
+        "warning: `catalog migrate --upgrade` is deprecated: run `catalog upgrade`\n"
+    )
+    assert "no catalog at" in run("upgrade", "-c", tmp_path / "no.sqlite", code=1).stderr

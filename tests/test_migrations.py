@@ -21,10 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from shardcat import Catalog, CatalogError, SchemaVersionError
-from shardcat.catalog import versions as migrations
 from shardcat.cli import app
 from shardcat.errors import ShardcatWarning
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
+from shardcat.migrations import schema as migrations
 from shardcat.testing.required import missing
 
 # The catalog tables exactly as shardcat's schema version 1 created them (frozen:
@@ -494,6 +494,23 @@ def _notice(db: Path, found: int) -> str:
         f"upgraded the catalog {db} from schema version {found} to {migrations.SCHEMA_VERSION}: "
         "older shardcat versions can no longer open it (they refuse it as too new)"
     )
+
+
+def test_the_store_alone_never_upgrades_the_opener_does(v1_catalog: Path) -> None:
+    """The steps live above the store (``migrations.schema``): the store refuses an
+    older catalog, naming the version, and the opener (``Catalog``) upgrades it."""
+    from shardcat.catalog.store import Store
+
+    gc.collect()
+    before = v1_catalog.read_bytes()
+    with pytest.raises(SchemaVersionError, match="has catalog schema version 1") as err:
+        Store(v1_catalog)
+    assert err.value.found == 1
+    assert v1_catalog.read_bytes() == before
+    with pytest.warns(ShardcatWarning, match="upgraded the catalog"), Catalog(v1_catalog) as cat:
+        assert cat.datasets()[0].name == "tf"
+    with Store(v1_catalog) as store:
+        assert store.datasets()[0].name == "tf"
 
 
 def test_read_only_opens_never_upgrade(v1_catalog: Path) -> None:

@@ -154,7 +154,7 @@ def test_read_commands_refuse_to_upgrade(tmp_path: Path) -> None:
     before = _file_state(db)
     result = runner.invoke(app, ["query", "SELECT count(*) FROM train", "-c", str(db)])
     assert result.exit_code == 1
-    assert "catalog migrate --upgrade" in result.output
+    assert f"catalog upgrade -c {db}" in result.output
     assert len(result.output.splitlines()) == 1
     assert _file_state(db) == before
 
@@ -215,7 +215,8 @@ def test_open_errors_are_catalog_errors_naming_the_file(
     directory.mkdir()
     with pytest.raises(CatalogError) as err:
         Catalog(directory)
-    assert str(err.value) == f"cannot open catalog {directory}: unable to open database file"
+    # (the opener's check, which the CLI alone made before: it says why)
+    assert str(err.value) == f"cannot open catalog {directory}: it is a directory"
 
 
 # -- 5. checkpoints and immutable opens ---------------------------------------------------

@@ -29,7 +29,7 @@ from shardcat.catalog.backend import dialect_of
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS
 from shardcat.catalog.processes import holder, is_dead, owner_id, tag_of
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
-from shardcat.errors import CatalogError, ShardcatWarning
+from shardcat.errors import CatalogError, Hint, ShardcatWarning
 
 __all__ = [
     "CLAIM_LOST",
@@ -257,15 +257,21 @@ class Waiting:
         )
         if self.timeout is not None and waited >= self.timeout:
             raise CatalogError(
-                f"gave up after waiting {self.timeout:g} s (wait_timeout=) for "
                 f"{what or 'shards other processes hold'}; run the same ingest again "
-                "once they are done, or stop them"
+                "once they are done, or stop them",
+                hint=Hint.naming(
+                    "wait_timeout=",
+                    "--wait-timeout",
+                    before=f"gave up after waiting {self.timeout:g} s (",
+                    after=") for",
+                    lead=True,
+                ),
             )
         if what and what != self.named:
             self.named = what
-            warnings.warn(
+            said = ShardcatWarning(
                 f"waiting for {what} (another ingest of this dataset; a process that "
-                "ends gives its shards to this one; wait_timeout= bounds the wait)",
-                ShardcatWarning,
-                stacklevel=2,
+                "ends gives its shards to this one;",
+                hint=Hint.naming("wait_timeout=", "--wait-timeout", after=" bounds the wait)"),
             )
+            warnings.warn(said, stacklevel=2)

@@ -41,7 +41,7 @@ from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE, ClaimedShard
 from shardcat.catalog.names import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
-from shardcat.errors import CatalogError, DuplicateKeyError
+from shardcat.errors import KEEP_ONE, CatalogError, DuplicateKeyError
 
 __all__ = [
     "BAD_RECORD_POLICIES",
@@ -141,7 +141,8 @@ def dedupe_within(batch: Batch, path: str, policy: str) -> Batch:
         elif policy == "error":
             raise DuplicateKeyError(
                 f"duplicate key {key!r} in {path}: records at bytes {batch.offsets[j]} "
-                f"and {batch.offsets[i]} (use on_duplicate='first' or 'last' to keep one)"
+                f"and {batch.offsets[i]}",
+                hint=KEEP_ONE,
             )
     return batch.select([i for i, key in enumerate(keys) if key is None or winner[key] == i])
 
@@ -193,11 +194,11 @@ def conflicts(
 
 
 def _across(key: str, other: str, other_offset: int, stored: str, mine: int, more: int) -> str:
-    """The message for a key held by two shards."""
+    """The message for a key held by two shards (its hint: ``KEEP_ONE``)."""
     also = f" ({more} more keys are duplicated too)" if more else ""
     return (
         f"duplicate key {key!r}: in {other} at byte {other_offset} and in {stored} at "
-        f"byte {mine}{also} (use on_duplicate='first' or 'last' to keep one)"
+        f"byte {mine}{also}"
     )
 
 
@@ -215,7 +216,8 @@ def resolve_across(
         assert key is not None
         _, other, _, other_offset = clash[key]
         mine = batch.offsets[at]
-        raise DuplicateKeyError(_across(key, other, other_offset, stored, mine, len(clash) - 1))
+        why = _across(key, other, other_offset, stored, mine, len(clash) - 1)
+        raise DuplicateKeyError(why, hint=KEEP_ONE)
     # "first"/"last" mean first/last in position order, i.e. by shard path.
     new_wins = {
         key: (stored < other) == (job.on_duplicate == "first")
@@ -488,7 +490,7 @@ def _settle_duplicates(conn: Connection, job: IngestJob) -> tuple[dict[str, str]
             other = held[key]
             failed[shard_id] = (
                 path,
-                _across(key, other[1], other[4], path, offset, len(clash) - 1),
+                KEEP_ONE.join(_across(key, other[1], other[4], path, offset, len(clash) - 1)),
             )
     else:
         groups: dict[str, list[Any]] = defaultdict(list)

@@ -48,7 +48,7 @@ from shardcat.catalog.engine import damage_reason, pooled_engine
 from shardcat.catalog.lookup import BatchItems, ReadConnection
 from shardcat.catalog.processes import interruption
 from shardcat.catalog.query import Rows
-from shardcat.errors import CatalogError
+from shardcat.errors import MORE_TIME, CatalogError
 
 __all__ = [
     "DIALECT",
@@ -324,8 +324,8 @@ def _query_errors(psycopg: Any, timeout: float | None, started: float) -> Iterat
     except psycopg.errors.QueryCanceled:
         if timeout is not None and time.monotonic() - started >= timeout * 0.9:
             raise CatalogError(
-                f"query exceeded its time limit of {timeout:g} s; "
-                "pass --timeout/timeout= to allow more"
+                f"query exceeded its time limit of {timeout:g} s;",
+                hint=MORE_TIME,
             ) from None
         raise interruption() from None  # Ctrl-C, or SIGTERM/SIGHUP: what came
     except psycopg.errors.ReadOnlySqlTransaction:

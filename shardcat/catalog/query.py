@@ -14,7 +14,7 @@ from typing import Any
 from shardcat.catalog import schema
 from shardcat.catalog.names import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT
 from shardcat.catalog.processes import interruption
-from shardcat.errors import CatalogError
+from shardcat.errors import MORE_TIME, CatalogError, Hint
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
@@ -145,15 +145,18 @@ def check_limits(timeout: float | None, memory: int | None) -> None:
 
 def over_memory(memory: int) -> CatalogError:
     return CatalogError(
-        f"query exceeded its memory limit of {memory / 2**20:g} MB; pass --memory/memory= "
-        "to allow more (--csv and --json stream rows: only one value must fit)"
+        f"query exceeded its memory limit of {memory / 2**20:g} MB;",
+        hint=Hint.naming(
+            "--memory/memory=",
+            "--memory",
+            before="pass ",
+            after=" to allow more (--csv and --json stream rows: only one value must fit)",
+        ),
     )
 
 
 def over_time(timeout: float) -> CatalogError:
-    return CatalogError(
-        f"query exceeded its time limit of {timeout:g} s; pass --timeout/timeout= to allow more"
-    )
+    return CatalogError(f"query exceeded its time limit of {timeout:g} s;", hint=MORE_TIME)
 
 
 def _size(row: tuple[Any, ...]) -> int:

@@ -46,7 +46,7 @@ from shardcat.catalog import schema, tables
 from shardcat.catalog.backend import run
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
-from shardcat.errors import CatalogError, NetworkFilesystemWarning
+from shardcat.errors import REPLACE, CatalogError, NetworkFilesystemWarning
 
 __all__ = ["Provenance", "SnapshotResult", "provenance", "take"]
 
@@ -182,7 +182,7 @@ def _check_target(store: Store, target: Path, overwrite: bool) -> None:
     if source is not None and target.samefile(source):
         raise CatalogError(f"cannot write the snapshot over its own source catalog {target}")
     if not overwrite:
-        raise CatalogError(f"{target} exists (overwrite=True / --force replaces it)")
+        raise CatalogError(f"{target} exists", hint=REPLACE)
 
 
 def _source_name(store: Store) -> str:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, schema, tables, versions
+from shardcat.catalog import datasets, schema, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.backend import Backend, backend_for
 from shardcat.catalog.commit import IngestJob, catalog_error
@@ -35,8 +35,8 @@ from shardcat.catalog.engine import cannot_create_shm, fork_generation, reads_ca
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT, Rows, check_limits
 from shardcat.catalog.session import IngestSession
-from shardcat.catalog.versions import SCHEMA_VERSION, ensure_schema, read_version, too_new
-from shardcat.errors import CatalogError, SchemaVersionError
+from shardcat.catalog.versions import SCHEMA_VERSION, ensure_schema, read_version, too_new, too_old
+from shardcat.errors import CatalogError, checkpoint_hint
 
 __all__ = ["Store", "check_name", "open_catalogs"]
 
@@ -65,9 +65,9 @@ def check_name(name: str) -> None:
 class Store:
     """One catalog file as SQL: datasets, shards, keys and byte offsets.
 
-    ``Store(path)`` (and so ``Catalog(path)``) opens (creating or upgrading when
-    needed) the SQLite catalog at ``path``; without a path, ``$SHARDCAT_CATALOG`` is used, then
-    ``./shardcat.sqlite``; the write lock is only taken to create or upgrade.
+    ``Store(path)`` opens (creating when needed) the SQLite catalog at ``path``
+    (None: ``$SHARDCAT_CATALOG``, then ``./shardcat.sqlite``); an older schema is
+    refused: the opener (:mod:`shardcat.facade.opener`) upgrades it first.
     ``readonly=True`` opens it without ever creating, upgrading or changing a
     file (for catalogs on shared filesystems that one host indexed); in a
     read-only directory or mount, where SQLite cannot create the ``-shm`` file,
@@ -145,10 +145,8 @@ class Store:
         unsaved = unsaved_wal(file) if file is not None and self.immutable else None
         if unsaved is not None:
             raise CatalogError(
-                f"{self.path} has commits in {self.path}-wal that {unsaved} in the main "
-                "file, so immutable=True would not see them: open it with readonly=True "
-                "instead, or checkpoint it where it is written "
-                f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                f"{self.path} has commits in {self.path}-wal that {unsaved} in the main file,",
+                hint=checkpoint_hint(self.path, unseen=True),
             )
         version = self._read_version()
         if version is None:
@@ -156,20 +154,17 @@ class Store:
         if version > SCHEMA_VERSION:
             raise too_new(str(self.path), version)
         if version < SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path} has catalog schema version {version}, this shardcat "
-                f"writes version {SCHEMA_VERSION}: open it once without readonly=True "
-                "(or run `catalog migrate --upgrade`) to upgrade it"
-            )
+            raise too_old(str(self.path), version)
 
     def _open_schema(self, engine: Engine) -> int | None:
-        """The schema version found, creating or upgrading the schema when needed.
+        """The schema version found, creating the schema in a new catalog.
 
         The version is read without the write lock (a deferred transaction): an
         open that changes nothing never waits for another process's ingest.
-        Creating or upgrading takes the lock, and ``ensure_schema`` reads the
-        version again under it. Processes creating one new catalog at once may
-        see "database is locked" without a busy wait: retried up to the busy timeout.
+        Creating takes the lock; ``ensure_schema`` reads the version again under
+        it. An older catalog is refused: the opener upgrades it first. Processes
+        creating one new catalog at once may see "database is locked" without a
+        busy wait: retried up to the busy timeout.
         """
         deadline = time.monotonic() + engine_module.BUSY_TIMEOUT_MS / 1000
         while True:
@@ -177,11 +172,12 @@ class Store:
                 with engine.connect().execution_options(immediate=False) as conn:
                     with conn.begin():
                         version = read_version(conn)
-                    if version is None or version < SCHEMA_VERSION:
+                    if version is not None and version < SCHEMA_VERSION:
+                        raise too_old(str(self.path), version)  # the opener upgrades it
+                    if version is None:
                         conn.execution_options(immediate=True)
                         with conn.begin():
-                            found = ensure_schema(conn, str(self.path))
-                        versions.say_upgraded(str(self.path), found)  # once committed
+                            ensure_schema(conn, str(self.path))
                 return version
             except DBAPIError as exc:
                 if "locked" not in str(exc.orig) or time.monotonic() > deadline:
@@ -211,8 +207,10 @@ class Store:
                     raise CatalogError(
                         f"cannot open {self.path} read-only: SQLite needs to create "
                         f"{self.path}-shm (the directory is read-only) to read the commits "
-                        f"in {self.path}-wal; checkpoint it where it is written "
-                        f"(`catalog checkpoint -c {self.path}`, Catalog.checkpoint())"
+                        f"in {self.path}-wal;",
+                        hint=checkpoint_hint(
+                            self.path, before="checkpoint it where it is written "
+                        ),
                     ) from None
                 self._reads.close()
                 self.immutable = True

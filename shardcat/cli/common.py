@@ -1,6 +1,7 @@
 """What every command shares besides its options (those are in :mod:`.options`):
 which catalog it uses and opening it through the library, error handling (one line
-per failure, in the CLI's spelling), progress bars, and making text safe to print."""
+per failure, its hint in the CLI's spelling), progress bars, and making text safe to
+print."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import signal
 import sqlite3
 import sys
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import typer
 
 from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
-from shardcat.errors import ShardcatError, ShardcatWarning, masked
+from shardcat.errors import Hint, ShardcatError, ShardcatWarning, masked
 
 if TYPE_CHECKING:  # the library is imported when a command runs, not for --help
     from rich.progress import Progress
@@ -77,59 +77,33 @@ def open_catalog(
     *,
     readonly: bool = False,
     immutable: bool = False,
-    create: bool = False,
 ) -> Catalog:
-    """The catalog of :func:`catalog_path`, opened by :func:`shardcat.facade.tasks.open_catalog`
-    (it must exist unless ``create``; commands that only read pass ``readonly=True``
-    or ``immutable=True``, so the file is never created, upgraded or changed)."""
-    from shardcat.facade import tasks
+    """The catalog of :func:`catalog_path`, opened as the library opens it
+    (``Catalog``, through :mod:`shardcat.facade.opener`) but never creating a file
+    or a directory (only ``catalog ingest`` creates one); commands that only read
+    pass ``readonly=True`` or ``immutable=True``, so the file is never created,
+    upgraded or changed."""
+    from shardcat.facade.catalog import Catalog
 
-    return tasks.open_catalog(
-        catalog_path(path), readonly=readonly, immutable=immutable, create=create
+    return Catalog(
+        catalog_path(path), readonly=readonly, immutable=immutable, create=False, make_dirs=False
     )
 
 
-# The library's messages name Python arguments; the CLI's name its options.
-_CLI_SPELLING: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\bon_duplicate='first' or 'last'"), "--on-duplicate first or last"),
-    (re.compile(r"\bon_duplicate must be\b"), "--on-duplicate must be"),
-    (re.compile(r"\(on_bad_record='skip' indexes"), "(catalog ingest --on-bad-record skip indexes"),
-    (re.compile(r"\bon_bad_record must be\b"), "--on-bad-record must be"),
-    (re.compile(r"\bpass format= "), "pass --format "),
-    (re.compile(r"--timeout/timeout="), "--timeout"),
-    (re.compile(r"\bwait_timeout="), "--wait-timeout"),
-    (re.compile(r"\(overwrite=True / --force "), "(--force "),
-    (re.compile(r"\bwith key=None\b"), "with --by-position"),
-    (re.compile(r"^index (-?\d+) out of range: "), r"--index \1 out of range: "),
-    (re.compile(r"\(rescan=True\)"), "(catalog ingest --rescan)"),
-    (re.compile(r"\bpass make_dirs=True\)"), "pass --mkdir)"),
-    (re.compile(r"\bso immutable=True\b"), "so --immutable"),
-    (re.compile(r"\bopen it with readonly=True instead\b"), "open it with --readonly instead"),
-    (re.compile(r", Catalog\.checkpoint\(\)\)"), ")"),
-    (
-        re.compile(
-            r"^(?P<path>.+?) (?P<has>has catalog schema version .*?): open it once without "
-            r"readonly=True \(or run `catalog migrate --upgrade`\) to upgrade it"
-        ),
-        r"\g<path> \g<has>: run `catalog migrate --upgrade -c \g<path>` to upgrade it",
-    ),
-]
-
-
-def cli_message(text: str) -> str:
-    """A library message in the CLI's spelling (``--format``, ``--on-duplicate``,
-    ``--by-position`` instead of ``format=``, ``on_duplicate='first'``,
-    ``key=None``), on one line, its URLs without their secrets (:func:`masked`)."""
+def cli_message(text: str, hint: Hint | None = None) -> str:
+    """A library message as the CLI shows it: its hint (the option or command meant)
+    in the CLI's spelling (:meth:`~shardcat.errors.Hint.render`), on one line, its
+    URLs without their secrets (:func:`masked`). The text itself is never rewritten."""
     text = masked(text)
-    for pattern, replacement in _CLI_SPELLING:
-        text = pattern.sub(replacement, text)
+    if hint is not None:
+        text = hint.render(text)
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _describe(exc: Exception) -> str:
     """One line for an error a command did not handle itself."""
     if isinstance(exc, ShardcatError):
-        return cli_message(str(exc))
+        return cli_message(str(exc), exc.hint)
     if isinstance(exc, OSError):
         why = exc.strerror or str(exc)
         return cli_message(why if exc.filename is None else f"{exc.filename}: {why}")
@@ -150,7 +124,8 @@ def _plain_warnings() -> Iterator[None]:
 
         def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
             if issubclass(category, ShardcatWarning):
-                typer.echo(f"warning: {cli_message(str(message))}", err=True)
+                hint = getattr(message, "hint", None)
+                typer.echo(f"warning: {cli_message(str(message), hint)}", err=True)
             else:
                 shown(message, category, *args, **kwargs)
 

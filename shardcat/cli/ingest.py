@@ -195,7 +195,7 @@ def _failed_shards(exc: IngestError, total: int) -> str:
     the set, as the progress callback said). One failed shard alone is its own
     error; otherwise each is listed first (``failed: ...``)."""
     total = max(total, len(exc.failures))
-    failures = [cli_message(str(failure.error)) for failure in exc.failures]
+    failures = [cli_message(str(f.error), f.hint) for f in exc.failures]
     if len(failures) == 1 and total == 1:
         return failures[0]
     for failure in failures:

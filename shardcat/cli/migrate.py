@@ -1,9 +1,11 @@
-"""migrate: legacy index files (tfd-utils, MXNet/DALI, vahidk) into the catalog;
-``--upgrade``: a catalog's schema to this shardcat's version."""
+"""migrate: legacy index files (tfd-utils, MXNet/DALI, vahidk) into the catalog,
+and tensorblob directories converted in place; upgrade: a catalog's schema to this
+shardcat's version (``migrate --upgrade``, its older spelling, still works)."""
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,97 +26,109 @@ from shardcat.cli.options import (
     WorkersOpt,
     storage_options,
 )
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, ShardcatWarning
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from shardcat.facade.migrate import MigrationStep
+    from shardcat.facade.migrate import MigrateOptions, MigrationStep
+    from shardcat.facade.tasks import MigrateOutcome
     from shardcat.migrations.legacy.report import MigrationReport
 
 # What migrate re-reads per shard by default (migrations.legacy.verify.DEFAULT_SAMPLE, which
 # a test keeps equal; imported here it would load the readers for --help).
 DEFAULT_SAMPLE = 64
 
+PathsArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Directories (walked, see --depth), legacy index files, shard files or globs "
+        "(index files are found beside the shards by their names)."
+    ),
+]
+DepthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--depth",
+        min=0,
+        help="How many directory levels below each directory to look into "
+        "(0: the directory alone; default: the whole tree, hidden directories left out).",
+        show_default=False,
+    ),
+]
+PatternOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pattern",
+        metavar="GLOB",
+        help="Index file names to look for in directories, e.g. '*.tar_index' or "
+        "'*.pkl' (repeatable; default: *.index, *.tar_index, *.idx, *.tfindex).",
+    ),
+]
+DatasetOpt = Annotated[
+    str | None,
+    typer.Option("--dataset", "-d", help="Dataset name (default: from the shard names)."),
+]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Verify and show what would happen; write nothing.")
+]
+RemapOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--remap",
+        metavar="OLD=NEW",
+        help="Rewrite shard paths recorded in tfd-utils indexes that start with OLD "
+        "(repeatable); NEW may be a URL (s3://bucket/train) when the shards moved "
+        "to object storage.",
+    ),
+]
+FieldsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--fields/--no-fields",
+        help="Fill the SQL fields too: re-reads every record (as slow as catalog ingest). "
+        "Default: as the dataset was ingested before, else --no-fields.",
+        show_default=False,
+    ),
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key", "-k", help="tfd-utils TFRecord indexes: the key feature (default: detected)."
+    ),
+]
+SampleOpt = Annotated[
+    int,
+    typer.Option(
+        help="Entries re-read per remote shard to verify it (the first, the last and evenly "
+        "spaced ones; 0: all of them). Every entry of a local shard is re-read."
+    ),
+]
+UpgradeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--upgrade",
+        help="Deprecated: use `catalog upgrade`. Only upgrade the catalog's schema (no PATHS).",
+    ),
+]
+
 
 @handle_errors(interrupted=RERUN_TO_FINISH)
 def migrate(
-    paths: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Directories (walked, see --depth), legacy index files, shard files or globs "
-            "(index files are found beside the shards by their names)."
-        ),
-    ] = None,
-    depth: Annotated[
-        int | None,
-        typer.Option(
-            "--depth",
-            min=0,
-            help="How many directory levels below each directory to look into "
-            "(0: the directory alone; default: the whole tree, hidden directories left out).",
-            show_default=False,
-        ),
-    ] = None,
-    pattern: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pattern",
-            metavar="GLOB",
-            help="Index file names to look for in directories, e.g. '*.tar_index' or "
-            "'*.pkl' (repeatable; default: *.index, *.tar_index, *.idx, *.tfindex).",
-        ),
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        typer.Option("--dataset", "-d", help="Dataset name (default: from the shard names)."),
-    ] = None,
+    paths: PathsArg = None,
+    depth: DepthOpt = None,
+    pattern: PatternOpt = None,
+    dataset: DatasetOpt = None,
     catalog: CatalogOpt = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Verify and show what would happen; write nothing.")
-    ] = False,
-    remap: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--remap",
-            metavar="OLD=NEW",
-            help="Rewrite shard paths recorded in tfd-utils indexes that start with OLD "
-            "(repeatable); NEW may be a URL (s3://bucket/train) when the shards moved "
-            "to object storage.",
-        ),
-    ] = None,
+    dry_run: DryRunOpt = False,
+    remap: RemapOpt = None,
     storage_option: StorageOpt = None,
-    fields: Annotated[
-        bool | None,
-        typer.Option(
-            "--fields/--no-fields",
-            help="Fill the SQL fields too: re-reads every record (as slow as catalog ingest). "
-            "Default: as the dataset was ingested before, else --no-fields.",
-            show_default=False,
-        ),
-    ] = None,
-    key: Annotated[
-        str | None,
-        typer.Option(
-            "--key", "-k", help="tfd-utils TFRecord indexes: the key feature (default: detected)."
-        ),
-    ] = None,
-    sample: Annotated[
-        int,
-        typer.Option(
-            help="Entries re-read per remote shard to verify it (the first, the last and evenly "
-            "spaced ones; 0: all of them). Every entry of a local shard is re-read."
-        ),
-    ] = DEFAULT_SAMPLE,
+    fields: FieldsOpt = None,
+    key: KeyOpt = None,
+    sample: SampleOpt = DEFAULT_SAMPLE,
     workers: WorkersOpt = None,
     on_duplicate: OnDuplicateOpt = "error",
-    upgrade_only: Annotated[
-        bool,
-        typer.Option(
-            "--upgrade",
-            help="Only upgrade the catalog's schema to this shardcat's version (no PATHS).",
-        ),
-    ] = False,
+    upgrade_only: UpgradeOpt = False,
     json: JsonOpt = False,
 ) -> None:
     """Import legacy index files into the catalog, so readers open without re-indexing.
@@ -135,54 +149,71 @@ def migrate(
     TensorBlob/TensorDB in place (no block copied). Exit code 1 if
     any shard failed.
     """
-    from shardcat.facade import tasks
-
     if upgrade_only:
+        warnings.warn(
+            "`catalog migrate --upgrade` is deprecated: run `catalog upgrade`",
+            ShardcatWarning,
+            stacklevel=1,
+        )
         if paths:
             raise CatalogError("--upgrade takes no PATHS")
-        done = tasks.upgrade_catalog(catalog)
-        typer.echo(
-            f"{done.path}: schema version {done.now}"
-            + (
-                f" (upgraded from {done.found}: older shardcat versions can no longer open it)"
-                if 0 < done.found < done.now
-                else " (up to date)"
-            )
-        )
+        _upgrade(catalog)
         return
     if not paths:
         raise CatalogError("give the directories or index files to migrate (see --help)")
-    where = catalog_path(catalog, announce=False)  # named below once a legacy import ran
+    from shardcat.facade.migrate import MigrateOptions
+
+    opts = MigrateOptions(
+        dataset=dataset,
+        dry_run=dry_run,
+        remap=remap or [],
+        fields=fields,
+        key=key,
+        sample=sample,
+        workers=workers,
+        on_duplicate=on_duplicate,
+        max_depth=depth,
+        pattern=pattern or None,
+        storage_options=storage_options(storage_option) or None,
+    )
+    outcome = _import(paths, opts, catalog, quiet=json)
+    _print_converted(outcome)
+    if outcome.report is None:
+        return
+    catalog_path(catalog)  # the command ends naming the catalog it imported into
+    if json:
+        print_json(outcome.report.to_dict())
+    else:
+        print_report(outcome.report)
+    if outcome.failed:
+        raise typer.Exit(1)
+
+
+def _import(
+    paths: list[str], opts: MigrateOptions, catalog: str | None, *, quiet: bool
+) -> MigrateOutcome:
+    """Run the migration with a progress bar per step (verify, commit), opened at the
+    first legacy step (a tensorblob conversion shows none)."""
+    from shardcat.facade import tasks
+
+    where = catalog_path(catalog, announce=False)  # named once a legacy import ran
     with contextlib.ExitStack() as stack:
-        bars: list[Progress] = []  # opened at the first legacy step, not for tensorblob
+        bars: list[Progress] = []
         steps: dict[str, TaskID] = {}
 
         def progress(step: MigrationStep, total: int) -> None:
             if not bars:
-                bars.append(stack.enter_context(progress_bar("{task.description}", disable=json)))
+                bars.append(stack.enter_context(progress_bar("{task.description}", disable=quiet)))
             bar = bars[0]
             if step.name not in steps:
                 steps[step.name] = bar.add_task(step.name, total=total)
             bar.update(steps[step.name], completed=step.done, total=total)
 
-        outcome = tasks.migrate_any(
-            paths,
-            catalog=where,
-            dataset=dataset,
-            dry_run=dry_run,
-            remap=remap or [],
-            fields=fields,
-            key=key,
-            sample=sample,
-            workers=workers,
-            on_duplicate=on_duplicate,
-            progress=progress,
-            max_depth=depth,
-            pattern=pattern or None,
-            storage_options=storage_options(storage_option) or None,
-        )
-    if outcome.report is not None:
-        catalog_path(catalog)  # the command ends naming the catalog it imported into
+        return tasks.migrate_any(paths, opts, catalog=where, progress=progress)
+
+
+def _print_converted(outcome: MigrateOutcome) -> None:
+    """A line per tensorblob directory converted (or, in a dry run, to convert)."""
     for converted in outcome.converted:
         if converted.kind is None:
             typer.echo(
@@ -194,14 +225,32 @@ def migrate(
                 f"{converted.path}: tensorblob {converted.kind} of {converted.rows:,} rows "
                 "converted in place (the tensorblob package can no longer open it)"
             )
-    if outcome.report is None:
-        return
-    if json:
-        print_json(outcome.report.to_dict())
-    else:
-        print_report(outcome.report)
-    if outcome.failed:
-        raise typer.Exit(1)
+
+
+@handle_errors
+def upgrade(catalog: CatalogOpt = None) -> None:
+    """Upgrade the catalog's schema to this shardcat's version, in place.
+
+    Opening a catalog for writing (any command that writes, Catalog(path) in
+    Python) upgrades it too; commands that only read never do, and name this
+    command instead. Older shardcat versions can no longer open an upgraded
+    catalog.
+    """
+    _upgrade(catalog)
+
+
+def _upgrade(catalog: str | None) -> None:
+    from shardcat.facade import tasks
+
+    done = tasks.upgrade_catalog(catalog)
+    typer.echo(
+        f"{done.path}: schema version {done.now}"
+        + (
+            f" (upgraded from {done.found}: older shardcat versions can no longer open it)"
+            if 0 < done.found < done.now
+            else " (up to date)"
+        )
+    )
 
 
 def print_report(report: MigrationReport) -> None:
@@ -256,3 +305,4 @@ def print_report(report: MigrationReport) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command()(migrate)
+    app.command()(upgrade)

@@ -41,6 +41,7 @@ from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
+from shardcat.facade import opener
 from shardcat.facade.dataset_options import detect_options, field_types
 from shardcat.facade.ingest import (
     ProvideEntries,
@@ -69,11 +70,14 @@ class Catalog:
     :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (also as a context manager).
 
     ``Catalog(path, readonly=False, immutable=False)`` opens its store
-    (:class:`~shardcat.catalog.store.Store`, kept as :attr:`store`: created or
-    upgraded when needed; without a path ``$SHARDCAT_CATALOG``, then
+    (:class:`~shardcat.catalog.store.Store`, kept as :attr:`store`) through the
+    opener (:mod:`shardcat.facade.opener`, as every ``catalog`` command does):
+    created or upgraded when needed; without a path ``$SHARDCAT_CATALOG``, then
     ``./shardcat.sqlite``; a ``postgresql://`` URL opens a server catalog;
-    ``readonly`` never writes, ``immutable`` takes no locks at all). Errors
-    opening it are :class:`CatalogError` naming it.
+    ``readonly`` never writes, ``immutable`` takes no locks at all.
+    ``create=False``: a missing file is refused instead of created;
+    ``make_dirs=False``: so is a missing directory. Errors opening it are
+    :class:`CatalogError` naming it (and what to do, as its ``hint``).
     """
 
     def __init__(
@@ -82,9 +86,15 @@ class Catalog:
         *,
         readonly: bool = False,
         immutable: bool = False,
+        create: bool = True,
+        make_dirs: bool = True,
     ) -> None:
+        def store(where: Path | str, mode: opener.Mode) -> Store:
+            return Store(where, readonly=mode.readonly, immutable=mode.immutable)
+
+        mode = opener.Mode.of(readonly=readonly, immutable=immutable)
         #: the store: SQL and nothing else (what the CLI and tools below the facade use)
-        self.store = Store(path, readonly=readonly, immutable=immutable)
+        self.store = opener.open_with(store, path, mode, create=create, make_dirs=make_dirs)
 
     @property
     def path(self) -> Path | str:
@@ -358,15 +368,21 @@ class Catalog:
             on_bad_record=opts.on_bad_record,
         )
 
-    def migrate(self, paths: PathsLike, **options: Any) -> MigrationReport:
+    def migrate(
+        self, paths: PathsLike, *, progress: Progress | None = None, **options: Any
+    ) -> MigrationReport:
         """Import the legacy index files found for ``paths`` (tfd-utils pickles,
         MXNet/DALI ``.idx``, DALI/vahidk ``tfrecord2idx`` files) into this catalog,
         verifying each shard first; returns the report. Directories are walked
         (``max_depth``, ``pattern``); each legacy index becomes one dataset.
-        ``options``: those of :func:`shardcat.facade.migrate.migrate` (``dataset``,
-        ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``, ``workers``,
-        ``max_depth``, ``pattern``, ...)."""
-        return legacy_import.migrate(paths, catalog=self, open_catalog=type(self), **options)
+        ``options``: the fields of :class:`~shardcat.facade.migrate.MigrateOptions`
+        (``dataset``, ``dry_run``, ``remap``, ``fields``, ``key``, ``sample``,
+        ``workers``, ``max_depth``, ``pattern``, ...); ``progress(step, total)``
+        as for :func:`shardcat.facade.migrate.migrate`."""
+        opts = legacy_import.MigrateOptions(**options)
+        return legacy_import.migrate(
+            paths, opts, catalog=self, open_catalog=type(self), progress=progress
+        )
 
     def dataset(self, name: str, *, verify: bool = True, verify_crc: bool | None = None) -> Reader:
         """A reader over the dataset ``name`` (no re-indexing happens). Every read is
@@ -581,9 +597,17 @@ def discard_if_empty(path: Path) -> None:
 
 
 def migrate(
-    paths: PathsLike, *, catalog: str | os.PathLike[str] | None = None, **options: Any
+    paths: PathsLike,
+    *,
+    catalog: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    **options: Any,
 ) -> MigrationReport:
     """Import the legacy index files found for ``paths`` into the catalog at
     ``catalog`` (default: the one readers of the shards use, ``shardcat.sqlite``
-    beside them, per legacy index); ``options`` as for :meth:`Catalog.migrate`."""
-    return legacy_import.migrate(paths, catalog=catalog, open_catalog=Catalog, **options)
+    beside them, per legacy index); ``options`` and ``progress`` as for
+    :meth:`Catalog.migrate`."""
+    opts = legacy_import.MigrateOptions(**options)
+    return legacy_import.migrate(
+        paths, opts, catalog=catalog, open_catalog=Catalog, progress=progress
+    )

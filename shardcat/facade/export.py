@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from shardcat.catalog import export as rows
 from shardcat.catalog.sync import absolute_path
-from shardcat.errors import CatalogError, StaleShardError
+from shardcat.errors import REPLACE, CatalogError, StaleShardError
 from shardcat.facade.catalog import Catalog
 from shardcat.formats.base import Entry
 from shardcat.formats.registry import get_format
@@ -105,7 +105,7 @@ def export_index(
             raise CatalogError(f"{seen[target]} and {path} would both get the index {target}")
         seen[target] = path
         if not overwrite and target.exists():
-            raise CatalogError(f"{target} exists (overwrite=True / --force replaces it)")
+            raise CatalogError(f"{target} exists", hint=REPLACE)
     for row, target in zip(shards, targets, strict=True):
         entries = [
             Entry(str(row[6] + ordinal) if by_position else key, offset, length)

@@ -37,7 +37,9 @@ from shardcat.catalog.processes import end_with_parent, stops_held
 from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
+    KEEP_ONE,
     CorruptRecordError,
+    Hint,
     IngestError,
     LegacyIndexError,
     ShardcatError,
@@ -64,8 +66,13 @@ __all__ = [
 
 POLL_SECONDS = 0.2
 _UNSET: Any = object()
-#: what a shard's error adds when a bad record failed it (the library's spelling)
-SKIP_HINT = " (on_bad_record='skip' indexes the other records)"
+#: what a shard's error adds when a bad record failed it
+SKIP_HINT = Hint.naming(
+    "on_bad_record='skip'",
+    "catalog ingest --on-bad-record skip",
+    before="(",
+    after=" indexes the other records)",
+)
 STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
@@ -77,12 +84,14 @@ ProvideEntries = Callable[[str, os.stat_result], ShardScan | None]
 @dataclass(frozen=True)
 class ShardOutcome:
     """One shard indexed: its records, the records the commit dropped as duplicate
-    keys (of this shard or of others it won against), or why it failed."""
+    keys (of this shard or of others it won against), or why it failed (``hint``:
+    what to do about it, see :class:`~shardcat.errors.Hint`)."""
 
     path: str
     records: int
     error: str | None = None
     duplicates: int = 0
+    hint: Hint | None = None
 
 
 def same_file(row: Any, st: os.stat_result, path: str) -> bool | None:
@@ -225,7 +234,7 @@ def _failed(
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         raise exc  # stopped: no more catalog work here (see run_ingest)
     if isinstance(exc, (ShardcatError, OSError)):
-        message = str(exc)
+        message, hint = str(exc), getattr(exc, "hint", None)
         for local, shown in renames:
             message = message.replace(local, shown)
         if isinstance(exc, OSError) and not isinstance(exc, ShardcatError):
@@ -236,9 +245,9 @@ def _failed(
             and not isinstance(exc, LegacyIndexError)
             and session.job.on_bad_record == "raise"
         ):
-            message += SKIP_HINT
+            message, hint = SKIP_HINT.join(message), SKIP_HINT
         session.fail(shard, message)
-        return ShardOutcome(shard.stored, 0, message)
+        return ShardOutcome(shard.stored, 0, message, hint=hint)
     try:
         session.release(shard)  # give it back
     except SQLAlchemyError:
@@ -440,7 +449,7 @@ def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
     failed, lost = session.finish_key_index()  # the key index, if this was a first ingest
     session.close()
     return [
-        ShardOutcome(o.path, 0, failed[o.path])
+        ShardOutcome(o.path, 0, failed[o.path], hint=KEEP_ONE)
         if o.path in failed
         else ShardOutcome(o.path, o.records - lost[o.path], o.error, o.duplicates + lost[o.path])
         if o.path in lost

@@ -34,7 +34,7 @@ import gc
 import os
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import CatalogError, IngestError, MissingShardError
 from shardcat.facade.dataset_options import detect_options
 from shardcat.facade.ingest import ProvideEntries, ShardOutcome
-from shardcat.facade.options import KEEP, IngestOptions, Progress
+from shardcat.facade.options import IngestOptions, Progress
 from shardcat.facade.remote_detect import SNIFF_HEAD, SNIFF_REMOTE, head_copy
 from shardcat.formats import mxnet_idx
 from shardcat.formats.base import Columns, Entry, Mismatch, ShardScan
@@ -60,7 +60,7 @@ from shardcat.paths import PathsLike, as_patterns, resolve_paths
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources.remote import configure, is_url, listed_info, protocol_of, remote_info
 
-__all__ = ["MigrationStep", "migrate", "migrate_for_reader"]
+__all__ = ["MigrateOptions", "MigrationStep", "migrate", "migrate_for_reader"]
 
 # Opens a catalog by path (shardcat.Catalog): ``open_catalog(path, readonly=...)``.
 OpenCatalog = Callable[..., Any]
@@ -74,6 +74,56 @@ class MigrationStep:
 
     name: str
     done: int
+
+
+@dataclass(frozen=True)
+class MigrateOptions:
+    """How :func:`migrate` imports legacy indexes (the keywords of
+    :meth:`Catalog.migrate <shardcat.Catalog.migrate>` and :func:`shardcat.migrate`).
+
+    ``dataset``: the dataset name (only when the indexes make one dataset;
+    default: the dataset already holding these shards, else named after the
+    files). ``dry_run``: verify and report, write nothing. ``remap``:
+    ``{OLD_PREFIX: NEW_PREFIX}`` (or ``"OLD=NEW"`` strings) for shard paths
+    recorded in tfd-utils indexes. ``fields``: True fills the SQL fields,
+    re-indexing every shard from its data (as slow as a fresh ingest); False
+    imports without them; None (default): as the dataset was ingested before,
+    else False. ``key``: the key feature of tfd-utils TFRecord indexes
+    (default: as the dataset was ingested before, else read off the records).
+    ``sample``: entries re-read per remote shard (0: all; every entry of a local
+    shard is). ``workers``: processes re-indexing shards. ``on_duplicate``: as
+    for :meth:`Catalog.ingest <shardcat.Catalog.ingest>`. ``max_depth``: how
+    many levels directories are walked (None: the whole tree). ``pattern``: shell
+    patterns of the index file names looked for in directories (default:
+    ``*.index``, ``*.tar_index``, ``*.idx``, ``*.tfindex``).
+    ``storage_options``: fsspec options for shards on object storage (a
+    ``remap`` to ``s3://...``), stored with the dataset without secrets.
+    """
+
+    dataset: str | None = None
+    dry_run: bool = False
+    remap: Mapping[str, str] | Iterable[tuple[str, str] | str] | None = None
+    fields: bool | None = None
+    key: str | None = None
+    sample: int = DEFAULT_SAMPLE
+    workers: int | None = None
+    on_duplicate: str = "error"
+    max_depth: int | None = None
+    pattern: str | Sequence[str] | None = None
+    storage_options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        IngestOptions(on_duplicate=self.on_duplicate)  # refused here as ingest refuses it
+
+
+@dataclass(frozen=True)
+class _ForReader:
+    """What :func:`migrate_for_reader` adds: the patterns the reader was opened with
+    (the dataset is made of them), its format and its dataset options."""
+
+    source: list[str]
+    format: str | None
+    overrides: Mapping[str, Any]
 
 
 def _parse_remap(
@@ -214,8 +264,11 @@ def _provider(st: os.stat_result, entries: list[Entry], report: ShardReport) -> 
 
 
 class _Ticker:
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total, self.progress, self.done = total, progress, {"verify": 0, "commit": 0}
+    """Counts the shards each step has done and reports them to ``progress`` (out of
+    ``total``, set once the plans are made)."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.total, self.progress, self.done = 0, progress, {"verify": 0, "commit": 0}
 
     def __call__(self, step: str) -> None:
         self.done[step] += 1
@@ -233,107 +286,129 @@ def _free_name(cat: Any, base: str) -> str:
     return base if cat is None else cat.store.unused_name(base)
 
 
-def _migrate_plan(
+@dataclass(frozen=True)
+class _Run:
+    """One migration's settings, shared by every plan: its options, the catalog given
+    (a :class:`Catalog`, a path or URL, or None), how to open one by path, the
+    progress ticker, and what a reader adds (:func:`migrate_for_reader`)."""
+
+    opts: MigrateOptions
+    catalog: Any
+    open_catalog: OpenCatalog
+    tick: _Ticker
+    reader: _ForReader | None = None
+    remap: list[tuple[str, str]] = field(default_factory=list)  # opts.remap, parsed
+
+
+def _target(run: _Run, plan: Plan) -> tuple[Path | str | None, str]:
+    """Where a plan's dataset goes: the catalog path to open (None: the
+    :class:`Catalog` given) and the directory its shard paths are stored relative to."""
+    if _is_open(run.catalog):
+        return None, run.catalog.store.directory
+    if run.catalog is not None and backend_for(run.catalog).local_file is None:
+        return str(run.catalog), ""  # a catalog that is no local file stores paths absolute
+    # remote shards: the default catalog (there is no "beside them" on object storage)
+    far = any(is_url(f) for f in plan.files)
+    beside = None if far else os.path.commonpath([os.path.dirname(f) for f in plan.files])
+    where = locate(run.catalog, beside).absolute()
+    return where, str(where.parent)
+
+
+def _verify_shards(
+    run: _Run,
     plan: Plan,
-    *,
-    catalog: Any,
-    open_catalog: OpenCatalog,
-    dataset: str | None,
-    dry_run: bool,
-    opts: IngestOptions,
-    sample: int,
-    tick: _Ticker,
-    overrides: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> DatasetReport:
-    fields = opts.fields
-    key = None if not isinstance(opts.key, str) else opts.key
-    missing = [
+    options: Mapping[str, Any],
+    known: Mapping[str, tuple[int, int, str, int]],
+    directory: str,
+    fields: bool,
+    rescan: bool,
+) -> tuple[dict[str, ShardReport], dict[str, ProvideEntries]]:
+    """Each file of the plan checked against its legacy entries: unchanged since
+    the catalog indexed it, importable (verified entries, handed to the ingest), or
+    to be re-indexed from its data (the report says why)."""
+    storage = options.get(STORAGE_OPTIONS)
+    reports: dict[str, ShardReport] = {}
+    provided: dict[str, ProvideEntries] = {}
+    for path in plan.files:
+        index, shard = plan.shards.get(path, (None, None))
+        report = reports[path] = ShardReport(
+            path,
+            None if index is None else index.path,
+            "re-index",
+            resolved_by="" if shard is None else shard.resolved_by,
+        )
+        try:
+            st = _stat(path, storage)
+        except MissingShardError:
+            report.action, report.reason = "failed", "shard not found (is it moved? see --remap)"
+            run.tick("verify")
+            continue
+        before = known.get(stored_path(path, directory))
+        if (
+            not rescan
+            and before is not None
+            and before[:3] == (st.st_size, st.st_mtime_ns, "ready")
+        ):
+            report.action, report.records = "unchanged", before[3]
+        elif index is None or shard is None:
+            report.reason = "not in any legacy index"
+        elif fields:
+            report.reason = "--fields: SQL fields are read from the data"
+        else:
+            try:
+                entries, report.checked = verify_shard(
+                    plan.format, index, shard, st, options, run.opts.sample
+                )
+            except Mismatch as exc:
+                report.reason = f"legacy index does not match the file: {exc}"
+            else:
+                report.action, report.verified, report.records = "import", True, len(entries)
+                provided[path] = _provider(st, entries, report)
+            shard.rows = []  # the entries (or the re-index) replace them
+        run.tick("verify")
+    return reports, provided
+
+
+def _missing(plan: Plan) -> list[ShardReport]:
+    return [
         ShardReport(m, i.path, "failed", reason="shard not found (is it moved? see --remap)")
         for i in plan.indexes
         for m in i.missing
     ]
+
+
+def _migrate_plan(plan: Plan, run: _Run) -> DatasetReport:
+    opts = run.opts
     if not plan.shards:
+        legacy = [i.path for i in plan.indexes]
         return DatasetReport(
-            dataset or plan.name,
+            opts.dataset or plan.name,
             "-",
             plan.format,
             "-",
-            [i.path for i in plan.indexes],
+            legacy,
             [],
-            bool(fields),
-            missing,
+            bool(opts.fields),
+            _missing(plan),
         )
-    where: Path | str | None = None
-    if _is_open(catalog):
-        directory = catalog.store.directory
-    elif catalog is not None and backend_for(catalog).local_file is None:
-        # a catalog that is no local file stores shard paths absolute
-        where, directory = str(catalog), ""
-    else:
-        # remote shards: the default catalog (there is no "beside them" on object storage)
-        far = any(is_url(f) for f in plan.files)
-        where = locate(
-            catalog, None if far else os.path.commonpath([os.path.dirname(f) for f in plan.files])
-        )
-        where = where.absolute()
-        directory = str(where.parent)
-    with _opened(catalog, where, dry_run, open_catalog) as cat:
-        found = dataset or (None if cat is None else cat.find_dataset(plan.source))
+    where, directory = _target(run, plan)
+    with _opened(run.catalog, where, opts.dry_run, run.open_catalog) as cat:
+        found = opts.dataset or (None if cat is None else cat.find_dataset(plan.source))
         name = found or _free_name(cat, plan.name)
         known = _known_shards(cat, found)
         stored = _stored_options(cat, found) or {}
-        if fields is None:  # as the dataset was migrated or ingested before, else without
-            fields = bool(stored.get("fields", False))
+        # as the dataset was migrated or ingested before, else without
+        fields = bool(stored.get("fields", False)) if opts.fields is None else opts.fields
         # shards migrated without fields are re-read when fields are asked for now
         rescan = fields and stored.get("fields") is False
-        storage = storage_options or stored.get(STORAGE_OPTIONS)
+        storage = opts.storage_options or stored.get(STORAGE_OPTIONS)
         first = min(plan.shards)  # its options read once, handed to the ingest as detected
         detected = _detect_options(plan.format, first, storage, plan.shards[first][1].rows)
-        options, notes = _options(plan, fields, key or stored.get("key"), stored, detected, storage)
-        options.update(overrides or {})  # what a reader asks for (see migrate_for_reader)
-        reports: dict[str, ShardReport] = {}
-        provided: dict[str, ProvideEntries] = {}
-        for path in plan.files:
-            index, shard = plan.shards.get(path, (None, None))
-            report = reports[path] = ShardReport(
-                path,
-                None if index is None else index.path,
-                "re-index",
-                resolved_by="" if shard is None else shard.resolved_by,
-            )
-            try:
-                st = _stat(path, storage)
-            except MissingShardError:
-                report.action, report.reason = (
-                    "failed",
-                    "shard not found (is it moved? see --remap)",
-                )
-                tick("verify")
-                continue
-            before = known.get(stored_path(path, directory))
-            if (
-                not rescan
-                and before is not None
-                and before[:3] == (st.st_size, st.st_mtime_ns, "ready")
-            ):
-                report.action, report.records = "unchanged", before[3]
-            elif index is None or shard is None:
-                report.reason = "not in any legacy index"
-            elif fields:
-                report.reason = "--fields: SQL fields are read from the data"
-            else:
-                try:
-                    entries, report.checked = verify_shard(
-                        plan.format, index, shard, st, options, sample
-                    )
-                except Mismatch as exc:
-                    report.reason = f"legacy index does not match the file: {exc}"
-                else:
-                    report.action, report.verified, report.records = "import", True, len(entries)
-                    provided[path] = _provider(st, entries, report)
-                shard.rows = []  # the entries (or the re-index) replace them
-            tick("verify")
+        key = opts.key or stored.get("key")
+        options, notes = _options(plan, fields, key, stored, detected, storage)
+        if run.reader is not None:  # what a reader asks for (see migrate_for_reader)
+            options.update(run.reader.overrides)
+        reports, provided = _verify_shards(run, plan, options, known, directory, fields, rescan)
         result = DatasetReport(
             dataset=name,
             catalog=str(cat.path if cat is not None else where),
@@ -342,10 +417,10 @@ def _migrate_plan(
             legacy=[i.path for i in plan.indexes],
             source=plan.source,
             fields=fields,
-            shards=[*reports.values(), *missing],
+            shards=[*reports.values(), *_missing(plan)],
             notes=notes,
         )
-        if cat is not None and not dry_run:
+        if cat is not None and not opts.dry_run:
             ingest = IngestOptions(
                 format=plan.format,
                 options=options,
@@ -354,7 +429,7 @@ def _migrate_plan(
                 rescan=bool(rescan),
             )
             result.dataset, result.dropped = _commit(
-                cat, plan, name, ingest, provided, reports, tick, detected
+                cat, plan, name, ingest, provided, reports, run.tick, detected
             )
     if not fields:
         result.fill_fields = _fill_command(result)
@@ -408,79 +483,35 @@ def _commit(
 
 def migrate(
     paths: PathsLike,
+    opts: MigrateOptions,
     *,
     open_catalog: OpenCatalog,
     catalog: Any = None,
-    dataset: str | None = None,
-    dry_run: bool = False,
-    remap: Mapping[str, str] | Iterable[tuple[str, str] | str] | None = None,
-    fields: bool | None = None,
-    key: str | None = None,
-    sample: int = DEFAULT_SAMPLE,
-    workers: int | None = None,
-    on_duplicate: str = "error",
     progress: Progress | None = None,
-    max_depth: int | None = None,
-    pattern: str | Sequence[str] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
 ) -> MigrationReport:
-    """Import the legacy index files found for ``paths`` into the catalog.
+    """Import the legacy index files found for ``paths`` into the catalog, as
+    ``opts`` (:class:`MigrateOptions`) say.
 
-    ``paths``: directories (walked ``max_depth`` levels down, None: the whole
-    tree), legacy index files, shard files or globs (see
-    :mod:`shardcat.migrations.legacy` for discovery, re-rooting and verification).
-    ``pattern``: shell patterns of the index file names looked for in
-    directories (default: ``*.index``, ``*.tar_index``, ``*.idx``,
-    ``*.tfindex``). Each legacy index becomes one dataset (see
-    :mod:`shardcat.migrations.legacy.plans`). ``catalog``: a
+    ``paths``: directories (walked ``opts.max_depth`` levels down), legacy index
+    files, shard files or globs (see :mod:`shardcat.migrations.legacy` for
+    discovery, re-rooting and verification). Each legacy index becomes one
+    dataset (see :mod:`shardcat.migrations.legacy.plans`). ``catalog``: a
     :class:`Catalog` or a catalog path (default: the one readers of the shards
-    use, ``shardcat.sqlite`` beside them). ``dataset``: the dataset name (only
-    when the indexes make one dataset; default: the dataset already holding
-    these shards, else named after the files). ``dry_run``: verify and report,
-    write nothing. ``remap``: ``{OLD_PREFIX: NEW_PREFIX}`` (or ``"OLD=NEW"``
-    strings) for shard paths recorded in tfd-utils indexes. ``fields``: True
-    fills the SQL fields, re-indexing every shard from its data (as slow as a
-    fresh ingest); False imports without them; None (default): as the dataset
-    was ingested before, else False. ``key``: the key feature of tfd-utils
-    TFRecord indexes (default: as the dataset was ingested before, else read
-    off the records). ``sample``: entries re-read per remote shard (0: all;
-    every entry of a local shard is). ``workers``: processes re-indexing shards.
-    ``on_duplicate``: as for :meth:`Catalog.ingest`.
-    ``progress(step, total)``: ``step`` a :class:`MigrationStep`.
-    ``storage_options``: fsspec options for shards on object storage (a
-    ``remap`` to ``s3://...``), stored with the dataset without secrets.
-    ``open_catalog(path, readonly=...)`` opens a catalog by path (the facade
-    passes :class:`shardcat.Catalog`).
+    use, ``shardcat.sqlite`` beside them). ``progress(step, total)``: ``step`` a
+    :class:`MigrationStep`. ``open_catalog(path, readonly=...)`` opens a catalog
+    by path (the facade passes :class:`shardcat.Catalog`).
 
     Raises :class:`LegacyIndexError` for a refused or corrupt pickle, before
     anything is written. Shards that fail are in the report, not raised.
     """
-    opts = IngestOptions(
-        key=KEEP if key is None else key,
-        fields=fields,
-        workers=workers,
-        on_duplicate=on_duplicate,
-    )
-    remaps = _parse_remap(remap)
+    remaps = _parse_remap(opts.remap)
     # this process's reads of remote shards (given, or remapped to) use them (secrets too)
     for target in [*as_patterns(paths), *(new for _, new in remaps)]:
-        if storage_options and is_url(target):
-            configure(protocol_of(target), **storage_options)
+        if opts.storage_options and is_url(target):
+            configure(protocol_of(target), **opts.storage_options)
+    run = _Run(opts, catalog, open_catalog, _Ticker(progress), remap=remaps)
     with _gc_paused():
-        return _migrate(
-            paths,
-            catalog=catalog,
-            open_catalog=open_catalog,
-            dataset=dataset,
-            dry_run=dry_run,
-            remap=remaps,
-            opts=opts,
-            sample=sample,
-            progress=progress,
-            max_depth=max_depth,
-            pattern=pattern,
-            storage_options=storage_options,
-        )
+        return _migrate(paths, run)
 
 
 @contextlib.contextmanager
@@ -497,87 +528,63 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _migrate(
-    paths: PathsLike,
-    *,
-    catalog: Any,
-    open_catalog: OpenCatalog,
-    dataset: str | None,
-    dry_run: bool,
-    remap: list[tuple[str, str]],
-    opts: IngestOptions,
-    sample: int,
-    progress: Progress | None,
-    max_depth: int | None = None,
-    pattern: str | Sequence[str] | None = None,
-    reader_source: list[str] | None = None,
-    reader_format: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> MigrationReport:
-    """``migrate``; ``reader_source``: the patterns a reader was opened with, which
-    the dataset is then made of (the index's entries for the shards it covers,
-    the other files indexed from their data), ``reader_format`` its format,
-    ``overrides`` its dataset options (see :func:`migrate_for_reader`)."""
-    given = as_patterns(paths)
+def _discover(paths: PathsLike, run: _Run, onto: ReaderFiles | None) -> tuple[list[Any], list[Any]]:
+    """The legacy indexes found for ``paths`` (local ones walked, remote ones listed)
+    and the files skipped (with why)."""
+    opts, given, remap = run.opts, as_patterns(paths), run.remap
     far = [p for p in given if is_url(p)]  # on object storage: found by listing
-    # a reader's files: the dataset, which tfd-utils indexes' shards are placed onto
-    files = None if reader_source is None else set(resolve_paths(reader_source))
-    onto = None if files is None else ReaderFiles(files)
     near = [p for p in given if not is_url(p)]
-    indexes, skipped = discover(near, remap, max_depth=max_depth, pattern=pattern, onto=onto)
+    found = discover(near, remap, max_depth=opts.max_depth, pattern=opts.pattern, onto=onto)
+    indexes, skipped = found
     if far:
         more, also = discover_remote(
             far,
             remap,
-            storage_options=storage_options,
-            max_depth=max_depth,
-            pattern=pattern,
+            storage_options=opts.storage_options,
+            max_depth=opts.max_depth,
+            pattern=opts.pattern,
             onto=onto,
         )
         indexes, skipped = indexes + more, skipped + also
+    return indexes, skipped
+
+
+def _migrate(paths: PathsLike, run: _Run) -> MigrationReport:
+    """``migrate``; with ``run.reader`` the dataset is made of the reader's patterns
+    (the index's entries for the shards it covers, the other files indexed from
+    their data; see :func:`migrate_for_reader`)."""
+    reader = run.reader
+    # a reader's files: the dataset, which tfd-utils indexes' shards are placed onto
+    files = None if reader is None else set(resolve_paths(reader.source))
+    indexes, skipped = _discover(paths, run, None if files is None else ReaderFiles(files))
     for index in indexes:
-        if reader_format is not None and index.format != reader_format:
+        if reader is not None and reader.format is not None and index.format != reader.format:
             raise CatalogError(
                 f"{index.path} is a {index.kind}: its shards are "
-                f"{get_format(index.format).TITLE}, not {reader_format} (the reader's format)"
+                f"{get_format(index.format).TITLE}, not {reader.format} (the reader's format)"
             )
     if files is not None:
         for index in indexes:
             index.shards = [s for s in index.shards if s.path in files]
             index.missing = []  # the reader's files are the dataset, not the index's
     plans = make_plans(indexes, skipped)
-    if dataset is not None and len(plans) > 1:
+    if run.opts.dataset is not None and len(plans) > 1:
         raise CatalogError(
             f"--dataset names one dataset, but the legacy indexes make {len(plans)}: "
             + "; ".join(", ".join(i.path for i in p.indexes) for p in plans)
             + " (migrate them one at a time)"
         )
     for plan in plans:  # the source set (and its files no index covers) before counting
-        if plan.shards and files is not None and reader_source is not None:
+        if plan.shards and files is not None and reader is not None:
             plan.source = [
-                p if is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in reader_source
+                p if is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in reader.source
             ]
             plan.extra = sorted(files - set(plan.shards))
         elif plan.shards:
             plan.source, plan.extra = source_of(sorted(plan.shards), as_patterns(paths))
-    tick = _Ticker(sum(len(p.files) for p in plans), progress)
-    reports = [
-        _migrate_plan(
-            plan,
-            catalog=catalog,
-            open_catalog=open_catalog,
-            dataset=dataset,
-            dry_run=dry_run,
-            opts=opts,
-            sample=sample,
-            tick=tick,
-            overrides=overrides,
-            storage_options=storage_options,
-        )
-        for plan in plans
-    ]
-    return MigrationReport(dry_run, reports, skipped, opts.on_duplicate)
+    run.tick.total = sum(len(p.files) for p in plans)
+    reports = [_migrate_plan(plan, run) for plan in plans]
+    return MigrationReport(run.opts.dry_run, reports, skipped, run.opts.on_duplicate)
 
 
 def migrate_for_reader(
@@ -594,18 +601,11 @@ def migrate_for_reader(
     files under the reader's patterns, so the reader finds it; the index's entries
     for the shards it covers are imported (verified), the other files indexed from
     their data. :class:`CatalogError` when the index is of another format."""
+    key = opts.key if isinstance(opts.key, str) else None
+    migrate_opts = MigrateOptions(
+        fields=opts.fields, key=key, workers=opts.workers, on_duplicate=opts.on_duplicate
+    )
+    reader = _ForReader(as_patterns(shard_paths), opts.format, opts.options)
+    run = _Run(migrate_opts, catalog, open_catalog, _Ticker(None), reader)
     with _gc_paused():
-        return _migrate(
-            [os.fspath(index_file)],
-            catalog=catalog,
-            open_catalog=open_catalog,
-            dataset=None,
-            dry_run=False,
-            remap=[],
-            opts=opts.with_(format=None, options={}),
-            sample=DEFAULT_SAMPLE,
-            progress=None,
-            reader_source=as_patterns(shard_paths),
-            reader_format=opts.format,
-            overrides=opts.options,
-        )
+        return _migrate([os.fspath(index_file)], run)

@@ -14,7 +14,7 @@ from typing import Any
 
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, Hint
 
 __all__ = ["INGEST_ENGINES", "KEEP", "IngestOptions", "Keep", "Progress"]
 
@@ -72,13 +72,13 @@ class IngestOptions:
             )
         if self.on_bad_record not in BAD_RECORD_POLICIES:
             raise CatalogError(
-                f"on_bad_record must be one of {', '.join(BAD_RECORD_POLICIES)}, "
-                f"not {self.on_bad_record!r}"
+                f"must be one of {', '.join(BAD_RECORD_POLICIES)}, not {self.on_bad_record!r}",
+                hint=Hint("on_bad_record", "--on-bad-record", lead=True),
             )
         if self.on_duplicate not in DUPLICATE_POLICIES:
             raise CatalogError(
-                f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}, "
-                f"not {self.on_duplicate!r}"
+                f"must be one of {', '.join(DUPLICATE_POLICIES)}, not {self.on_duplicate!r}",
+                hint=Hint("on_duplicate", "--on-duplicate", lead=True),
             )
 
     def explicit(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcat.errors import CatalogError, KeyNotFoundError, NoSuchFeatureError
+from shardcat.errors import CatalogError, Hint, KeyNotFoundError, NoSuchFeatureError
 from shardcat.formats.registry import get_format
 from shardcat.readers.reader import Reader
 
@@ -93,7 +93,10 @@ def feature_value(reader: Reader, key: str, feature: str, index: int = 0) -> Any
     if not values:
         raise CatalogError(f"feature {feature!r} of {key!r} holds no values")
     if not -len(values) <= index < len(values):
-        raise CatalogError(f"index {index} out of range: {feature!r} has {len(values)} values")
+        raise CatalogError(
+            f"out of range: {feature!r} has {len(values)} values",
+            hint=Hint.naming("index", "--index", after=f" {index}", lead=True),
+        )
     return values[index]
 
 

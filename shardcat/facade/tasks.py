@@ -1,7 +1,6 @@
 """Whole tasks as the ``catalog`` commands run them, each one call that returns a
-result to print: open a command's catalog (:func:`open_catalog`), ingest with a
-summary (:func:`ingest`), convert tar archives (:func:`convert`), verify with the
-record count (:func:`verify`), migrate whatever the paths are
+result to print: ingest with a summary (:func:`ingest`), convert tar archives
+(:func:`convert`), verify with the record count (:func:`verify`), migrate whatever the paths are
 (:func:`migrate_any`: tensorblob directories converted in place, the rest legacy
 indexes imported) and upgrade a catalog's schema (:func:`upgrade_catalog`).
 
@@ -18,21 +17,14 @@ from typing import Any
 
 from shardcat.catalog.backend import backend_for
 from shardcat.catalog.bad_records import SetAside
-from shardcat.catalog.engine import (
-    ENV_VAR,
-    cannot_create_in,
-    existing_ancestor,
-    write_problem,
-)
-from shardcat.catalog.versions import upgrade
 from shardcat.convert import ConvertResult, convert_tars, tar_inputs
 from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.facade import opener
 from shardcat.facade.catalog import Catalog, discard_if_empty
-from shardcat.facade.catalog import migrate as migrate_legacy
+from shardcat.facade.migrate import MigrateOptions, migrate
 from shardcat.facade.options import IngestOptions, Progress
 from shardcat.migrations.legacy.report import MigrationReport
-from shardcat.paths import PathsLike, as_patterns, resolve_paths
-from shardcat.readers.view import STORAGE_OPTIONS
+from shardcat.paths import PathsLike, as_patterns
 from shardcat.sources.remote import configure, is_url, protocol_of
 from shardcat.storage import convert_tensorblob, is_tensorblob_dir
 
@@ -45,70 +37,9 @@ __all__ = [
     "convert",
     "ingest",
     "migrate_any",
-    "open_catalog",
     "upgrade_catalog",
     "verify",
 ]
-
-
-def open_catalog(
-    where: str | os.PathLike[str],
-    *,
-    readonly: bool = False,
-    immutable: bool = False,
-    create: bool = False,
-    make_dirs: bool = False,
-) -> Catalog:
-    """The catalog at ``where``; it must exist unless ``create`` (ingest), and its
-    directory must exist unless ``make_dirs`` (a mistyped path makes no directories).
-
-    ``readonly=True`` (or ``immutable=True``): the file is never created,
-    upgraded or changed. Without either it is opened for writing (and upgraded
-    when older), after checking that it can be written at all. Each refusal is
-    a :class:`CatalogError` saying why and what to do instead. A PostgreSQL URL
-    is opened as it is (the server says what it refuses).
-    """
-    if backend_for(where).local_file is None:  # (a server: it says what it refuses)
-        return Catalog(str(where), readonly=readonly or immutable, immutable=immutable)
-    where = Path(where)
-    ancestor = existing_ancestor(where)
-    if not create and not where.is_file():
-        if where.is_dir():
-            why = "it is a directory"
-        elif not ancestor.is_dir():
-            why = f"{ancestor} is not a directory"
-        else:
-            why = f"pass --catalog FILE, set ${ENV_VAR}, or create one with `catalog ingest`"
-        raise CatalogError(f"no catalog at {where}: {why}")
-    if create and not make_dirs and ancestor != where.parent and ancestor.is_dir():
-        raise CatalogError(
-            f"cannot create catalog {where}: no directory {where.parent} "
-            "(create it, or pass make_dirs=True)"
-        )
-    if not (readonly or immutable):
-        problem = write_problem(where)
-        if problem is not None:
-            read_only = problem.startswith("cannot write")
-            raise CatalogError(
-                problem + (" (commands that only read it work)" if read_only else "")
-            )
-    try:
-        return Catalog(where, readonly=readonly or immutable, immutable=immutable)
-    except CatalogError as exc:
-        # SQLite refuses a read-only open it cannot create the -shm file for when the
-        # directory is read-only by permissions (SQLITE_READONLY_DIRECTORY).
-        blocked = cannot_create_in(where.parent)
-        if (
-            not readonly
-            or immutable
-            or blocked is None
-            or not str(exc).endswith("attempt to write a readonly database")
-        ):
-            raise
-        raise CatalogError(
-            f"cannot open catalog {where} read-only: SQLite needs to create {where.name}-shm "
-            f"beside it, but {blocked}; --immutable reads it without one"
-        ) from None
 
 
 # -- ingest ------------------------------------------------------------------------
@@ -137,16 +68,15 @@ def ingest(
     progress: Progress | None = None,
     make_dirs: bool = False,
 ) -> IngestSummary:
-    """Ingest ``paths`` into the catalog file ``catalog`` (created when missing:
-    :func:`open_catalog` with ``create=True``; its directory too with ``make_dirs``),
+    """Ingest ``paths`` into the catalog file ``catalog`` (created when missing; its
+    directory too with ``make_dirs``),
     as :meth:`Catalog.ingest_with`; returns an :class:`IngestSummary`.
 
-    No catalog is created when no file matches ``paths`` (:class:`CatalogError`
-    ``no files match ...``). ``progress(outcome, total_shards)`` as for
+    No catalog is left behind when no file matches ``paths`` (:class:`CatalogError`
+    ``no files match ...``: the paths are resolved once, by the ingest) or nothing
+    could be indexed. ``progress(outcome, total_shards)`` as for
     :meth:`Catalog.ingest`; :class:`IngestError` names the shards that failed.
     """
-    if not resolve_paths(paths, opts.options.get(STORAGE_OPTIONS)):  # remote globs list with them
-        raise CatalogError(f"no files match {as_patterns(paths)}")
     indexed = 0
 
     def count(outcome: Any, total: int) -> None:
@@ -159,14 +89,14 @@ def ingest(
     new = file is not None and not file.exists()
     try:
         with (
-            open_catalog(catalog, create=True, make_dirs=make_dirs) as cat,
+            Catalog(catalog, make_dirs=make_dirs) as cat,
             cat.ingest_with(paths, dataset, opts, progress=count) as reader,
         ):
             stats = reader.get_stats()
             dropped = reader.indexed_duplicates
     except BaseException:
-        if new:  # a failed first ingest leaves no catalog behind
-            discard_if_empty(Path(catalog))
+        if new and file is not None:  # a failed first ingest leaves no catalog behind
+            discard_if_empty(file)
         raise
     return IngestSummary(
         stats["dataset"],
@@ -277,23 +207,23 @@ class MigrateOutcome:
 
 def migrate_any(
     paths: Sequence[str],
+    opts: MigrateOptions | None = None,
     *,
     catalog: str | os.PathLike[str] | None = None,
-    dry_run: bool = False,
     progress: Progress | None = None,
-    **options: Any,
 ) -> MigrateOutcome:
     """Migrate ``paths`` whatever they are: each directory written by the tensorblob
     package is converted to a shardcat TensorBlob/TensorDB in place (no block
     copied; a dry run only lists it), every other path goes to the legacy index
-    import (:func:`shardcat.facade.catalog.migrate` with ``catalog``,
-    ``dry_run``, ``progress`` and ``options``)."""
+    import (:func:`shardcat.facade.migrate.migrate` with ``opts``, ``catalog``
+    and ``progress``)."""
     if not paths:
         raise CatalogError("give the directories or index files to migrate")
+    opts = opts or MigrateOptions()
     blobs = [p for p in paths if is_tensorblob_dir(p)]
     converted = []
     for directory in blobs:
-        if dry_run:
+        if opts.dry_run:
             converted.append(Converted(directory, None, None))
         else:
             kind, rows = convert_tensorblob(directory)
@@ -301,7 +231,7 @@ def migrate_any(
     rest = [p for p in paths if p not in blobs]
     if not rest:
         return MigrateOutcome(converted)
-    report = migrate_legacy(rest, catalog=catalog, dry_run=dry_run, progress=progress, **options)
+    report = migrate(rest, opts, catalog=catalog, open_catalog=Catalog, progress=progress)
     return MigrateOutcome(converted, report)
 
 
@@ -319,5 +249,5 @@ def upgrade_catalog(path: str | os.PathLike[str] | None) -> Upgraded:
     """Upgrade the schema of the catalog at ``path`` (None: where every command
     looks, see :func:`~shardcat.catalog.engine.locate`) to this library's version."""
     backend = backend_for(path)
-    found, now = upgrade(backend.where)
+    found, now = opener.upgrade(backend.where)
     return Upgraded(backend.local_file or backend.display, found, now)

@@ -80,7 +80,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardcat.errors import CatalogError, CorruptRecordError, ShardcatWarning
+from shardcat.errors import CatalogError, CorruptRecordError, Hint, ShardcatWarning
 from shardcat.formats import native
 from shardcat.formats.base import (
     BadRecord,
@@ -173,7 +173,13 @@ def _keys_source(path: str, options: Mapping[str, Any]) -> dict[int, tuple[str, 
     if idx is True:
         raise CatalogError(
             f"{path}: no MXNet index {os.path.basename(idx_path)} beside it, but this dataset "
-            "is keyed by .idx files (ingest with key=None to key records by position)"
+            "is keyed by .idx files",
+            hint=Hint.naming(
+                "key=None",
+                "--by-position",
+                before="(ingest with ",
+                after=" to key records by position)",
+            ),
         )
     return None  # keyed by position: a shard without .idx has no idx_key
 

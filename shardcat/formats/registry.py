@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-from shardcat.errors import CatalogError
+from shardcat.errors import CatalogError, Hint
 from shardcat.formats.base import Format
 from shardcat.sources.compressed import read_head
 
@@ -130,8 +130,13 @@ def detect_format(path: str) -> str:
             if ext_match:
                 return ext_match[0]
         raise CatalogError(
-            f"{path}: cannot tell the container format from its first {len(head)} bytes; "
-            f"pass format= (one of {', '.join(known_formats())})"
+            f"{path}: cannot tell the container format from its first {len(head)} bytes;",
+            hint=Hint.naming(
+                "format=",
+                "--format",
+                before="pass ",
+                after=f" (one of {', '.join(known_formats())})",
+            ),
         )
     return matches[0]
 

@@ -82,7 +82,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from shardcat.errors import CatalogError, CorruptRecordError
+from shardcat.errors import CatalogError, CorruptRecordError, Hint
 from shardcat.sources.rawio import Source, read_full
 
 __all__ = [
@@ -449,7 +449,8 @@ class CompressedSource(Source):
             self.path,
             0,
             f"the catalog's {self.compression} seek index of this shard is damaged ({exc}); "
-            "re-ingest the shard (rescan=True)",
+            "re-ingest the shard",
+            hint=Hint("(rescan=True)", "(catalog ingest --rescan)"),
         )
 
     def _zran_index(self, data: bytes) -> io.BytesIO:
