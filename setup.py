@@ -16,6 +16,16 @@ EXTENSIONS = [
     Extension(
         "shardcat.formats._scan",
         ["shardcat/formats/_scan.c"],
+        depends=["shardcat/formats/wire.h"],
+        optional=True,
+        extra_compile_args=["-O3"],
+    ),
+    Extension(
+        "shardcat.readers._hot",
+        ["shardcat/readers/_hot.c"],
+        depends=["shardcat/formats/wire.h"],
+        include_dirs=["shardcat/formats"],
+        libraries=["sqlite3"],
         optional=True,
         extra_compile_args=["-O3"],
     ),

@@ -13,6 +13,7 @@ from test_migrations import downgrade_to_v1
 from typer.testing import CliRunner
 
 from shardcat import Catalog, TFRecordRandomAccess
+from shardcat.catalog.versions import SCHEMA_VERSION
 from shardcat.cli import app
 
 runner = CliRunner()
@@ -134,12 +135,15 @@ def test_catalog_upgrade_is_its_own_command_and_migrate_upgrade_says_so(tmp_path
     downgrade_to_v1(db)
     done = run("upgrade", "-c", db)
     assert done.stdout == (
-        f"{db}: schema version 8 (upgraded from 1: older shardcat versions can no longer open it)\n"
+        f"{db}: schema version {SCHEMA_VERSION} (upgraded from 1: "
+        "older shardcat versions can no longer open it)\n"
     )
     assert done.stderr == ""
-    assert run("upgrade", "-c", db).stdout == f"{db}: schema version 8 (up to date)\n"
+    assert (
+        run("upgrade", "-c", db).stdout == f"{db}: schema version {SCHEMA_VERSION} (up to date)\n"
+    )
     old = run("migrate", "--upgrade", "-c", db)
-    assert old.stdout == f"{db}: schema version 8 (up to date)\n"
+    assert old.stdout == f"{db}: schema version {SCHEMA_VERSION} (up to date)\n"
     assert old.stderr == (
         "warning: `catalog migrate --upgrade` is deprecated: run `catalog upgrade`\n"
     )

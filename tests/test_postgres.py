@@ -636,3 +636,21 @@ def test_one_backend_object_answers_for_either_database(pg_url, tmp_path):
                 reads.close()
         finally:
             engine.dispose()
+
+
+def test_soft_deletes_on_a_server_catalog(pg_url: str, tmp_path: Path) -> None:
+    """Soft deletes (issue 32) on PostgreSQL: the same view, readers and samplers."""
+    from tests.test_deletes import check_deleted, write
+
+    write(tmp_path / "a.tfrecord", 0, 10)
+    write(tmp_path / "b.tfrecord", 10, 10)
+    with Catalog(pg_url) as cat:
+        cat.ingest(str(tmp_path / "*.tfrecord"), "d", workers=1).close()
+        assert cat.delete("d", "label % 5 = 0") == 4
+        assert cat.delete("d", keys=["r05"]) == 0
+        check_deleted(cat)
+        assert cat.undelete("d", "label < 10") == 2
+        assert cat.undelete("d") == 2
+        assert cat.query("SELECT count(*) FROM d") == [(20,)]
+        with cat.dataset("d") as reader:
+            assert len(reader) == 20

@@ -126,3 +126,34 @@ def test_another_hosts_claim_is_dead_only_after_the_lease() -> None:
 def test_no_owner_or_an_unreadable_one_is_dead(owner: str | None) -> None:
     assert is_dead(owner, time.time(), lease=600)
     assert not alive(owner)
+
+
+def test_a_turn_held_by_a_killed_worker_passes_on() -> None:
+    # a forked ingest worker that died in its turn (SIGKILL, or a segfault in an
+    # extension) left its siblings waiting forever on a multiprocessing.Lock
+    import select
+
+    from shardcat.catalog.processes import TurnLock
+
+    lock = TurnLock()
+    holder = os.fork()
+    if holder == 0:  # takes its turn and dies in it
+        lock.__enter__()
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(holder, 0)
+    read_end, write_end = os.pipe()
+    waiter = os.fork()
+    if waiter == 0:
+        with lock:
+            os.write(write_end, b"my turn")
+        os._exit(0)
+    ready, _, _ = select.select([read_end], [], [], 30)
+    try:
+        assert ready and os.read(read_end, 16) == b"my turn"
+    finally:
+        if not ready:
+            os.kill(waiter, signal.SIGKILL)
+        os.waitpid(waiter, 0)
+        os.close(read_end)
+        os.close(write_end)
+        lock.close()

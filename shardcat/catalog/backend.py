@@ -58,6 +58,9 @@ class Dialect(Protocol):
     text_holds_nul: bool
     #: a version is also written to the pre-version-4 marker table older builds read
     keeps_old_marker: bool
+    #: its read connections are ``sqlite3`` connections the native single read
+    #: (:mod:`shardcat.readers.hot`) may prepare its lookup on
+    native_lookups: bool
     #: how a batch's JSON array parameter becomes rows (:mod:`~shardcat.catalog.lookup`)
     batch_items: BatchItems
     #: the names of a table's indexes (one ``?``: the table), on any connection

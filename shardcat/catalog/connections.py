@@ -44,6 +44,23 @@ def next_serial() -> int:
     return next(_serials)
 
 
+_forgetting: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def before_close(holder: Any) -> None:
+    """Have ``holder.forget(conn)`` called before any read connection of this process
+    closes (``holder`` held weakly): what holds statements prepared on a connection
+    finalizes them then, or the database would stay open after ``close`` (SQLite
+    keeps a connection with live statements, and its ``-wal``/``-shm``)."""
+    _forgetting.add(holder)
+
+
+def _close(conn: Any) -> None:
+    for holder in list(_forgetting):
+        holder.forget(conn)
+    conn.close()
+
+
 class Slot:
     """One thread's connection and its read snapshot: ``since`` (monotonic time it
     began) and ``serial`` (its number, 0: none begun yet)."""
@@ -83,7 +100,7 @@ class ThreadConnections:
         with self._lock:
             alive = {t.ident for t in threading.enumerate()}
             for ident in [i for i in self._slots if i not in alive]:
-                self._slots.pop(ident).conn.close()  # a thread that has ended
+                _close(self._slots.pop(ident).conn)  # a thread that has ended
             slot = self._slots[threading.get_ident()] = Slot(conn)
         return slot
 
@@ -98,7 +115,7 @@ class ThreadConnections:
             slots, self._slots = self._slots, {}
         if self._generation == _engine._fork_generation:
             for slot in slots.values():
-                slot.conn.close()
+                _close(slot.conn)
 
 
 class FileWatch:

@@ -83,10 +83,18 @@ class DatasetInfo:
     fields: dict[str, str]  # view column -> sql type
     # view columns with an index (create_index), in field order
     indexed: list[str] = dataclass_field(default_factory=list)
+    # of ``records``, how many are soft-deleted (schema version 9)
+    deleted: int = 0
 
     @property
     def key_feature(self) -> str | None:
         return self.key_rule.partition(":")[2] if self.key_rule.startswith("feature:") else None
+
+
+DELETED_COUNT = (
+    'SELECT count(*) FROM shardcat_deleted d JOIN "shardcat_records_{id}" r ON r.key = d.key '
+    "WHERE d.dataset_id = ?"
+)
 
 
 def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> DatasetInfo:
@@ -126,6 +134,7 @@ def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> Dat
         records=int(n),
         fields=cols,
         indexed=indexed,
+        deleted=conn.execute(DELETED_COUNT.format(id=int(row[0])), (row[0],)).fetchone()[0],
     )
 
 

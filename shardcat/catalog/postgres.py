@@ -344,6 +344,7 @@ class PostgresDialect:
 
     text_holds_nul = False  # PostgreSQL text cannot hold NUL
     keeps_old_marker = False  # no build before schema version 4 ran on a server
+    native_lookups = False  # no sqlite3 connection to prepare on
     batch_items = BatchItems(
         items="jsonb_array_elements(CAST(? AS jsonb)) WITH ORDINALITY j(value, n)",
         index="j.n - 1",

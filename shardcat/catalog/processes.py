@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "STOP_SIGNALS",
     "Stopped",
+    "TurnLock",
     "alive",
     "end_with_parent",
     "holder",
@@ -290,3 +291,29 @@ def end_with_parent(parent: int) -> None:
         raise SystemExit(128 + _held[-1])
     if os.getppid() != parent:
         raise SystemExit(128 + signal.SIGTERM)
+
+
+class TurnLock:
+    """A lock that processes forked from its maker take turns at, released by the
+    kernel when its holder dies (a POSIX record lock on an unlinked temporary file):
+    a worker killed or crashed in its turn never leaves the others waiting forever,
+    as a ``multiprocessing.Lock`` it held would. Per process, not per thread."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115  (unlinked; closed by close())
+
+    def __enter__(self) -> TurnLock:
+        import fcntl
+
+        fcntl.lockf(self._file.fileno(), fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        fcntl.lockf(self._file.fileno(), fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._file.close()

@@ -53,6 +53,11 @@ dataset, named after the dataset, may take any other name.
   byte offset, the bytes set aside (NULL when unknown), the reason, the key when
   it could be read. They are not records (no key index, no position); written
   with the shard's records, gone with them (a later good re-index clears them).
+- ``deleted`` (schema version 9): the keys of records soft-deleted from a
+  dataset (``Catalog.delete``): ``(dataset_id, key)``. The shards and record
+  rows stay as they are; readers, samplers and the dataset's view skip these
+  keys (the view is made with a filter only while the dataset has any), and a
+  re-ingest keeps them deleted. ``Catalog.undelete`` removes the marks.
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -173,6 +178,20 @@ bad_records = Table(
     Column("reason", Text, nullable=False),
     Column("key", Text),  # NULL: not readable
     PrimaryKeyConstraint("shard_id", "offset"),
+)
+
+# Schema version 9: soft-deleted keys (see catalog/deletes.py).
+deleted = Table(
+    "shardcat_deleted",
+    metadata,
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("key", Text, nullable=False),
+    PrimaryKeyConstraint("dataset_id", "key"),
 )
 
 fields = Table(

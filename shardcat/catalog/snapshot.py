@@ -42,7 +42,7 @@ from sqlalchemy import Connection, column, create_engine, func, inspect, select,
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import deletes, schema, tables
 from shardcat.catalog.backend import run
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
@@ -277,11 +277,10 @@ def _copy_dataset(
         dst.execute(f.insert(), [dict(r) for r in field_rows])
 
     cols = [*_RECORD_COLUMNS, *(f"v{int(r['idx'])}" for r in field_rows)]
-    m = schema.members
+    ids = [int(r["id"]) for r in shard_rows]
     if attached is not None:  # the same rows, copied by SQLite itself
-        ids = [int(r["id"]) for r in shard_rows]
         n = _copy_attached(dst, records_name, cols, ids, "shard_id, ordinal")
-        _copy_attached(dst, m.name, _MEMBER_COLUMNS, ids, "shard_id, ordinal, name")
+        _copy_attached(dst, schema.members.name, _MEMBER_COLUMNS, ids, "shard_id, ordinal, name")
         version = run(
             dst, "SELECT version FROM src.shardcat_datasets WHERE id = ?", (dataset_id,)
         ).scalar()
@@ -290,33 +289,8 @@ def _copy_dataset(
                 f"dataset {name!r} changed while the snapshot was taken: take it again"
             )
     else:
-        records = table(records_name, *(column(c) for c in cols))
-        n = _stream(
-            src,
-            dst,
-            select(*records.c)
-            .where(records.c.shard_id.in_(shard_ids))
-            .order_by(records.c.shard_id, records.c.ordinal),
-            records_name,
-            cols,
-        )
-        _stream(
-            src,
-            dst,
-            select(*(m.c[c] for c in _MEMBER_COLUMNS))
-            .where(m.c.shard_id.in_(shard_ids))
-            .order_by(m.c.shard_id, m.c.ordinal, m.c.name),
-            m.name,
-            _MEMBER_COLUMNS,
-        )
-    k = schema.seek_indexes
-    seeks = src.execute(select(k).where(k.c.shard_id.in_(shard_ids))).mappings().all()
-    if seeks:
-        dst.execute(k.insert(), [{**r, "data": bytes(r["data"])} for r in seeks])
-    b = schema.bad_records  # records set aside at ingest: verify and stats list them
-    bad = src.execute(select(b).where(b.c.shard_id.in_(shard_ids))).mappings().all()
-    if bad:
-        dst.execute(b.insert(), [dict(r) for r in bad])
+        n = _stream_records(src, dst, records_name, cols, shard_ids)
+    _copy_shard_tables(src, dst, shard_ids)
 
     return DatasetCopy(
         name,
@@ -341,6 +315,7 @@ def _index_and_view(src: Connection, dst: Connection, name: str) -> None:
     for column_name, _, idx in tables.field_columns(dst, dataset_id).values():
         if tables.field_index_name(dataset_id, idx) in have:
             tables.create_field_index(dst, dataset_id, name, column_name)
+    deletes.copy_marks(src, dst, name, dataset_id)
     tables.create_view(dst, dataset_id, name)
 
 
@@ -374,3 +349,44 @@ def _stream(src: Connection, dst: Connection, query: Any, into: str, cols: Itera
         cursor.executemany(sql, list(map(tuple, part)))
         n += len(part)
     return n
+
+
+def _stream_records(
+    src: Connection, dst: Connection, records_name: str, cols: list[str], shard_ids: Any
+) -> int:
+    """The records and members of the shards ``shard_ids``, streamed from ``src`` to ``dst``
+    (another database, not attached); returns the records copied."""
+    records = table(records_name, *(column(c) for c in cols))
+    n = _stream(
+        src,
+        dst,
+        select(*records.c)
+        .where(records.c.shard_id.in_(shard_ids))
+        .order_by(records.c.shard_id, records.c.ordinal),
+        records_name,
+        cols,
+    )
+    m = schema.members
+    _stream(
+        src,
+        dst,
+        select(*(m.c[c] for c in _MEMBER_COLUMNS))
+        .where(m.c.shard_id.in_(shard_ids))
+        .order_by(m.c.shard_id, m.c.ordinal, m.c.name),
+        m.name,
+        _MEMBER_COLUMNS,
+    )
+    return n
+
+
+def _copy_shard_tables(src: Connection, dst: Connection, shard_ids: Any) -> None:
+    """The shards' seek indexes and the records ingest set aside (verify and stats list them)."""
+    for t in (schema.seek_indexes, schema.bad_records):
+        rows = src.execute(select(t).where(t.c.shard_id.in_(shard_ids))).mappings().all()
+        if rows:
+            dst.execute(t.insert(), [_plain(r) for r in rows])
+
+
+def _plain(row: Any) -> dict[str, Any]:
+    """A row as insertable values (memoryviews, as some drivers give blobs, as bytes)."""
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in dict(row).items()}

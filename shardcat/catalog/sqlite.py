@@ -86,6 +86,7 @@ class SQLiteDialect:
 
     text_holds_nul = True
     keeps_old_marker = True  # builds before schema version 4 read catalog_meta
+    native_lookups = True  # sqlite3 read connections: readers.hot prepares on them
     batch_items = BatchItems(
         # CROSS JOIN: SQLite loops over the items, looking each up
         items="json_each(?) j",

@@ -25,12 +25,13 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, schema, tables
+from shardcat.catalog import datasets, deletes, schema, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog.backend import Backend, backend_for
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
 from shardcat.catalog.datasets import ROW_COLUMNS, DatasetInfo, DatasetPlan, DatasetRow, describe
+from shardcat.catalog.deletes import Pick
 from shardcat.catalog.engine import cannot_create_shm, fork_generation, reads_catalog, unsaved_wal
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT, Rows, check_limits
@@ -435,6 +436,34 @@ class Store:
             conn.execute(delete(schema.datasets).where(schema.datasets.c.id == dataset_id))
         self.reader_connection()  # end any read snapshot
         self.checkpoint(wait=False)  # a finished writer leaves the main file complete
+
+    def mark_deleted(self, name: str, pick: Pick, *, deleted: bool) -> int:
+        """Soft-delete (``deleted``) or restore the records of dataset ``name`` that
+        ``pick`` names (see :mod:`~shardcat.catalog.deletes`); returns how many
+        changed. A ``where`` runs as a guarded query over the dataset's view (for
+        a restore, over every record, deleted ones included)."""
+        row = self.dataset_row(name)
+        if row.key_rule == "position":
+            raise CatalogError(
+                f"dataset {name!r} is keyed by position: its keys are positions, which a "
+                "delete would move; soft deletes need a dataset keyed by a feature"
+            )
+        keys = None if pick.keys is None else [str(k) for k in pick.keys]
+        if pick.where is not None:
+            with self.read_transaction() as conn:
+                view = tables.view_select(conn, row.id, live=deleted)
+            sql = f"SELECT key FROM ({view}) v WHERE {pick.where}"
+            with self.query_rows(sql, pick.params) as (_, rows):
+                keys = [*(keys or ()), *(str(r[0]) for r in rows)]
+        elif keys is None and deleted:
+            raise CatalogError("say which records to delete: where= (SQL) or keys=")
+        with self._transaction() as conn:
+            if deleted:
+                changed = deletes.mark(conn, row.id, name, keys or [])
+            else:
+                changed = deletes.unmark(conn, row.id, name, keys)
+        self.reader_connection()  # end any read snapshot: see the change
+        return changed
 
     def create_index(self, dataset: str, field: str) -> bool:
         """Index the SQL field ``field`` (its name in the dataset's view) of ``dataset``,

@@ -152,13 +152,26 @@ def ensure_field_columns(
     return existing
 
 
-def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
+def create_view(
+    conn: Connection, dataset_id: int, dataset_name: str, *, live: bool | None = None
+) -> None:
     """(Re)create the view named after the dataset (see the module docstring); a
-    dataset ingested without fields shows none."""
-    d = schema.datasets
-    row = conn.execute(select(d.c.key_rule, d.c.options).where(d.c.id == dataset_id)).one()
+    dataset ingested without fields shows none; while it has soft-deleted keys
+    (schema version 9) the view leaves them out (``live``: whether to; None: look
+    whether it has any; False for catalogs before version 9)."""
     q = _quote(conn, dataset_name)
     run(conn, f"DROP VIEW IF EXISTS {q}")
+    if live is None:
+        d = schema.deleted
+        found = conn.execute(select(d.c.key).where(d.c.dataset_id == dataset_id).limit(1))
+        live = found.first() is not None
+    run(conn, f"CREATE VIEW {q} AS {view_select(conn, dataset_id, live=live)}")
+
+
+def view_select(conn: Connection, dataset_id: int, *, live: bool) -> str:
+    """The SELECT of the dataset's view; ``live``: without its soft-deleted keys."""
+    d = schema.datasets
+    row = conn.execute(select(d.c.key_rule, d.c.options).where(d.c.id == dataset_id)).one()
     with_fields = json.loads(row.options).get("fields", True)
     cols = "".join(
         f", r.v{idx} AS {_quote(conn, col)}"
@@ -167,11 +180,16 @@ def create_view(conn: Connection, dataset_id: int, dataset_name: str) -> None:
     shard = "FROM shardcat_shards s WHERE s.id = r.shard_id)"
     position = f"(SELECT s.first_position {shard} + r.ordinal"
     key = f"CAST({position} AS TEXT)" if row.key_rule == "position" else "r.key"
-    run(
-        conn,
-        f"CREATE VIEW {q} AS SELECT {key} AS key, {position} AS position, "
+    where = (
+        " WHERE NOT EXISTS (SELECT 1 FROM shardcat_deleted x "
+        f"WHERE x.dataset_id = {int(dataset_id)} AND x.key = r.key)"
+        if live
+        else ""
+    )
+    return (
+        f"SELECT {key} AS key, {position} AS position, "
         f"(SELECT s.path {shard} AS shard{cols} "
-        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r",
+        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r{where}"
     )
 
 

@@ -18,6 +18,7 @@ from shardcat.cli import (
     index,
     info,
     ingest,
+    manage,
     migrate,
     records,
     serve,
@@ -70,6 +71,7 @@ def _root(
 
 for module in (
     ingest,
+    manage,
     migrate,
     info,
     records,

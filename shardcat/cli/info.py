@@ -50,7 +50,7 @@ def datasets(
             cell(d.format),
             cell(d.key_rule),
             shards,
-            f"{d.records:,}",
+            f"{d.records:,}" + (f" ({d.deleted:,} deleted)" if d.deleted else ""),
             cell(", ".join(d.fields)),
             cell(", ".join(d.indexed)),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)),
@@ -78,6 +78,8 @@ def stats(
 
     bad = result["bad_records_per_file"]
     aside = f", {result['bad_records']:,} bad records set aside" if bad else ""
+    gone = result["deleted_records"]
+    aside += f", {gone:,} deleted" if gone else ""
     table = Table(
         "shard",
         "records",

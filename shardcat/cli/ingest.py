@@ -32,84 +32,98 @@ from shardcat.errors import CatalogError, IngestError, ShardcatWarning
 
 if TYPE_CHECKING:
     from shardcat.facade.ingest import ShardOutcome
+    from shardcat.facade.tasks import IngestSummary
 
 RERUN_INGEST = RERUN_TO_FINISH + " (shards already indexed are not read again)"
 # What `catalog sample` writes (shardcat.sample.SAMPLE_FORMATS, checked when it runs).
 _SAMPLE_FORMATS = "tfrecord, tar, recordio"
 
 
+PathsArg = Annotated[list[str], typer.Argument(help="Shard files, directories or globs.")]
+IngestDatasetOpt = Annotated[
+    str | None, typer.Option("--dataset", "-d", help="Dataset name (default: from the files).")
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key", "-k", help="Feature holding each record's key (default: key, or as before)."
+    ),
+]
+ByPositionOpt = Annotated[
+    bool, typer.Option("--by-position", help="Key records by position: '0'..'n-1'.")
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="tfrecord, tar, recordio, parquet or a plugin's format name; default: "
+        "detected from the bytes of each file.",
+    ),
+]
+NoFieldsOpt = Annotated[
+    bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
+]
+RescanOpt = Annotated[bool, typer.Option(help="Re-index unchanged shards too.")]
+GroupingOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="tar: how members form samples: webdataset (default; split at the first "
+        "dot of the basename) or tfd (at the last dot, as tfd-utils)."
+    ),
+]
+WaitTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--wait-timeout",
+        metavar="SECONDS",
+        help="Give up after waiting this long for shards other live processes are "
+        "indexing (default: wait; the wait names them).",
+    ),
+]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Where shards are scanned: local (worker processes here) or ray (tasks "
+        "spread over a Ray cluster's nodes; needs shardcat[ray]).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="With --engine ray: the cluster to connect to (default: Ray's usual "
+        "discovery: $RAY_ADDRESS, a cluster started on this host, else a new local one).",
+    ),
+]
+OldStorageOpt = Annotated[list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")]
+MkdirOpt = Annotated[
+    bool, typer.Option("--mkdir", help="Create the catalog's directory when missing.")
+]
+
+
 @handle_errors(interrupted=RERUN_INGEST)
 def ingest(
-    paths: Annotated[list[str], typer.Argument(help="Shard files, directories or globs.")],
-    dataset: Annotated[
-        str | None, typer.Option("--dataset", "-d", help="Dataset name (default: from the files).")
-    ] = None,
+    paths: PathsArg,
+    dataset: IngestDatasetOpt = None,
     catalog: CatalogOpt = None,
     workers: WorkersOpt = None,
-    key: Annotated[
-        str | None,
-        typer.Option(
-            "--key", "-k", help="Feature holding each record's key (default: key, or as before)."
-        ),
-    ] = None,
-    by_position: Annotated[
-        bool, typer.Option("--by-position", help="Key records by position: '0'..'n-1'.")
-    ] = False,
-    format: Annotated[
-        str | None,
-        typer.Option(
-            "--format",
-            "-f",
-            help="tfrecord, tar, recordio, parquet or a plugin's format name; default: "
-            "detected from the bytes of each file.",
-        ),
-    ] = None,
-    no_fields: Annotated[
-        bool, typer.Option("--no-fields", help="Do not extract scalar fields for SQL.")
-    ] = False,
+    key: KeyOpt = None,
+    by_position: ByPositionOpt = False,
+    format: FormatOpt = None,
+    no_fields: NoFieldsOpt = False,
     on_duplicate: OnDuplicateOpt = "error",
     on_bad_record: OnBadRecordOpt = "raise",
-    rescan: Annotated[bool, typer.Option(help="Re-index unchanged shards too.")] = False,
-    grouping: Annotated[
-        str | None,
-        typer.Option(
-            help="tar: how members form samples: webdataset (default; split at the first "
-            "dot of the basename) or tfd (at the last dot, as tfd-utils)."
-        ),
-    ] = None,
-    wait_timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--wait-timeout",
-            metavar="SECONDS",
-            help="Give up after waiting this long for shards other live processes are "
-            "indexing (default: wait; the wait names them).",
-        ),
-    ] = None,
+    rescan: RescanOpt = False,
+    grouping: GroupingOpt = None,
+    wait_timeout: WaitTimeoutOpt = None,
     storage_option: StorageOpt = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            "--engine",
-            help="Where shards are scanned: local (worker processes here) or ray (tasks "
-            "spread over a Ray cluster's nodes; needs shardcat[ray]).",
-        ),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray-address",
-            metavar="ADDRESS",
-            help="With --engine ray: the cluster to connect to (default: Ray's usual "
-            "discovery: $RAY_ADDRESS, a cluster started on this host, else a new local one).",
-        ),
-    ] = None,
-    old_storage_option: Annotated[
-        list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")
-    ] = None,
-    mkdir: Annotated[
-        bool, typer.Option("--mkdir", help="Create the catalog's directory when missing.")
-    ] = False,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    old_storage_option: OldStorageOpt = None,
+    mkdir: MkdirOpt = False,
     json: JsonOpt = False,
 ) -> None:
     """Index shards into the catalog (only new or changed shards are read).
@@ -126,7 +140,6 @@ def ingest(
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
-    from shardcat.catalog.backend import backend_for
     from shardcat.facade import tasks
     from shardcat.facade.options import KEEP, IngestOptions
 
@@ -168,6 +181,13 @@ def ingest(
             bar.update(task, completed=summary.shards, total=summary.shards)
     except IngestError as exc:
         raise CatalogError(_failed_shards(exc, shards["total"])) from None
+    _say(summary, where, json=json, on_duplicate=on_duplicate)
+
+
+def _say(summary: IngestSummary, where: Path | str, *, json: bool, on_duplicate: str) -> None:
+    """The ingest's summary: one line (or its JSON), and what was dropped or set aside."""
+    from shardcat.catalog.backend import backend_for
+
     if json:
         print_json({**dataclasses.asdict(summary), "catalog": backend_for(where).display})
         return

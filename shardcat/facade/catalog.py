@@ -29,6 +29,7 @@ from shardcat.catalog.bad_records import SetAside, bad_records_of
 from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.datasets import DatasetInfo, DatasetPlan
+from shardcat.catalog.deletes import Pick
 from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.processes import stopping_on_signals
 from shardcat.catalog.query import (
@@ -62,11 +63,14 @@ from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "discard_if_empty", "migrate", "rebuild"]
 
+Params = Sequence[Any] | Mapping[str, Any] | None
+Keys = Sequence[str] | None
+
 
 class Catalog:
     """One catalog: datasets, shards, keys and byte offsets, and what to do with
     them: :meth:`ingest`, :meth:`dataset`, :meth:`query`, :meth:`datasets`,
-    :meth:`info`, :meth:`drop`, :meth:`verify`, :meth:`migrate`,
+    :meth:`info`, :meth:`drop`, :meth:`delete`, :meth:`undelete`, :meth:`verify`, :meth:`migrate`,
     :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (also as a context manager).
 
     ``Catalog(path, readonly=False, immutable=False)`` opens its store
@@ -516,6 +520,23 @@ class Catalog:
     def drop(self, name: str) -> None:
         """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
         self.store.drop(name)
+
+    def delete(
+        self, dataset: str, where: str | None = None, params: Params = None, *, keys: Keys = None
+    ) -> int:
+        """Soft-delete the records of ``dataset`` matching ``where`` (SQL over its view,
+        ``?`` placeholders with ``params``) and/or ``keys``, without touching shards:
+        readers raise ``KeyError`` for them and leave them out of ``len``, positions
+        and iteration; samplers and the SQL view skip them; a re-ingest keeps them
+        deleted. Returns how many were newly deleted."""
+        return self.store.mark_deleted(dataset, Pick(where, params, keys), deleted=True)
+
+    def undelete(
+        self, dataset: str, where: str | None = None, params: Params = None, *, keys: Keys = None
+    ) -> int:
+        """Restore soft-deleted records of ``dataset`` (``where`` over every record,
+        deleted or not, and/or ``keys``; neither: all); returns how many."""
+        return self.store.mark_deleted(dataset, Pick(where, params, keys), deleted=False)
 
     def create_index(self, dataset: str, field: str) -> bool:
         """Index the SQL field ``field`` of ``dataset`` (see

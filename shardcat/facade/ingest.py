@@ -33,7 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.commit import IngestJob, catalog_error, dedupe_within
-from shardcat.catalog.processes import end_with_parent, stops_held
+from shardcat.catalog.processes import TurnLock, end_with_parent, stops_held
 from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
@@ -338,7 +338,8 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
     the caller's next round."""
     ctx = multiprocessing.get_context("fork")
     # turns only where the catalog has one writer at a time (a server takes several)
-    turns = ctx.Lock() if backend_for(job.catalog).one_writer else None
+    # (a TurnLock: a worker that dies in its turn hands it on, where a Lock would not)
+    turns = TurnLock() if backend_for(job.catalog).one_writer else None
     procs: list[Any] = []
     live: list[Any] = []
     try:
@@ -377,6 +378,8 @@ def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        if turns is not None:
+            turns.close()
 
 
 def _work_one(session: IngestSession) -> ShardOutcome | None:

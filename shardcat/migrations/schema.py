@@ -171,7 +171,7 @@ def _records_per_dataset(conn: Connection) -> None:
         conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
     conn.execute(text("DROP TABLE shardcat_records"))
     for dataset_id, name in datasets:
-        tables.create_view(conn, dataset_id, name)
+        tables.create_view(conn, dataset_id, name, live=False)  # (no deletes before 9)
 
 
 def _add_checks(conn: Connection) -> None:
@@ -195,6 +195,12 @@ def _add_bad_records(conn: Connection) -> None:
     schema.bad_records.create(conn)
 
 
+def _add_deleted(conn: Connection) -> None:
+    """8 -> 9: the ``shardcat_deleted`` table (soft-deleted keys). Earlier versions
+    deleted none: empty, and the views stay as they are."""
+    schema.deleted.create(conn, checkfirst=True)  # (a test may fake an older version)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Step] = {
     1: _add_seek_indexes,
@@ -204,6 +210,7 @@ STEPS: dict[int, Step] = {
     5: _records_per_dataset,
     6: _add_checks,
     7: _add_bad_records,
+    8: _add_deleted,
 }
 
 

@@ -41,6 +41,7 @@ class _Reader(Protocol):
     _sql: lookup.RecordStatements
     _by_position: bool
     _parts: bool
+    _deleted: frozenset[str]
 
     @property
     def _shards(self) -> Mapping[int, Any]: ...
@@ -162,6 +163,8 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
                 return None
             real = None
             key = str(reader._row_at(conn, position)[-1])
+        if key in reader._deleted:
+            return None
         if reader._parts:
             rows = lookup.members_by_key(conn, reader._sql, key)
             if not rows:
@@ -208,12 +211,16 @@ class DatasetIndex(dict):  # type: ignore[type-arg]
                 if not reader._parts:
                     rows = reader._exclusively(self._page, shard.id, start)
                     for ordinal, key, offset, length in rows:
+                        if key in reader._deleted:
+                            continue
                         name = str(shard.first + ordinal) if by_position else key
                         yield name, self._record(shard.id, offset, length)
                     continue
                 samples: dict[int, tuple[str, dict[str, Any]]] = {}
                 members = reader._exclusively(self._page, shard.id, start)
                 for ordinal, key, feature, offset, size in members:
+                    if key in reader._deleted:
+                        continue
                     real = None if by_position else key
                     name = str(shard.first + ordinal) if by_position else key
                     location = samples.setdefault(ordinal, (name, {}))[1]

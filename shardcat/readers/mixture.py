@@ -169,6 +169,19 @@ class Mixture:
                 out[at] = (self.names[stream], value)
         return out
 
+    def keys_of(self, items: Sequence[tuple[int, int]]) -> list[tuple[str, Any]]:
+        """``(stream name, key)`` of ``(stream, index)`` items, one ``keys_of`` per
+        stream (:meth:`RecordSampler.seen <shardcat.torch.RecordSampler.seen>`)."""
+        out: list[Any] = [None] * len(items)
+        wanted: dict[int, list[int]] = {}
+        for at, (stream, _) in enumerate(items):
+            wanted.setdefault(stream, []).append(at)
+        for stream, places in wanted.items():
+            keys = self.streams[stream].dataset.keys_of([items[at][1] for at in places])
+            for at, key in zip(places, keys, strict=True):
+                out[at] = (self.names[stream], key)
+        return out
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}={c}" for n, c in zip(self.names, self.counts, strict=True))
         return f"Mixture({parts})"

@@ -73,18 +73,13 @@ from shardcat.errors import (
 from shardcat.formats.base import Location
 from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers import record_view
+from shardcat.readers.hot import AGAIN
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.verify import extents_of, verify_records
 from shardcat.readers.view import DatasetView, follows_reindex, one_call
 from shardcat.sources.rawio import Source
 
 __all__ = ["Reader"]
-
-
-# how far a batch's prefetched range reaches before and after a record's stored
-# location: a tar member's header block, a TFRecord frame's header and CRC
-_PREFETCH_BEFORE = 512
-_PREFETCH_AFTER = 64
 
 
 class Reader(DatasetView):
@@ -145,6 +140,8 @@ class Reader(DatasetView):
         if self._by_position:
             position = self._position_of_key(key)
             return None if position is None else self._row_at(conn, position)
+        if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
+            return None
         row: lookup.Row | None = conn.execute(self._sql.by_key, (key,)).fetchone()
         return row
 
@@ -193,9 +190,22 @@ class Reader(DatasetView):
             return self._load_parts(conn, [row], [key])[0]
         return self._decoded(row, True, key)
 
-    @follows_reindex
     def get_record(self, key: Any) -> Any:
         """The decoded record (a ``tf.train.Example`` for TFRecord), or None."""
+        if self._hot is not None:
+            data = self._native(key, None)
+            if data is None:
+                return None
+            if data is not AGAIN:
+                try:
+                    return self._fmt.decode(data, self.options)
+                except Exception:
+                    pass
+        return self._get_record(key)
+
+    @follows_reindex
+    def _get_record(self, key: Any) -> Any:
+        """:meth:`get_record` in Python (the reference)."""
         conn = self._conn()
         if self._plain:  # every single read by key: the shortest lookup, _decoded inlined
             found = conn.execute(self._sql.one, (str(key),)).fetchone()
@@ -247,7 +257,11 @@ class Reader(DatasetView):
         """
         if self._parts and not self._by_position:
             return self._member(key, feature_name)
-        record = self.get_record(key)
+        if self._hot is not None:
+            value = self._native(key, feature_name)
+            if value is not AGAIN:
+                return value
+        record = self._get_record(key)
         if record is None:
             return None
         values = self._fmt.feature_list(record, feature_name)
@@ -255,6 +269,8 @@ class Reader(DatasetView):
 
     @follows_reindex
     def _member(self, key: Any, feature_name: str) -> bytes | None:
+        if str(key) in self._deleted:
+            return None
         found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
@@ -268,7 +284,7 @@ class Reader(DatasetView):
         :meth:`get_feature`; None when the key or member is missing or records have
         no parts. For members too large to hold: ``catalog get`` writes them so."""
         found = None
-        if self._parts and not self._by_position:
+        if self._parts and not self._by_position and str(key) not in self._deleted:
             found = lookup.member_by_key(self._conn(), self._sql, str(key), feature_name)
         if found is None:
             return None
@@ -308,6 +324,8 @@ class Reader(DatasetView):
             return self.get_many_at([p for p in positions if p is not None], raw=raw)
         conn = self._conn()
         rows = lookup.records_by_key(conn, self._sql, keys)
+        if self._deleted:
+            rows = [r for r in rows if keys[r[0]] not in self._deleted]
         if len(rows) != len(keys):
             found = {r[0] for r in rows}
             raise KeyNotFoundError(
@@ -352,11 +370,6 @@ class Reader(DatasetView):
         for row in self._rows_at(conn, positions) if positions else ():
             keys[row[0]] = str(row[-1])  # row[0]: its place in the batch
         return keys
-
-    def shard_starts(self) -> list[int]:
-        """The first position of each shard, in position order (a shard's records are
-        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
-        return [s.first for s in self._order]
 
     @follows_reindex
     def get_many_at(self, positions: Sequence[int] | slice, *, raw: bool = False) -> list[Any]:
@@ -404,6 +417,12 @@ class Reader(DatasetView):
         keyed = not self._by_position  # the stored check mixes the record's key
         ordered = sorted(rows, key=operator.itemgetter(1, at))  # shards front to back
         ahead = self._prefetch([(r[1], r[at], r[at + 1]) for r in ordered])
+        got: Any = self._read_natively(ordered, names) if plain is not None and not ahead else AGAIN
+        if got is not AGAIN:
+            try:
+                return got if raw else [decode(data, options) for data in got]
+            except Exception:
+                pass
         for row in ordered:
             shard_id = row[1]
             opened = touched.get(shard_id)
@@ -451,28 +470,6 @@ class Reader(DatasetView):
         for source in ahead:  # ends their batch
             source.check()
         return out
-
-    def _prefetch(self, ranges: Sequence[tuple[int, int, int]]) -> list[Source]:
-        """Hand the sources that fetch ahead (remote shards: see
-        :mod:`shardcat.sources.remote`) the ``(shard, offset, length)`` ranges a batch
-        is about to read, widened by a frame's header/footer; local sources have no
-        ``prefetch`` and are left alone. Returns the sources that took them (their
-        ``check()`` ends the batch); their reads check each record's frame (TFRecord
-        length and CRCs, the tar header before a member), which the prefetched bytes
-        hold: bytes a server moved under a true Content-Range are an error."""
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for shard_id, offset, length in ranges:
-            by_shard.setdefault(shard_id, []).append(
-                (offset - _PREFETCH_BEFORE, length + _PREFETCH_BEFORE + _PREFETCH_AFTER)
-            )
-        took = []
-        for shard_id, spans in by_shard.items():
-            source = self._source(shard_id)
-            prefetch = getattr(source, "prefetch", None)
-            if prefetch is not None:
-                prefetch(spans)
-                took.append(source)
-        return took
 
     def _missing_message(self, missing: list[str]) -> str:
         shown = ", ".join(repr(k) for k in missing[:5])
@@ -534,6 +531,7 @@ class Reader(DatasetView):
             "duplicates_dropped": sum(dropped.values()) if isinstance(dropped, dict) else 0,
             "bad_records": sum(bad.values()),
             "bad_records_per_file": bad,
+            "deleted_records": len(self._dead),
         }
 
     @property
@@ -595,6 +593,9 @@ class Reader(DatasetView):
         if self.closed:
             return
         self._pool.close()
+        hot = getattr(self, "_hot", None)  # (None too when __init__ failed before it)
+        if hot is not None:
+            hot.clear()  # its statements, before their connections close
         self.catalog.close()  # (its store only when the handle opened it)
         self.closed = True
 

@@ -36,6 +36,7 @@ dataset length, seed, shuffle or shard layout.
 
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
@@ -281,22 +282,24 @@ class RecordSampler:
 
     # -- the order ---------------------------------------------------------------
 
-    def _order(self) -> _Order:
-        if self._cached is not None and self._cached[0] == self.epoch:
+    def _order(self, epoch: int | None = None) -> _Order:
+        """The order of ``epoch`` (default: the sampler's)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._cached is not None and self._cached[0] == epoch:
             return self._cached[1]
         n = self.length
         order: _Order
         if self.shuffle == "full" and self._full == "lazy":
-            order = _LazyFullOrder(n, self.seed, self.epoch)
+            order = _LazyFullOrder(n, self.seed, epoch)
         elif self.shuffle == "full":
-            order = _FullOrder(n, self.seed, self.epoch)
+            order = _FullOrder(n, self.seed, epoch)
         elif self.shuffle == "block":
             order = _BlockOrder(
-                n, self.seed, self.epoch, self.shard_starts, self.block_size, self.window
+                n, self.seed, epoch, self.shard_starts, self.block_size, self.window
             )
         else:
             order = _Order(n)
-        self._cached = (self.epoch, order)
+        self._cached = (epoch, order)
         return order
 
     def global_order(self) -> np.ndarray:
@@ -341,12 +344,13 @@ class RecordSampler:
         if self._iteration == iteration:
             self._active = False
 
-    def _items(self, chunk: np.ndarray) -> list[Any]:
-        """What the loader gets for these indices of the order: the indices, or a
-        mixture's ``(stream, index)`` pairs."""
+    def _items(self, chunk: np.ndarray, epoch: int | None = None) -> list[Any]:
+        """What the loader gets for these indices of the order (of ``epoch``, default
+        the sampler's): the indices, or a mixture's ``(stream, index)`` pairs."""
         if self._locate is None:
             return chunk.tolist()
-        streams, indices = self._locate(self.seed, self.epoch, chunk)
+        epoch = self.epoch if epoch is None else epoch
+        streams, indices = self._locate(self.seed, epoch, chunk)
         return list(zip(streams.tolist(), indices.tolist(), strict=True))
 
     def set_epoch(self, epoch: int) -> None:
@@ -416,6 +420,30 @@ class RecordSampler:
                 + "; ".join(wrong)
                 + " (the dataset changed length or shards, or the sampler's arguments differ)"
             )
+
+    def seen(self, state: Mapping[str, Any] | None = None) -> Iterator[Any]:
+        """The keys a run consumed up to ``state`` (a :meth:`state_dict` saved by any
+        rank of any world size; default: this sampler's own), in the global order:
+        every epoch before the state's in full (as its world size padded or cut it),
+        then the state's epoch's places before its ``consumed``. Duplicates are
+        listed as often as the loaders yielded them (padding). Keys as the dataset's
+        ``keys_of`` names them: a ``RecordDataset``'s keys (of its ``keys=`` subset
+        too), a ``Mixture``'s ``(stream name, key)``. Assumes each epoch ran with
+        the state's world size and ran to its end."""
+        keys_of = getattr(self.dataset, "keys_of", None)
+        if keys_of is None:
+            raise SamplerError(f"{type(self.dataset).__name__} cannot name its items' keys")
+        run = copy.copy(self)  # the state's order (its kind of full order), self untouched
+        run.load_state_dict(self.state_dict() if state is None else state)
+        world = _whole((state or {}).get("num_replicas", self.num_replicas), "num_replicas", 1)
+        whole = run.length // world * world if self.drop_last else -(-run.length // world) * world
+        for epoch in range(run.epoch + 1):
+            stop = whole if epoch < run.epoch else run._resume
+            order, n = run._order(epoch), run.length
+            for chunk in order.chunks(0, min(stop, n), 1):
+                yield from keys_of(run._items(chunk, epoch))
+            for place in range(n, stop):  # padding: places past the end wrap to the start
+                yield from keys_of(run._items(order.part(place % n, place % n + 1, 1), epoch))
 
     @staticmethod
     def state_in(loader_state: Any) -> dict[str, Any]:

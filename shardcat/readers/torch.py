@@ -4,7 +4,8 @@ It needs no torch import: DataLoader, ``DistributedSampler`` and friends take
 any object with ``__len__`` and ``__getitem__``. With ``num_workers > 0`` each
 worker reopens the catalog connection by itself (fork) or unpickles the reader
 (spawn). A batch is fetched with ``__getitems__`` (torch's batched fetch): one
-query for the batch, reads in (shard, offset) order. Its sampler is
+query for the batch, reads in (shard, offset) order; without a ``transform``, a
+TFRecord batch's items come straight off the checked payloads' wire (native). Its sampler is
 :class:`~shardcat.readers.sampler.RecordSampler` (both are in ``shardcat.torch``).
 """
 
@@ -14,6 +15,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardcat.readers.hot import AGAIN
 from shardcat.readers.reader import Reader
 
 __all__ = ["RecordDataset"]
@@ -53,15 +55,28 @@ class RecordDataset:
         read (``get_many_at``, or ``get_many`` over ``keys``); ``IndexError`` when
         one is out of range, as ``__getitem__``."""
         indices = [operator.index(i) for i in indices]
-        if self.keys is None:
-            records = self.reader.get_many_at(indices)
+        reader, keys = self.reader, self.keys
+        dicts = reader.native_dicts if self.transform is None else None
+        if keys is None:
+            records = reader.get_many_at(indices, raw=dicts is not None)
         else:
-            keys = self.keys
-            records = self.reader.get_many([keys[i] for i in indices])
+            records = reader.get_many([keys[i] for i in indices], raw=dicts is not None)
+        if dicts is not None:  # checked payloads -> items straight off the wire
+            items = list(map(dicts, records))
+            for n, item in enumerate(items):
+                if item is AGAIN:  # an odd Example: decoded, as __getitem__ does
+                    items[n] = self[indices[n]]
+            return items
         if self.transform is not None:
             return [self.transform(r) for r in records]
         to_dict = self.reader.to_dict
         return [to_dict(r) for r in records]
+
+    def keys_of(self, indices: Sequence[int]) -> list[str]:
+        """The keys of items ``indices`` (one query; :meth:`RecordSampler.seen`)."""
+        if self.keys is None:
+            return self.reader.keys_at(list(indices))
+        return [self.keys[i] for i in indices]
 
     def shard_starts(self) -> list[int] | None:
         """The index of each shard's first item (for a shard-local block shuffle);

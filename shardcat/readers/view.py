@@ -15,19 +15,22 @@ from __future__ import annotations
 import bisect
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardcat.catalog import engine as _engine
 from shardcat.catalog import lookup
+from shardcat.catalog.deletes import DELETED_AT
 from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
 from shardcat.formats.registry import get_format
+from shardcat.readers import hot
+from shardcat.readers.hot import AGAIN, MISS
 from shardcat.sources import pool as _pool
-from shardcat.sources.local import Identity, open_source
+from shardcat.sources.local import FileSource, Identity, open_source
 from shardcat.sources.pool import SourcePool
 from shardcat.sources.rawio import Source
 
@@ -37,6 +40,11 @@ STORAGE_OPTIONS = "storage_options"
 __all__ = ["DatasetView", "Reindex", "cannot_reindex", "follows_reindex", "one_call"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# how far a batch's prefetched range reaches before and after a record's stored
+# location: a tar member's header block, a TFRecord frame's header and CRC
+_PREFETCH_BEFORE = 512
+_PREFETCH_AFTER = 64
 
 
 #: How a reader re-indexes its dataset (``rebuild_index``), given by whoever opened it
@@ -141,7 +149,7 @@ class DatasetView:
         self._shards: dict[int, _Shard] = {}
         self._serial = -1
         self._version: int | None = None
-        self._pinned: tuple[tuple[int, int, int, int], ...] | None = None
+        self._pinned: tuple[tuple[int, ...], ...] | None = None
         self._positions_moved = False
         self.closed = False
         self._new_lock()
@@ -162,7 +170,22 @@ class DatasetView:
         self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)
-        self._plain = self._one_range and not self._parts and not self._by_position
+        self._plain_kind = self._one_range and not self._parts and not self._by_position
+        self._plain = self._plain_kind  # ... and no soft deletes (see _load_deleted)
+        examples = self.format == "tfrecord" and self.options.get("message") != "sequence_example"
+        #: records as ``to_dict`` gives them straight off the wire (None: decode them)
+        self.native_dicts = hot.example_dict if examples and hot.available() else None
+        self._native_rows = self.native_dicts is not None  # batches read by hot.read_rows
+        #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
+        self._hot = (
+            hot.HotLookups(self._sql.one)
+            if self._plain
+            and examples
+            and catalog.backend.dialect.native_lookups
+            and hot.available()
+            else None
+        )
+        self._files_only = False  # every shard a plain local file (set with the shards)
         self.refresh()
 
     # Pickling (DataLoader with the spawn start method): the handle reopens the store.
@@ -198,7 +221,8 @@ class DatasetView:
         return function(*args)
 
     def _keys_of(self, shard_id: int) -> list[str]:
-        return lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+        keys = lookup.keys_of_shard(self._conn(), self._sql, shard_id)
+        return [k for k in keys if k not in self._deleted] if self._deleted else keys
 
     def _new_lock(self) -> None:
         self._lock = threading.RLock()
@@ -259,13 +283,29 @@ class DatasetView:
         self._shards = shards
         self._order = list(shards.values())
         self._starts = [s.first for s in self._order]
-        self._len = sum(s.count for s in self._order)
+        self._load_deleted(conn)
+        self._len = sum(s.count for s in self._order) - len(self._dead)
+        self._files_only = not any(s.compression or "://" in s.path for s in self._order)
         self._version = version
         if self._pinned is not None and self._layout() != self._pinned:
             self._positions_moved = True
 
-    def _layout(self) -> tuple[tuple[int, int, int, int], ...]:
-        return tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+    def _load_deleted(self, conn: ReadConnection) -> None:
+        """The dataset's soft-deleted records (:mod:`shardcat.catalog.deletes`): their
+        keys, and their stored positions in order (``_dead``). Positions skip them:
+        position ``p`` is stored position ``p + bisect_right(_skip, p)``, where
+        ``_skip[i]`` is ``_dead[i] - i`` (the live records before the i-th dead one).
+        One query returning nothing for a dataset without deletes."""
+        rows = conn.execute(DELETED_AT.format(id=int(self._id)), (self._id,)).fetchall()
+        self._deleted = frozenset(str(r[2]) for r in rows)
+        self._dead = sorted(self._shards[r[0]].first + r[1] for r in rows if r[0] in self._shards)
+        self._skip = [d - i for i, d in enumerate(self._dead)]
+        self._plain = self._plain_kind and not self._deleted
+
+    def _layout(self) -> tuple[tuple[int, ...], ...]:
+        """What positions depend on: each shard's version and place, the deleted ones."""
+        shards = tuple((s.id, s.generation, s.first, s.count) for s in self._order)
+        return (*shards, tuple(self._dead))
 
     def _source(self, shard_id: int) -> Source:
         source = self._pool.sources.get(shard_id)
@@ -288,6 +328,37 @@ class DatasetView:
         conn = self.catalog.reader_connection(snapshot=True)
         return lookup.seek_index(conn, shard.id, shard.generation)
 
+    @follows_reindex
+    def _native(self, key: Any, feature: str | None) -> Any:
+        """The native read by key (:mod:`shardcat.readers.hot`): ``AGAIN`` (left to the
+        Python path), None (no such key), the payload or ``feature``'s first value."""
+        lookup = self._hot.lookup(self._conn()) if self._hot is not None else None
+        if lookup is None or not self._files_only:
+            return AGAIN
+        key = key if type(key) is str else str(key)
+        if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
+            return None
+        got = hot.read(lookup, key, self._pool.sources, feature, self.verify_reads)
+        return None if got is MISS else got
+
+    def _read_natively(self, ordered: list[lookup.Row], names: Sequence[Any] | None) -> Any:
+        """The payloads of a batch's rows (one range each, in file order; ``names``: as
+        ``Reader._load``) read and checked in one native call, each shard's file
+        checked once after; ``AGAIN`` where that does not apply or is not sure."""
+        if not (self._native_rows and self._files_only):
+            return AGAIN
+        shards = {row[1] for row in ordered}
+        for shard_id in shards:
+            self._source(shard_id)
+        keyed = not self._by_position
+        got = hot.read_rows(
+            ordered, self._at, self._pool.sources, FileSource, self.verify_reads, keyed, names
+        )
+        if got is not AGAIN:
+            for shard_id in shards:  # one file check per shard covers its reads
+                self._pool.sources[shard_id].check()
+        return got
+
     # -- locating records ------------------------------------------------------
 
     def _position_of_key(self, key: str) -> int | None:
@@ -307,8 +378,15 @@ class DatasetView:
         if not -self._len <= position < self._len:
             raise IndexError(f"position {position} out of range for {self._len} records")
         position %= self._len
+        if self._skip:  # soft-deleted records leave the position space
+            position += bisect.bisect_right(self._skip, position)
         shard = self._order[bisect.bisect_right(self._starts, position) - 1]
         return shard, position - shard.first
+
+    def shard_starts(self) -> list[int]:
+        """The first position of each shard, in position order (a shard's records are
+        positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
+        return [s.first - bisect.bisect_left(self._dead, s.first) for s in self._order]
 
     def _row_at(self, conn: ReadConnection, position: int) -> lookup.Row:
         """The record row (key last) at one position: one point query."""
@@ -324,3 +402,25 @@ class DatasetView:
         return StaleShardError(
             f"dataset {self.dataset!r} changed since this reader opened: reopen it"
         )
+
+    def _prefetch(self, ranges: Sequence[tuple[int, int, int]]) -> list[Source]:
+        """Hand the sources that fetch ahead (remote shards: see
+        :mod:`shardcat.sources.remote`) the ``(shard, offset, length)`` ranges a batch
+        is about to read, widened by a frame's header/footer; local sources have no
+        ``prefetch`` and are left alone. Returns the sources that took them (their
+        ``check()`` ends the batch); their reads check each record's frame (TFRecord
+        length and CRCs, the tar header before a member), which the prefetched bytes
+        hold: bytes a server moved under a true Content-Range are an error."""
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for shard_id, offset, length in ranges:
+            by_shard.setdefault(shard_id, []).append(
+                (offset - _PREFETCH_BEFORE, length + _PREFETCH_BEFORE + _PREFETCH_AFTER)
+            )
+        took = []
+        for shard_id, spans in by_shard.items():
+            source = self._source(shard_id)
+            prefetch = getattr(source, "prefetch", None)
+            if prefetch is not None:
+                prefetch(spans)
+                took.append(source)
+        return took

@@ -13,6 +13,7 @@ or a call that hangs, fails with :class:`TimeoutError` rather than hanging CI
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import time
@@ -98,6 +99,9 @@ def local_cluster(spec: ClusterSpec | None = None) -> Iterator[Any]:
         cluster.shutdown()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        # Ray's objects left in this process are finalized now, not in a child it forks
+        # later (one segfaulted there in Ray's extension, in its turn of an ingest)
+        gc.collect()
 
 
 def alive_nodes() -> set[str]:

@@ -1,0 +1,120 @@
+"""DataLoader records/s with items as dicts (issue 31, item 2): ``RecordDataset``
+without a ``transform`` (items ``{feature: value}``) and ``RecordSampler`` ``"full"`` /
+``"block"``, 2 forked workers, batch 64, against tfd-utils' reader in a map-style
+dataset giving the same dicts, every contender interleaved in rotating order.
+
+``python -m benchmarks.loader_bench [--data DIR] [--rounds 3]``: the shards and
+tfd-utils' index of :mod:`benchmarks.hotpath` (made there once: ``--prepare``).
+Contenders: ``native`` (the items straight off the checked payloads' wire),
+``python`` (the same reader opened with ``SHARDCAT_NATIVE=0``: decoded Examples
+converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet
+
+BATCH, WORKERS = 64, 2
+
+
+class TfdDicts:
+    """tfd-utils' reader as a map-style dataset: item i is record i as a dict."""
+
+    def __init__(self, pattern: str, index: Path, n: int) -> None:
+        from tfd_utils import TFRecordRandomAccess
+
+        with quiet():
+            self.reader = TFRecordRandomAccess(pattern, index_file=str(index), use_pread=True)
+            len(self.reader)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        record = self.reader.get_record(KEY_FORMAT % i)
+        out = {}
+        for name, feature in record.features.feature.items():
+            kind = feature.WhichOneof("kind")
+            values = list(getattr(feature, kind).value) if kind else []
+            out[name] = values[0] if len(values) == 1 else values
+        return out
+
+
+def _loader(dataset: Any, shuffle: str) -> Callable[[], int]:
+    from torch.utils.data import DataLoader
+
+    from shardcat.torch import RecordSampler
+
+    sampler = RecordSampler(dataset, 1, 0, seed=1, shuffle=shuffle)
+    epoch = [0]
+
+    def go() -> int:
+        epoch[0] += 1
+        sampler.set_epoch(epoch[0])
+        loader = DataLoader(
+            dataset, sampler=sampler, batch_size=BATCH, num_workers=WORKERS,
+            collate_fn=list, multiprocessing_context="fork",
+        )  # fmt: skip
+        return sum(len(batch) for batch in loader)
+
+    return go
+
+
+def main(argv: list[str] | None = None) -> None:
+    from shardcat import Catalog
+    from shardcat.torch import RecordDataset
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(DEFAULT_DATA))
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    data = Path(args.data)
+    pattern = str(data / "*.tfrecord")
+    with tempfile.TemporaryDirectory(prefix="shardcat-loader-") as tmp:
+        cat = Catalog(Path(tmp) / "c.sqlite")
+        native = cat.ingest(pattern, "d")
+        os.environ["SHARDCAT_NATIVE"] = "0"
+        python = cat.dataset("d")
+        del os.environ["SHARDCAT_NATIVE"]
+        tfd = TfdDicts(pattern, data / "tfd.index", len(native))
+        ours, reference = RecordDataset(native), RecordDataset(python)
+        sample = [0, 7, len(native) - 1]
+        if ours.__getitems__(sample) != [tfd[i] for i in sample]:
+            raise SystemExit("the contenders' items differ")
+        runs = {
+            f"{name} {shuffle}": _loader(dataset, shuffle)
+            for shuffle in ("full", "block")
+            for name, dataset in (("native", ours), ("python", reference), ("tfd-utils", tfd))
+        }
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        names = list(runs)
+        for r in range(args.rounds + 1):  # round 0 warms the page cache
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                start = time.perf_counter()
+                got = runs[name]()
+                if r:
+                    rates[name].append(got / (time.perf_counter() - start))
+        for name, values in rates.items():
+            shuffle = name.rsplit(" ", 1)[1]
+            ratio = [v / t for v, t in zip(values, rates[f"tfd-utils {shuffle}"], strict=True)]
+            print(
+                f"{name:18s} {statistics.median(values):9,.0f} rec/s  x tfd-utils "
+                f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
+            )
+        native.close()
+        python.close()
+        cat.close()
+
+
+if __name__ == "__main__":
+    main()
