@@ -141,6 +141,22 @@ def test_fanned_out_over_both_nodes_as_a_local_ingest(cluster: Any, tmp_path: Pa
     assert (count, seen) == (len(truth), [])
 
 
+def test_the_slow_format_is_used_by_name_only(cluster: Any, tmp_path: Path) -> None:
+    """``slowtfrecord`` (registered in this process for the whole module) never claims
+    a TFRecord file by its bytes: a later ingest in this process that detects the
+    format scans with ``tfrecord``, in this process and in forked workers (with
+    ``slowtfrecord`` the workers started Ray in the fork and hung in gRPC)."""
+    from shardcat.formats.registry import detect_format
+
+    truth = write_shards(tmp_path / "data", 2)
+    assert detect_format(str(tmp_path / "data" / "part-000.tfrecord")) == "tfrecord"
+    with deadline(LIMIT, "a local ingest"), Catalog(tmp_path / "cat.sqlite") as cat:
+        cat.ingest(str(tmp_path / "data" / "*.tfrecord"), "train", workers=2).close()
+        assert cat.info("train").format == "tfrecord"
+    assert contents(tmp_path / "cat.sqlite") == truth
+    assert not list((tmp_path / "data").glob("*.scanning"))
+
+
 def kill_when_scanning(cluster: Any, directory: Path) -> tuple[threading.Thread, dict[str, Any]]:
     """A thread that, as soon as a task on the first worker node has claimed a shard
     and begun to scan it (its marker), SIGKILLs that task's process and the node's

@@ -44,14 +44,9 @@ from shardcat.errors import CatalogError
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade import opener
 from shardcat.facade.dataset_options import detect_options, field_types
-from shardcat.facade.ingest import (
-    ProvideEntries,
-    Work,
-    judge_files,
-    raise_for_failures,
-    run_ingest,
-)
+from shardcat.facade.ingest import ProvideEntries, Work, judge_files, raise_for_failures, run_ingest
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
+from shardcat.facade.ray_ingest import RayEngine
 from shardcat.facade.remote_detect import dataset_wide_options, remote_rule
 from shardcat.formats.registry import detect_format, get_format
 from shardcat.migrations.legacy.report import MigrationReport
@@ -253,11 +248,8 @@ class Catalog:
         :mod:`shardcat.sources.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
         passwords), which this process keeps in memory only.
-        ``engine="ray"`` scans the shards as tasks spread over the nodes of a Ray
-        cluster (``ray_address``; None: ``ray.init()``'s usual discovery; needs
-        ``shardcat[ray]``), each committing through the same claims, so a node lost
-        mid-ingest costs nothing (see :mod:`shardcat.facade.ray_ingest`); ``workers``
-        is then unused. A SQLite catalog needs every node on this host.
+        ``engine="ray"``: the shards are Ray tasks on the cluster at ``ray_address``
+        (``shardcat[ray]``; ``workers`` unused; see :mod:`shardcat.facade.ray_ingest`).
         Raises :class:`IngestError` naming each shard that failed (the others
         are committed).
         """
@@ -325,7 +317,7 @@ class Catalog:
             if provided is None
             else {stored_path(p, self.store.directory): f for p, f in provided.items()},
             opts.wait_timeout,
-            _share_for(opts),
+            RayEngine(opts.ray_address) if opts.engine == "ray" else None,
         )
         try:
             with stopping_on_signals(), self.store.ingest_session(job) as session:
@@ -570,15 +562,6 @@ class Catalog:
     def __reduce__(self) -> tuple[Any, ...]:  # pickled as where and how to reopen it
         reopen = functools.partial(type(self), readonly=self.readonly, immutable=self.immutable)
         return (reopen, (self.location,))
-
-
-def _share_for(opts: IngestOptions) -> Any:
-    """Who scans the pending shards: local workers (None) or Ray tasks."""
-    if opts.engine == "local":
-        return None
-    from shardcat.facade.ray_ingest import RayEngine  # needs shardcat[ray]
-
-    return RayEngine(opts.ray_address)
 
 
 def _storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:

@@ -157,13 +157,17 @@ def scanning_markers(directory: str | os.PathLike[str], node_id: str) -> dict[st
 
 def register_slow_format() -> None:
     """Register ``slowtfrecord`` (TFRecord, whose scan first leaves a marker beside the
-    shard naming the Ray node it runs on and its pid, then takes :data:`SLOW_SCAN_SECONDS`); a
-    no-op when it is registered already. A cluster's ``setup_hook``."""
+    shard naming the Ray node it runs on and its pid, then takes :data:`SLOW_SCAN_SECONDS`; used
+    by name only, never detected); a no-op when it is registered already. A cluster's
+    ``setup_hook``."""
     from shardcat.formats.registry import known_formats, register_format
     from shardcat.formats.tfrecord import TFRecordFormat
 
     class SlowTFRecord(TFRecordFormat):
         NAME = "slowtfrecord"
+
+        def sniff(self, head: bytes) -> bool:
+            return False  # by name only: never a TFRecord file's detected format
 
         def scan_shard(self, path: str, options: Any) -> Any:
             import ray
