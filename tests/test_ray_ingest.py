@@ -39,6 +39,7 @@ from shardcat.testing.ray import (  # noqa: E402
     kill_raylet,
     local_cluster,
     register_slow_format,
+    register_test_formats,
     scanning_markers,
 )
 from shardcat.testing.servers import RangeServer  # noqa: E402
@@ -50,9 +51,11 @@ NODE = {"object_store_memory": 128 * 1024 * 1024, "num_cpus": 1}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    register_slow_format()  # the driver reads what the workers scanned with it
+    register_test_formats()  # the driver reads what the workers scanned with them
     spec = ClusterSpec(
-        workers=2, head_cpus=0, setup_hook=register_slow_format.__module__ + ".register_slow_format"
+        workers=2,
+        head_cpus=0,
+        setup_hook=register_test_formats.__module__ + ".register_test_formats",
     )
     with local_cluster(spec) as started:
         yield started
@@ -155,6 +158,28 @@ def test_the_slow_format_is_used_by_name_only(cluster: Any, tmp_path: Path) -> N
         assert cat.info("train").format == "tfrecord"
     assert contents(tmp_path / "cat.sqlite") == truth
     assert not list((tmp_path / "data").glob("*.scanning"))
+
+
+def test_tasks_that_crash_end_with_an_ingest_error(cluster: Any, tmp_path: Path) -> None:
+    """Every attempt of every task segfaults in its scan: Ray's retries are bounded
+    (TASK_RETRIES), then the ingest ends with an IngestError naming each shard and
+    the crash; nothing is left claimed."""
+    from shardcat.facade.ray_ingest import TASK_RETRIES
+
+    ensure_two_workers(cluster)
+    write_shards(tmp_path / "data", 2)
+    catalog = tmp_path / "cat.sqlite"
+    with pytest.raises(IngestError) as caught:
+        ingest_ray(catalog, str(tmp_path / "data" / "*.tfrecord"), format="crashtfrecord")
+    failures = sorted((f.path, f.error) for f in caught.value.failures)
+    assert [p for p, _ in failures] == ["data/part-000.tfrecord", "data/part-001.tfrecord"]
+    for path, error in failures:
+        assert error.startswith(
+            f"{path}: its Ray task failed in each of its {TASK_RETRIES + 1} attempts "
+            "(WorkerCrashedError: The worker died unexpectedly while executing this task."
+        )
+    assert str(caught.value).endswith("(and 1 more failed shards)")
+    assert shard_states(catalog) == []  # a first ingest that indexed nothing leaves no dataset
 
 
 def kill_when_scanning(cluster: Any, directory: Path) -> tuple[threading.Thread, dict[str, Any]]:

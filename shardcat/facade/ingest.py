@@ -23,6 +23,8 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.commit import IngestJob, catalog_error, dedupe_within
-from shardcat.catalog.processes import TurnLock, end_with_parent, stops_held
+from shardcat.catalog.processes import (
+    STOP_SIGNALS,
+    TurnLock,
+    end_with_parent,
+    stops_held,
+    worker_start_method,
+)
 from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
@@ -46,7 +54,7 @@ from shardcat.errors import (
 )
 from shardcat.facade.remote_detect import local_copy, sidecar_of, warnings_naming
 from shardcat.formats.base import BAD_RECORDS, BadRecord, Format, ShardScan
-from shardcat.formats.registry import get_format, other_format
+from shardcat.formats.registry import get_format, other_format, register_format
 from shardcat.paths import require_regular
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources import remote
@@ -293,17 +301,37 @@ def _index_remote(
         return _failed(session, shard, exc, url, renames)
 
 
-def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
-    """A forked worker: claim and index shards until none is claimable, sending
-    ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
-    ``("error", exception)``). The next claim follows each commit in the same turn
-    at the write lock (``turns``: see :meth:`IngestSession.turn`), so this worker
-    scans its next shard while the other commits (claiming after the other's commit
-    left it idle for that commit). A signal, or the end of ``parent``, ends it
-    quietly, its claim given back (:func:`~shardcat.catalog.processes.end_with_parent`)."""
+@dataclass(frozen=True)
+class _Carried:
+    """What a worker started by a fork server needs of this process, which a forked
+    one inherits: the dataset's format (maybe registered here at run time) and the
+    storage options configured here (their secrets are never stored)."""
+
+    fmt: Format
+    storage: Mapping[str, Mapping[str, Any]]
+
+    def apply(self) -> None:
+        register_format(self.fmt.NAME, self.fmt, replace=True)
+        for protocol, options in self.storage.items():
+            remote.configure(protocol, **options)
+
+
+def _work_all(job: IngestJob, turns: Any, out: Any, parent: int, carried: Any) -> None:
+    """A worker: claim and index shards until none is claimable, sending
+    ``("claimed", None, shard)`` once it holds its first shard, ``("done", outcome,
+    shard)`` for each shard indexed (``shard``: the one it holds now, or None), then
+    ``("end", None, None)`` (or ``("error", exception, None)``). The next claim
+    follows each commit in the same turn at the write lock (``turns``: see
+    :meth:`IngestSession.turn`), so this worker scans its next shard while the other
+    commits (claiming after the other's commit left it idle for that commit). A
+    signal, or the end of ``parent``, ends it quietly, its claim given back
+    (:func:`~shardcat.catalog.processes.end_with_parent`). ``carried``: a
+    :class:`_Carried` (not forked), else None."""
     session = IngestSession(job, turns=turns)
     try:
         end_with_parent(parent)
+        if carried is not None:
+            carried.apply()
         following: list[Any] = [_UNSET]
 
         def claim() -> None:
@@ -311,75 +339,132 @@ def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
 
         with session.turn():
             claim()
+        out.send(("claimed", None, following[0]))
         while (claimed := following[0]) is not None:
             following[0] = _UNSET
-            out.send(("done", index_claimed(session, claimed, then=claim)))
+            outcome = index_claimed(session, claimed, then=claim)
             if following[0] is _UNSET:
                 with session.turn():
                     claim()
-        out.send(("end", None))
+            out.send(("done", outcome, following[0]))
+        out.send(("end", None, None))
     except SystemExit:  # stopped (by the parent, or its end): the parent gives the claims back
         raise
     except BaseException as exc:
         try:
-            out.send(("error", exc))
+            out.send(("error", exc, None))
         except Exception:  # an exception that does not pickle
-            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", [])))
+            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", []), None))
     finally:
         session.close()
         out.close()
 
 
-def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
-    """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
-    re-raises the first worker's error (the others are stopped and give their
-    claims back; one that does not within :data:`STOP_SECONDS` is killed, its claim
-    taken over at once by the next ingest). A worker that dies leaves its claim to
-    the caller's next round."""
-    ctx = multiprocessing.get_context("fork")
+def _starting(job: IngestJob) -> tuple[Any, _Carried | None] | None:
+    """How this process starts ingest workers: forked when that is safe, else by a
+    fork server (see :func:`~shardcat.catalog.processes.worker_start_method`), with
+    what they must be handed; None when they cannot be (a format that does not
+    pickle, such as a class defined in a function): then this process scans."""
+    ctx = multiprocessing.get_context(worker_start_method())
+    if ctx.get_start_method() == "fork":
+        return ctx, None
+    carried = _Carried(get_format(job.format), remote.configured())
+    try:
+        pickle.dumps(carried)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
+    # its workers fork from a server that imported this (not the caller's __main__)
+    ctx.set_forkserver_preload([__name__])
+    return ctx, carried
+
+
+def _death(proc: Any) -> str | None:
+    """How a worker that closed its pipe without a last word ended: ``"signal
+    SIGSEGV"``, ``"exit code 3"``; None when it ended cleanly or was stopped."""
+    proc.join(STOP_SECONDS)
+    code = proc.exitcode
+    if code is None or code == 0 or code - 128 in (signal.SIGINT, *STOP_SIGNALS):
+        return None
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _run_workers(
+    session: IngestSession, count: int, note: Callable[[ShardOutcome | None], None]
+) -> bool:
+    """Start ``count`` workers (:func:`_work_all`) and note their outcomes as they
+    come; False when none can be started here (see :func:`_starting`). Re-raises the
+    first worker's error (the others are stopped and give their claims back; one
+    that does not within :data:`STOP_SECONDS` is killed, its claim taken over at
+    once by the next ingest). A worker that dies (a crash: a signal, an exit code)
+    fails the shard it was indexing, naming how it died (not tried again in this
+    ingest); one that died holding no shard is an :class:`IngestError` when no
+    worker indexed anything (never a round of crashes after another)."""
+    job = session.job
+    starting = _starting(job)
+    if starting is None:
+        return False
+    ctx, carried = starting
     # turns only where the catalog has one writer at a time (a server takes several)
     # (a TurnLock: a worker that dies in its turn hands it on, where a Lock would not)
     turns = TurnLock() if backend_for(job.catalog).one_writer else None
-    procs: list[Any] = []
+    procs: dict[Any, Any] = {}  # pipe -> worker process
+    holding: dict[Any, ClaimedShard | None] = {}  # pipe -> the shard its worker indexes
     live: list[Any] = []
+    deaths: list[str] = []
+    noted = 0
     try:
         for _ in range(count):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=_work_all, args=(job, turns, writer, os.getpid()), daemon=True
+                target=_work_all, args=(job, turns, writer, os.getpid(), carried), daemon=True
             )
             with stops_held():  # a stop comes once the worker is noted, to be stopped
                 proc.start()
-                procs.append(proc)
+                procs[reader] = proc
                 live.append(reader)
             writer.close()
         while live:
             waited: list[Any] = multiprocessing.connection.wait(live)
             for ready in waited:
                 try:
-                    kind, value = ready.recv()
+                    kind, value, holding[ready] = ready.recv()
                 except EOFError:  # died without a word
-                    kind, value = "end", None
+                    kind, value = "died", _death(procs[ready])
                 if kind == "done":
+                    noted += 1
                     note(value)
+                if kind in ("claimed", "done"):
                     continue
                 live.remove(ready)
                 ready.close()
                 if kind == "error":
                     raise value
+                shard = holding.get(ready)
+                if kind == "died" and value is not None and shard is not None:
+                    message = f"{shard.stored}: its ingest worker died ({value}) indexing it"
+                    session.fail(shard, message)
+                    noted += 1
+                    note(ShardOutcome(shard.stored, 0, message))
+                elif kind == "died" and value is not None:
+                    deaths.append(value)
+        if deaths and not noted:
+            raise IngestError(f"every ingest worker died ({', '.join(deaths)})", [])
     finally:
         for reader in live:
             reader.close()
-        for proc in procs:
+        for proc in procs.values():
             if proc.is_alive() and live:
                 proc.terminate()
-        for proc in procs:
+        for proc in procs.values():
             proc.join(STOP_SECONDS)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
         if turns is not None:
             turns.close()
+    return True
 
 
 def _work_one(session: IngestSession) -> ShardOutcome | None:
@@ -475,10 +560,11 @@ def _share_work(
         if open_count == 0:
             return
         done = len(outcomes)
+        shared = False
         if work.workers > 1 and open_count > 1 and not idle:
             session.close()  # no kept connection crosses the fork
-            _run_workers(session.job, min(work.workers, open_count), note)
-        else:
+            shared = _run_workers(session, min(work.workers, open_count), note)
+        if not shared:
             note(_work_one(session))
         idle = len(outcomes) == done
         if idle:  # other processes hold the remaining claims

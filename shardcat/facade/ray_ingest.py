@@ -219,7 +219,7 @@ def _fan_out(
                 raise exc.cause if isinstance(exc.cause, BaseException) else exc from None
             except ray.exceptions.RayError as exc:  # worker or node lost past the retries
                 lost.add(stored)
-                outcome = ShardOutcome(stored, 0, f"{stored}: its Ray task failed: {exc}")
+                outcome = ShardOutcome(stored, 0, _lost(stored, exc))
             noted = noted or outcome is not None
             note(outcome)
         if lost:
@@ -229,3 +229,13 @@ def _fan_out(
         else:
             waiting.still()
             time.sleep(POLL_SECONDS)
+
+
+def _lost(stored: str, exc: BaseException) -> str:
+    """What a shard whose task failed past Ray's retries says: how often, and how
+    (a crashed worker: Ray does not say by which signal, nor whether the OOM killer
+    sent it)."""
+    return (
+        f"{stored}: its Ray task failed in each of its {TASK_RETRIES + 1} attempts "
+        f"({type(exc).__name__}: {exc})"
+    )

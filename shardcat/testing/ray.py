@@ -181,3 +181,12 @@ def register_slow_format() -> None:
 
     if "slowtfrecord" not in known_formats():
         register_format("slowtfrecord", SlowTFRecord)
+
+
+def register_test_formats() -> None:
+    """Register ``slowtfrecord`` (:func:`register_slow_format`) and ``crashtfrecord``
+    (:mod:`shardcat.testing.crashing`): a cluster's ``setup_hook``."""
+    from shardcat.testing.crashing import register_crashing_format
+
+    register_slow_format()
+    register_crashing_format()

@@ -1,0 +1,165 @@
+"""Ingest workers are forked only where forking is safe: beside another thread (or
+Ray, or gRPC's threads) they start from a fork server instead, with the format
+registered here and the storage options configured here, and the ingest gives the
+same keys and bytes; a worker that crashes fails its shard, naming the signal,
+and an ingest whose every worker crashes ends with an IngestError (never a round
+of crashes after another). Every ingest runs under a deadline: a hang fails."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardcat import Catalog, IngestError
+from shardcat.catalog.processes import START_METHOD_ENV, fork_hazards, worker_start_method
+from shardcat.formats.registry import known_formats, register_format
+from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, make_example
+from shardcat.testing.crashing import NO_CRASH_PID, register_crashing_format
+from shardcat.testing.ray import deadline
+
+LIMIT = 120  # seconds an ingest may take before the test fails
+SHARDS = 4
+RECORDS = 40
+
+
+class CopiedTFRecord(TFRecordFormat):
+    """TFRecord under another name, registered here at run time only: a worker a
+    fork server starts knows it only from what the ingest hands it."""
+
+    NAME = "copiedtfrecord"
+
+    def sniff(self, head: bytes) -> bool:
+        return False
+
+
+def write_shards(root: Path, shards: int = SHARDS) -> dict[str, bytes]:
+    root.mkdir(parents=True, exist_ok=True)
+    truth = {}
+    for s in range(shards):
+        with TFRecordWriter(root / f"part-{s}.tfrecord") as w:
+            for i in range(RECORDS):
+                key = f"s{s}r{i:02d}"
+                truth[key] = key.encode() * (1 + i % 5)
+                w.write(make_example({"key": key, "data": truth[key]}))
+    return truth
+
+
+def contents(catalog: Path, dataset: str = "train") -> dict[str, bytes]:
+    with Catalog(catalog) as cat, cat.dataset(dataset) as reader:
+        return {k: reader.get_feature(k, "data") for k in reader.get_keys()}
+
+
+@pytest.fixture
+def a_thread() -> Iterator[threading.Thread]:
+    """A thread of the caller's (not shardcat's), alive for the test."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="users-thread", daemon=True)
+    thread.start()
+    yield thread
+    stop.set()
+    thread.join()
+
+
+def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    hazards = fork_hazards()
+    if hazards:  # (Ray, or gRPC's threads, left by another test in this process)
+        assert worker_start_method() == "forkserver"
+        pytest.skip(f"this process is not safe to fork already: {hazards}")
+    assert worker_start_method() == "fork"
+    stop = threading.Event()
+    ours = threading.Thread(target=stop.wait, name="shardcat-pool-0", daemon=True)
+    theirs = threading.Thread(target=stop.wait, name="users-thread", daemon=True)
+    ours.start()
+    try:
+        assert fork_hazards() == [] and worker_start_method() == "fork"
+        theirs.start()
+        assert fork_hazards() == ["threads users-thread"]
+        assert worker_start_method() == "forkserver"
+        monkeypatch.setenv(START_METHOD_ENV, "fork")
+        assert worker_start_method() == "fork"
+        monkeypatch.setenv(START_METHOD_ENV, "spawn")
+        with pytest.raises(ValueError, match=r"\$SHARDCAT_WORKER_START must be fork or"):
+            worker_start_method()
+    finally:
+        stop.set()
+        ours.join()
+        if theirs.ident is not None:
+            theirs.join()
+
+
+def test_beside_a_thread_workers_start_from_a_fork_server(
+    tmp_path: Path, a_thread: threading.Thread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The format registered here at run time reaches the workers; every key and
+    byte as a forked ingest gives; the workers' pids are not children forked from
+    this process's state (they do not hold its thread)."""
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    if CopiedTFRecord.NAME not in known_formats():
+        register_format(CopiedTFRecord.NAME, CopiedTFRecord)
+    assert worker_start_method() == "forkserver"
+    truth = write_shards(tmp_path / "data")
+    with deadline(LIMIT, "an ingest beside a thread"), Catalog(tmp_path / "c.sqlite") as cat:
+        seen: list[Any] = []
+        reader = cat.ingest(
+            str(tmp_path / "data" / "*.tfrecord"),
+            "train",
+            format=CopiedTFRecord.NAME,
+            workers=2,
+            progress=lambda o, n: seen.append(o),
+        )
+        assert len(reader) == SHARDS * RECORDS
+        reader.close()
+    assert sorted(o.path for o in seen) == [f"data/part-{s}.tfrecord" for s in range(SHARDS)]
+    assert contents(tmp_path / "c.sqlite") == truth
+    # the same with fork asked for: the same catalog rows
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with deadline(LIMIT, "a forked ingest"), Catalog(tmp_path / "f.sqlite") as cat:
+        cat.ingest(str(tmp_path / "data" / "*.tfrecord"), "train", workers=2).close()
+    assert contents(tmp_path / "f.sqlite") == truth
+
+
+def _states(catalog: Path) -> list[tuple[str, str, str | None]]:
+    with sqlite3.connect(catalog) as conn:
+        return conn.execute(
+            "SELECT path, state, claim_owner FROM shardcat_shards ORDER BY path"
+        ).fetchall()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_that_crash_fail_their_shards_naming_the_signal(
+    tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every worker segfaults in its scan: the ingest ends (no round of crashes
+    after another) with an IngestError naming each shard and SIGSEGV; nothing is
+    left claimed; the next ingest with a good format indexes them."""
+    register_crashing_format()
+    monkeypatch.setenv(START_METHOD_ENV, method)
+    monkeypatch.setenv(NO_CRASH_PID, str(os.getpid()))
+    truth = write_shards(tmp_path / "data", 2)
+    pattern = str(tmp_path / "data" / "*.tfrecord")
+    catalog = tmp_path / "c.sqlite"
+    with deadline(LIMIT, "an ingest whose workers crash"), Catalog(catalog) as cat:
+        with pytest.raises(IngestError) as caught:
+            cat.ingest(pattern, "train", format="crashtfrecord", workers=2)
+        failures = sorted((f.path, f.error) for f in caught.value.failures)
+        assert failures == [
+            (
+                f"data/part-{s}.tfrecord",
+                f"data/part-{s}.tfrecord: its ingest worker died (signal SIGSEGV) indexing it",
+            )
+            for s in range(2)
+        ]
+        assert str(caught.value).endswith("indexing it (and 1 more failed shards)")
+    assert _states(catalog) == []  # a first ingest that indexed nothing leaves no dataset
+    for marker in (tmp_path / "data").glob("*.crashing"):
+        marker.unlink()
+    with deadline(LIMIT, "the next ingest"), Catalog(catalog) as cat:
+        cat.ingest(pattern, "train", format="tfrecord", workers=2).close()
+    assert contents(catalog) == truth
