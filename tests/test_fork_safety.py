@@ -163,3 +163,34 @@ def test_workers_that_crash_fail_their_shards_naming_the_signal(
     with deadline(LIMIT, "the next ingest"), Catalog(catalog) as cat:
         cat.ingest(pattern, "train", format="tfrecord", workers=2).close()
     assert contents(catalog) == truth
+
+
+def test_an_unguarded_script_beside_a_thread_gets_a_clear_error(tmp_path: Path) -> None:
+    """A script without ``if __name__ == "__main__":`` whose process is not safe to
+    fork: its fork-server workers re-run it and die; the ingest says so, once."""
+    import subprocess
+    import sys
+
+    write_shards(tmp_path / "data", 2)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys, threading\n"
+        "from shardcat import Catalog\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "with Catalog(sys.argv[1]) as cat:\n"
+        "    cat.ingest(sys.argv[2], 'train', workers=2)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != START_METHOD_ENV}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "c.sqlite"), str(tmp_path / "data/*")],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        env=env,
+    )
+    assert done.returncode == 1
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        "shardcat.errors.IngestError: every ingest worker died (exit code 1, exit code 1); "
+        "started by a fork server (this process was not safe to fork: a script must guard "
+        """its main code with 'if __name__ == "__main__":')"""
+    )

@@ -82,6 +82,11 @@ SKIP_HINT = Hint.naming(
     after=" indexes the other records)",
 )
 STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
+#: why a worker started by a fork server may die at once
+_NOT_FORKED = (
+    "this process was not safe to fork: a script must guard its main code with "
+    "'if __name__ == \"__main__\":'"
+)
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -450,7 +455,8 @@ def _run_workers(
                 elif kind == "died" and value is not None:
                     deaths.append(value)
         if deaths and not noted:
-            raise IngestError(f"every ingest worker died ({', '.join(deaths)})", [])
+            how = "" if carried is None else f"; started by a fork server ({_NOT_FORKED})"
+            raise IngestError(f"every ingest worker died ({', '.join(deaths)}){how}", [])
     finally:
         for reader in live:
             reader.close()
