@@ -128,15 +128,15 @@ def still_mine(conn: Connection, shard: ClaimedShard) -> bool:
     )
 
 
-def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str | None) -> None:
-    """End this process's claim on a shard (if it still owns it): back to ``pending``,
-    or with ``failed`` (the error), ``failed`` without records: the indexed version's
-    records describe bytes the file no longer holds."""
+def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str | None) -> bool:
+    """End this process's claim on a shard (if it still owns it: else False): back to
+    ``pending``, or with ``failed`` (the error), ``failed`` without records: the
+    indexed version's records describe bytes the file no longer holds."""
     s = schema.shards
     shard_id = shard.id
     with engine.begin() as conn:
         if not still_mine(conn, shard):
-            return
+            return False
         values: dict[str, Any] = {"claim_owner": None, "claimed_at": None}
         if failed is None:
             values["state"] = "pending"
@@ -148,6 +148,7 @@ def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str
         if failed is not None:
             bump_version(conn, dataset_id)
             recompute_positions(conn, dataset_id)
+    return True
 
 
 def give_back(

@@ -132,9 +132,10 @@ class IngestSession:
                     then()
         return counts
 
-    def fail(self, shard: ClaimedShard, message: str) -> None:
-        """End the claim with the shard ``failed`` (``message``), without records."""
-        claims.release(self.engine, self.job.dataset_id, shard, failed=message)
+    def fail(self, shard: ClaimedShard, message: str) -> bool:
+        """End the claim with the shard ``failed`` (``message``), without records;
+        False when the claim was no longer ``shard``'s (taken over)."""
+        return claims.release(self.engine, self.job.dataset_id, shard, failed=message)
 
     def release(self, shard: ClaimedShard) -> None:
         """Give the claimed shard back (``pending``), for this or another process."""

@@ -397,9 +397,10 @@ def _death(proc: Any) -> str | None:
 
 def _run_workers(
     session: IngestSession, count: int, note: Callable[[ShardOutcome | None], None]
-) -> bool:
+) -> int | None:
     """Start ``count`` workers (:func:`_work_all`) and note their outcomes as they
-    come; False when none can be started here (see :func:`_starting`). Re-raises the
+    come; how many died (see below), None when none can be started here (see
+    :func:`_starting`). Re-raises the
     first worker's error (the others are stopped and give their claims back; one
     that does not within :data:`STOP_SECONDS` is killed, its claim taken over at
     once by the next ingest). A worker that dies (a crash: a signal, an exit code)
@@ -447,14 +448,14 @@ def _run_workers(
                 if kind == "error":
                     raise value
                 shard = holding.get(ready)
+                if kind == "died" and value is not None:
+                    deaths.append(value)
                 if kind == "died" and value is not None and shard is not None:
                     message = f"{shard.stored}: its ingest worker died ({value}) indexing it"
-                    session.fail(shard, message)
-                    noted += 1
-                    note(ShardOutcome(shard.stored, 0, message))
-                elif kind == "died" and value is not None:
-                    deaths.append(value)
-        if deaths and not noted:
+                    if session.fail(shard, message):
+                        noted += 1
+                        note(ShardOutcome(shard.stored, 0, message))
+        if deaths and not noted:  # (a shard whose worker died counts as noted)
             how = "" if carried is None else f"; started by a fork server ({_NOT_FORKED})"
             raise IngestError(f"every ingest worker died ({', '.join(deaths)}){how}", [])
     finally:
@@ -470,7 +471,7 @@ def _run_workers(
                 proc.join()
         if turns is not None:
             turns.close()
-    return True
+    return len(deaths)
 
 
 def _work_one(session: IngestSession) -> ShardOutcome | None:
@@ -558,19 +559,22 @@ def _share_work(
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
 ) -> None:
-    """Claim and index shards, here or in forked workers, until none is open."""
-    idle = False
+    """Claim and index shards, here or in workers, until none is open. Once a worker
+    died, even a last shard is scanned by a worker, never here: a crash would end
+    the caller's own process."""
+    idle = crashed = False
     waiting = session.waiting(work.wait_timeout)
     while True:
         open_count = session.open_shards()
         if open_count == 0:
             return
         done = len(outcomes)
-        shared = False
-        if work.workers > 1 and open_count > 1 and not idle:
+        died = None
+        if work.workers > 1 and (open_count > 1 or crashed) and not idle:
             session.close()  # no kept connection crosses the fork
-            shared = _run_workers(session, min(work.workers, open_count), note)
-        if not shared:
+            died = _run_workers(session, min(work.workers, open_count), note)
+            crashed = crashed or bool(died)
+        if died is None:
             note(_work_one(session))
         idle = len(outcomes) == done
         if idle:  # other processes hold the remaining claims
