@@ -192,3 +192,47 @@ def test_an_unguarded_script_beside_a_thread_gets_a_clear_error(tmp_path: Path) 
         "started by a fork server (this process was not safe to fork: a script must guard "
         """its main code with 'if __name__ == "__main__":')"""
     )
+
+
+def test_a_fork_server_s_worker_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """Its parent is the fork server, so no PR_SET_PDEATHSIG: a thread watches the
+    starting process (pid and start time); SIGKILL that process and the worker ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from shardcat.catalog.processes import _proc_stat
+
+    script = tmp_path / "starts.py"
+    script.write_text(
+        "import multiprocessing, os, time\n"
+        "from shardcat.catalog.processes import end_with_parent\n"
+        "def work(parent):\n"
+        "    end_with_parent(parent)\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = multiprocessing.get_context('forkserver')\n"
+        "    proc = ctx.Process(target=work, args=(os.getpid(),))\n"
+        "    proc.start()\n"
+        "    print(proc.pid, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert starter.stdout is not None
+        worker = int(starter.stdout.readline())
+        time.sleep(1.0)  # (end_with_parent has run)
+        assert _proc_stat(worker)[0] not in ("?", "Z", "X")  # working, not ended at once
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(30)
+        ends = time.monotonic() + 15
+        while _proc_stat(worker)[0] not in ("?", "Z", "X"):
+            assert time.monotonic() < ends, "the worker outlived the process that started it"
+            time.sleep(0.05)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
