@@ -18,7 +18,8 @@ import pytest
 
 from shardcat import Catalog, IngestError
 from shardcat.catalog.processes import START_METHOD_ENV, fork_hazards, worker_start_method
-from shardcat.formats.registry import known_formats, register_format
+from shardcat.formats import registry
+from shardcat.formats.registry import register_format
 from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, make_example
 from shardcat.testing.crashing import NO_CRASH_PID, register_crashing_format
 from shardcat.testing.ray import deadline
@@ -36,6 +37,10 @@ class CopiedTFRecord(TFRecordFormat):
 
     def sniff(self, head: bytes) -> bool:
         return False
+
+    def scan_shard(self, path: str, options: Any) -> Any:
+        assert os.environ["SHARDCAT_TEST_SET_LATE"] == "here"  # the caller's environment
+        return super().scan_shard(path, options)
 
 
 def write_shards(root: Path, shards: int = SHARDS) -> dict[str, bytes]:
@@ -97,12 +102,14 @@ def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_beside_a_thread_workers_start_from_a_fork_server(
     tmp_path: Path, a_thread: threading.Thread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The format registered here at run time reaches the workers; every key and
+    """The format registered here at run time and the environment as it is now reach
+    the workers (set after the fork server started); every key and
     byte as a forked ingest gives; the workers' pids are not children forked from
     this process's state (they do not hold its thread)."""
     monkeypatch.delenv(START_METHOD_ENV, raising=False)
-    if CopiedTFRecord.NAME not in known_formats():
-        register_format(CopiedTFRecord.NAME, CopiedTFRecord)
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # (this test's own)
+    register_format(CopiedTFRecord.NAME, CopiedTFRecord)
+    monkeypatch.setenv("SHARDCAT_TEST_SET_LATE", "here")  # after the fork server started
     assert worker_start_method() == "forkserver"
     truth = write_shards(tmp_path / "data")
     with deadline(LIMIT, "an ingest beside a thread"), Catalog(tmp_path / "c.sqlite") as cat:
@@ -139,6 +146,7 @@ def test_workers_that_crash_fail_their_shards_naming_the_signal(
     """Every worker segfaults in its scan: the ingest ends (no round of crashes
     after another) with an IngestError naming each shard and SIGSEGV; nothing is
     left claimed; the next ingest with a good format indexes them."""
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # (this test's own)
     register_crashing_format()
     monkeypatch.setenv(START_METHOD_ENV, method)
     monkeypatch.setenv(NO_CRASH_PID, str(os.getpid()))

@@ -25,6 +25,7 @@ from shardcat import Catalog, IngestError
 from shardcat.catalog import schema
 from shardcat.catalog.backend import make_engine
 from shardcat.errors import CatalogError
+from shardcat.formats import registry
 from shardcat.formats.tfrecord import TFRecordWriter, make_example
 from shardcat.testing.required import need
 
@@ -51,13 +52,14 @@ NODE = {"object_store_memory": 128 * 1024 * 1024, "num_cpus": 1}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    register_test_formats()  # the driver reads what the workers scanned with them
     spec = ClusterSpec(
         workers=2,
         head_cpus=0,
         setup_hook=register_test_formats.__module__ + ".register_test_formats",
     )
-    with local_cluster(spec) as started:
+    with pytest.MonkeyPatch.context() as patch, local_cluster(spec) as started:
+        patch.setattr(registry, "_registry", dict(registry._registry))  # this module's own
+        register_test_formats()  # the driver reads what the workers scanned with them
         yield started
 
 
@@ -147,7 +149,7 @@ def test_fanned_out_over_both_nodes_as_a_local_ingest(cluster: Any, tmp_path: Pa
 def test_the_slow_format_is_used_by_name_only(cluster: Any, tmp_path: Path) -> None:
     """``slowtfrecord`` (registered in this process for the whole module) never claims
     a TFRecord file by its bytes: a later ingest in this process that detects the
-    format scans with ``tfrecord``, in this process and in forked workers (with
+    format scans with ``tfrecord``, in this process and in its workers (with
     ``slowtfrecord`` the workers started Ray in the fork and hung in gRPC)."""
     from shardcat.formats.registry import detect_format
 

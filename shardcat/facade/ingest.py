@@ -309,16 +309,20 @@ def _index_remote(
 @dataclass(frozen=True)
 class _Carried:
     """What a worker started by a fork server needs of this process, which a forked
-    one inherits: the dataset's format (maybe registered here at run time) and the
-    storage options configured here (their secrets are never stored)."""
+    one inherits: the dataset's format (maybe registered here at run time), the
+    storage options configured here (their secrets are never stored) and the
+    environment as it is now (credentials set after the fork server started)."""
 
     fmt: Format
     storage: Mapping[str, Mapping[str, Any]]
+    environment: Mapping[str, str]
 
     def apply(self) -> None:
         register_format(self.fmt.NAME, self.fmt, replace=True)
         for protocol, options in self.storage.items():
             remote.configure(protocol, **options)
+        os.environ.clear()
+        os.environ.update(self.environment)
 
 
 def _work_all(job: IngestJob, turns: Any, out: Any, parent: int, carried: Any) -> None:
@@ -373,7 +377,7 @@ def _starting(job: IngestJob) -> tuple[Any, _Carried | None] | None:
     ctx = multiprocessing.get_context(worker_start_method())
     if ctx.get_start_method() == "fork":
         return ctx, None
-    carried = _Carried(get_format(job.format), remote.configured())
+    carried = _Carried(get_format(job.format), remote.configured(), dict(os.environ))
     try:
         pickle.dumps(carried)
     except (pickle.PicklingError, AttributeError, TypeError):
