@@ -80,8 +80,10 @@ def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker_start_method() == "fork"
     stop = threading.Event()
     ours = threading.Thread(target=stop.wait, name="shardcat-pool-0", daemon=True)
+    fsspecs = threading.Thread(target=stop.wait, name="fsspecIO", daemon=True)  # fork-aware
     theirs = threading.Thread(target=stop.wait, name="users-thread", daemon=True)
     ours.start()
+    fsspecs.start()
     try:
         assert fork_hazards() == [] and worker_start_method() == "fork"
         theirs.start()
@@ -95,6 +97,7 @@ def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         stop.set()
         ours.join()
+        fsspecs.join()
         if theirs.ident is not None:
             theirs.join()
 
