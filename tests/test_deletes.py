@@ -183,3 +183,74 @@ def test_schema_step_adds_the_table(tmp_path: Path, shards: str) -> None:
         assert version.fetchone() == (str(versions.SCHEMA_VERSION),)
     conn.close()
     assert upgraded == fresh_sql
+
+
+# -- bad records (issue 32, item 3: "set aside by ingest or verify are skipped the same way")
+
+
+def test_verify_delete_bad_soft_deletes_what_it_found(tmp_path: Path) -> None:
+    from checked import BAD, N
+    from checked import write as write_damaged
+
+    d = write_damaged("recordio", tmp_path / "data")
+    db = tmp_path / "c.sqlite"
+    with Catalog(db) as cat:
+        cat.ingest(str(d.path), "d", workers=1).close()
+        d.damage()
+        problems = cat.verify("d", delete_bad=True)
+        assert [(p.path, p.offset, p.key) for p in problems] == [(str(d.path), d.offset, d.key)]
+        with cat.dataset("d") as reader:  # skipped as any soft-deleted record
+            assert len(reader) == N - 1 and d.key not in reader
+            assert reader.get_raw(d.key) is None
+            with pytest.raises(KeyError):
+                reader[d.key]
+            assert reader.key_at(BAD) == f"k{BAD + 1}"
+            seen = sorted(reader.key_at(p) for p in RecordSampler(reader, 1, 0, seed=2))
+            assert seen == sorted(f"k{i}" for i in range(N) if i != BAD)
+        assert cat.query("SELECT count(*) FROM d") == [(N - 1,)]
+        assert cat.info("d").deleted == 1
+        assert cat.verify("d") == []  # soft-deleted records are not re-read
+        assert cat.undelete("d") == 1
+        assert [p.key for p in cat.verify("d")] == [d.key]
+    shown = runner.invoke(app, ["verify", "d", "--delete-bad", "--catalog", str(db)])
+    assert shown.exit_code == 1, shown.output
+    assert "1 bad record(s) of d soft-deleted" in shown.stderr
+    again = runner.invoke(app, ["verify", "d", "--delete-bad", "--catalog", str(db)])
+    assert again.exit_code == 0 and "40 records checked" not in again.stderr
+    assert f"d: {N - 1} records checked, 0 bad" in again.stderr
+    both = runner.invoke(app, ["verify", "d", "--delete-bad", "--immutable", "-c", str(db)])
+    assert both.exit_code == 1 and "Traceback" not in both.output
+    assert "--delete-bad writes to the catalog: not with --immutable" in both.stderr
+
+
+def test_verify_delete_bad_refuses_before_reading(tmp_path: Path, shards: str) -> None:
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(shards, "p", key=None, workers=1).close()
+        cat.ingest(shards, "d", workers=1).close()
+        with pytest.raises(CatalogError, match="keyed by position"):
+            cat.verify("p", delete_bad=True)
+    with Catalog(tmp_path / "c.sqlite", readonly=True) as ro:
+        assert ro.verify("d") == []
+        with pytest.raises(CatalogError, match="read-only"):
+            ro.verify("d", delete_bad=True)
+
+
+def test_records_set_aside_at_ingest_are_no_records(tmp_path: Path) -> None:
+    """An ingest that sets a bad record aside leaves it out of keys, positions,
+    samplers and the SQL view, as a soft-deleted one."""
+    from checked import BAD, N
+    from checked import write as write_damaged
+
+    d = write_damaged("tfrecord", tmp_path / "data")
+    d.damage()
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(str(d.path), "d", workers=1, on_bad_record="skip").close()
+        assert [b.key for b in cat.bad_records("d")] == [d.key]
+        with cat.dataset("d") as reader:
+            assert len(reader) == N - 1 and d.key not in reader
+            assert reader.key_at(BAD) == f"r{BAD + 1}"
+            seen = sorted(reader.key_at(p) for p in RecordSampler(reader, 1, 0, seed=2))
+            assert seen == sorted(f"r{i}" for i in range(N) if i != BAD)
+        assert cat.query("SELECT count(*) FROM d WHERE key = ?", [d.key]) == [(0,)]
+        assert cat.query("SELECT count(*) FROM d") == [(N - 1,)]
+        assert cat.verify("d") == []

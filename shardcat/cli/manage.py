@@ -1,6 +1,7 @@
 """``catalog delete`` and ``catalog undelete``: soft deletes of a dataset's records
 (:meth:`shardcat.Catalog.delete`, :meth:`shardcat.Catalog.undelete`); ``catalog
-seen``: what a training run consumed, as a table (:mod:`shardcat.facade.provenance`)."""
+dedup``: exact duplicate records (:meth:`shardcat.Catalog.dedup`); ``catalog seen``:
+what a training run consumed, as a table (:mod:`shardcat.facade.provenance`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import handle_errors, open_catalog
-from shardcat.cli.options import CatalogOpt, DatasetArg
+from shardcat.cli.common import handle_errors, open_catalog, print_json, progress_bar
+from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt
 
 _KEY_HELP = "A record's key (repeat the option for more)."
 
@@ -50,6 +51,58 @@ def undelete(
 
 
 @handle_errors
+def dedup(
+    dataset: DatasetArg,
+    across: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--across", metavar="OTHER", help="Another dataset to compare with (repeat for more)."
+        ),
+    ] = None,
+    mark: Annotated[
+        bool, typer.Option("--mark", help="Soft-delete all but the first of each group.")
+    ] = False,
+    json: JsonOpt = False,
+    catalog: CatalogOpt = None,
+) -> None:
+    """List exact duplicate records (the same bytes) within DATASET and across the
+    --across datasets: candidates share a stored CRC32C, then their bytes are
+    compared. The first of each group (dataset named first, then lowest position)
+    is kept; --mark soft-deletes the others (`catalog undelete` restores them)."""
+    names = [dataset, *(across or [])]
+    with (
+        open_catalog(catalog, readonly=not mark) as cat,
+        progress_bar("dedup", count="records", disable=json) as bar,
+    ):
+        task = bar.add_task("dedup", total=None)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=stage)  # scan, compare
+
+        report = cat.dedup(dataset, across or [], mark=mark, progress=progress)
+    if json:
+        print_json(report.as_dict())
+        return
+    for group in report.groups:
+        others = ", ".join(f"{c.dataset} {c.key!r}" for c in group.duplicates)
+        typer.echo(f"{group.kept.dataset} {group.kept.key!r} ({group.length:,} bytes): {others}")
+    typer.echo(
+        f"{', '.join(names)}: {report.records:,} records, {report.duplicates:,} duplicate(s) "
+        f"in {len(report.groups):,} group(s); {report.candidates:,} candidate(s) compared "
+        f"({report.bytes_compared:,} bytes), {report.collisions:,} CRC32C collision(s)",
+        err=True,
+    )
+    if report.computed:
+        computed = f"{report.computed:,} record(s) had no stored check: read to compute it"
+        typer.echo(computed, err=True)
+    if mark and report.marked:
+        marked = ", ".join(f"{name} {n:,}" for name, n in report.marked.items())
+        typer.echo(f"marked deleted: {marked} (catalog undelete restores them)", err=True)
+    elif mark:
+        typer.echo("nothing to mark", err=True)
+
+
+@handle_errors
 def seen(
     state: Annotated[Path, typer.Argument(help="A RecordSampler (or loader) state, JSON.")],
     dataset: Annotated[str, typer.Option("--dataset", help="The dataset the run read.")],
@@ -71,4 +124,5 @@ def seen(
 def register(app: typer.Typer) -> None:
     app.command()(delete)
     app.command()(undelete)
+    app.command()(dedup)
     app.command()(seen)

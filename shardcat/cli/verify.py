@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from shardcat.cli.common import handle_errors, open_to_read, print_json, progress_bar
+from shardcat.cli.common import handle_errors, open_catalog, open_to_read, print_json, progress_bar
 from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt, ReadModeOpt
-from shardcat.errors import masked
+from shardcat.errors import CatalogError, masked
 
 
 @handle_errors
@@ -15,22 +17,36 @@ def verify(
     catalog: CatalogOpt = None,
     json: JsonOpt = False,
     readonly: ReadModeOpt = True,
+    delete_bad: Annotated[
+        bool,
+        typer.Option(
+            "--delete-bad",
+            help="Soft-delete the bad records found (catalog undelete restores them).",
+        ),
+    ] = False,
 ) -> None:
     """Re-read every record of a dataset checking framing, CRCs and each record's
     stored check (after SQLite's quick_check of the catalog file itself).
 
     Reports each bad record with its file, byte offset and key; exit code 1 if
-    any. Records set aside at ingest (--on-bad-record skip) are listed too.
+    any. Records set aside at ingest (--on-bad-record skip) are listed too;
+    soft-deleted records are not re-read. --delete-bad soft-deletes the bad
+    records, so readers, samplers and SQL skip them.
     """
     from shardcat.facade import tasks
 
+    if delete_bad and not readonly:
+        raise CatalogError("--delete-bad writes to the catalog: not with --immutable")
     with (
-        open_to_read(catalog, readonly) as cat,
+        open_catalog(catalog) if delete_bad else open_to_read(catalog, readonly) as cat,
         progress_bar("verify", count="records", disable=json) as bar,
     ):
         task = bar.add_task("verify", total=None)
         result = tasks.verify(
-            cat, dataset, lambda done, total: bar.update(task, completed=done, total=total)
+            cat,
+            dataset,
+            lambda done, total: bar.update(task, completed=done, total=total),
+            delete_bad=delete_bad,
         )
         origin = cat.snapshot_info()
     if result.damage:
@@ -69,6 +85,8 @@ def verify(
         typer.echo(
             f"{dataset}: {result.records:,} records checked, {len(problems)} bad{aside}", err=True
         )
+        if result.deleted:
+            typer.echo(f"{result.deleted} bad record(s) of {dataset} soft-deleted", err=True)
     if problems:
         raise typer.Exit(1)
 

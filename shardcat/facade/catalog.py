@@ -41,19 +41,20 @@ from shardcat.catalog.query import (
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
 from shardcat.errors import CatalogError
+from shardcat.facade import dedup as dedups
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade import opener
 from shardcat.facade.dataset_options import detect_options, field_types
 from shardcat.facade.ingest import ProvideEntries, Work, judge_files, raise_for_failures, run_ingest
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.facade.ray_ingest import RayEngine
-from shardcat.facade.remote_detect import dataset_wide_options, remote_rule
+from shardcat.facade.remote_detect import dataset_wide_options, remote_rule, storage_options_kept
 from shardcat.formats.registry import detect_format, get_format
 from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
 from shardcat.readers.reader import Reader
 from shardcat.readers.view import STORAGE_OPTIONS
-from shardcat.sources.remote import configure, is_url, protocol_of, public_options
+from shardcat.sources.remote import is_url
 from shardcat.storage.meta import sql_file
 
 __all__ = ["Catalog", "discard_if_empty", "migrate", "rebuild"]
@@ -64,8 +65,8 @@ Keys = Sequence[str] | None
 
 class Catalog:
     """One catalog: datasets, shards, keys and byte offsets, and what to do with
-    them: :meth:`ingest`, :meth:`dataset`, :meth:`query`, :meth:`datasets`,
-    :meth:`info`, :meth:`drop`, :meth:`delete`, :meth:`undelete`, :meth:`verify`, :meth:`migrate`,
+    them: :meth:`ingest`, :meth:`dataset`, :meth:`query`, :meth:`datasets`, :meth:`info`,
+    :meth:`drop`, :meth:`delete`, :meth:`undelete`, :meth:`dedup`, :meth:`verify`, :meth:`migrate`,
     :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (also as a context manager).
 
     ``Catalog(path, readonly=False, immutable=False)`` opens its store
@@ -249,9 +250,8 @@ class Catalog:
         ``anon``...); stored with the dataset without secrets (keys, tokens,
         passwords), which this process keeps in memory only.
         ``engine="ray"``: the shards are Ray tasks on the cluster at ``ray_address``
-        (``shardcat[ray]``; ``workers`` unused; see :mod:`shardcat.facade.ray_ingest`).
-        Raises :class:`IngestError` naming each shard that failed (the others
-        are committed).
+        (see :mod:`shardcat.facade.ray_ingest`). Raises :class:`IngestError` naming
+        each shard that failed (the others are committed).
         """
         if storage_options:
             options = {**(options or {}), STORAGE_OPTIONS: dict(storage_options)}
@@ -285,7 +285,7 @@ class Catalog:
         """:meth:`ingest` with its options as one :class:`IngestOptions`.
         ``detected``: the options already read off the first shard (``migrate``
         has them), so none of its bytes are read again; used with ``opts.format``."""
-        opts = _storage_options_kept(paths, opts)
+        opts = storage_options_kept(paths, opts)
         self.store.check_writable()  # before any file is read
         remote_options = opts.options.get(STORAGE_OPTIONS)
         files = resolve_paths(paths, remote_options)
@@ -486,17 +486,32 @@ class Catalog:
             for found in bad_records_of(self.store.reader_connection(), dataset_id)
         ]
 
-    def verify(self, name: str, progress: Progress | None = None) -> list[Any]:
-        """Re-read every record of ``name`` checking framing, checksums and the check
-        the catalog stores of each.
-
-        Returns a list of :class:`CorruptRecordError` (one per bad record or
-        stale shard, ``key`` naming the record); an empty list means every byte
-        checked out. Records set aside at ingest are not re-read (see
-        :meth:`bad_records`).
-        """
+    def verify(
+        self, name: str, progress: Progress | None = None, *, delete_bad: bool = False
+    ) -> list[Any]:
+        """Re-read every live record of ``name`` (framing, checksums, the catalog's check
+        of each): one :class:`CorruptRecordError` per bad record or stale shard (``key``
+        naming it); none when every byte checked out. Records set aside at ingest or
+        soft-deleted are not re-read; ``delete_bad`` soft-deletes the bad ones."""
+        if delete_bad:  # refused before any read: a read-only catalog, keys by position
+            self.delete(name, keys=[])
         with self.dataset(name) as reader:
-            return reader.verify(progress)
+            problems = reader.verify(progress)
+        if delete_bad:
+            self.delete(name, keys=[p.key for p in problems if p.key is not None])
+        return problems
+
+    def dedup(
+        self,
+        dataset: str,
+        across: Sequence[str] = (),
+        *,
+        mark: bool = False,
+        progress: dedups.DedupProgress | None = None,
+    ) -> dedups.DedupReport:
+        """Exact duplicate records of ``dataset`` (and with the ``across`` datasets); ``mark``
+        soft-deletes all but the first of each: see :mod:`shardcat.facade.dedup`."""
+        return dedups.dedup(self, [dataset, *across], mark=mark, progress=progress)
 
     # -- the store's, as they are -------------------------------------------------
 
@@ -562,18 +577,6 @@ class Catalog:
     def __reduce__(self) -> tuple[Any, ...]:  # pickled as where and how to reopen it
         reopen = functools.partial(type(self), readonly=self.readonly, immutable=self.immutable)
         return (reopen, (self.location,))
-
-
-def _storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:
-    """The storage options given for URLs are kept by this process (and its workers)
-    in full, and stored without secrets: ``opts`` as stored."""
-    given = opts.options.get(STORAGE_OPTIONS)
-    if not given:
-        return opts
-    for pattern in as_patterns(paths):
-        if is_url(os.fspath(pattern)):
-            configure(protocol_of(os.fspath(pattern)), **given)
-    return opts.with_(options={**opts.options, STORAGE_OPTIONS: public_options(given)})
 
 
 def rebuild(handle: ReadHandle, dataset: str) -> None:

@@ -4,7 +4,8 @@ shards off a copy of the first shard's head (:func:`head_copy`, :func:`remote_ru
 that only every shard's sidecar tells (:func:`dataset_wide_options`: RecordIO's
 ``.idx`` keys colliding; of local shards too); then the local copy of each shard it
 scans (:func:`local_copy`, with its sidecar: :func:`sidecar_copy`), whose warnings
-name the URL (:func:`warnings_naming`).
+name the URL (:func:`warnings_naming`); the storage options it keeps and stores
+(:func:`storage_options_kept`).
 
 Two capabilities of formats are looked up here (a format has one by defining its
 methods, no import of this module needed):
@@ -28,8 +29,11 @@ from typing import Any, Protocol, runtime_checkable
 from shardcat.catalog.reuse import Rule
 from shardcat.errors import MissingShardError
 from shardcat.facade.dataset_options import detect_options
+from shardcat.facade.options import IngestOptions
 from shardcat.formats.base import Format
 from shardcat.formats.registry import detect_format, get_format
+from shardcat.paths import PathsLike, as_patterns
+from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources import remote, remote_file
 from shardcat.sources.compressed import detect_compression
 
@@ -44,6 +48,7 @@ __all__ = [
     "remote_rule",
     "sidecar_copy",
     "sidecar_of",
+    "storage_options_kept",
     "warnings_naming",
 ]
 
@@ -239,3 +244,15 @@ def warnings_naming(local: str, url: str) -> Iterator[None]:
         yield
     for w in caught:
         warnings.warn(str(w.message).replace(local, url), w.category, stacklevel=3)
+
+
+def storage_options_kept(paths: PathsLike, opts: IngestOptions) -> IngestOptions:
+    """The storage options given for URLs are kept by this process (and its workers)
+    in full, and stored without secrets: ``opts`` as stored."""
+    given = opts.options.get(STORAGE_OPTIONS)
+    if not given:
+        return opts
+    for pattern in as_patterns(paths):
+        if remote.is_url(os.fspath(pattern)):
+            remote.configure(remote.protocol_of(os.fspath(pattern)), **given)
+    return opts.with_(options={**opts.options, STORAGE_OPTIONS: remote.public_options(given)})

@@ -116,18 +116,25 @@ class VerifyResult:
     """What :func:`verify` found: the records checked, one error per bad one (``key``
     naming it), the records an ingest set aside (not checked: not records), or
     ``damage``: what SQLite's quick_check found damaged in the catalog file itself
-    (then no record was read)."""
+    (then no record was read); ``deleted``: the bad records soft-deleted."""
 
     records: int
     problems: list[CorruptRecordError]
     set_aside: list[SetAside] = field(default_factory=list)
     damage: list[str] = field(default_factory=list)
+    deleted: int = 0
 
 
-def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> VerifyResult:
-    """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`); returns how
-    many records were checked with the problems. ``progress(done, total)``. The
-    catalog file is checked first (:meth:`Store.damage`)."""
+def verify(
+    catalog: Catalog,
+    dataset: str,
+    progress: Progress | None = None,
+    *,
+    delete_bad: bool = False,
+) -> VerifyResult:
+    """Re-read every record of ``dataset`` (see :meth:`Catalog.verify`, also for
+    ``delete_bad``); returns how many records were checked with the problems.
+    ``progress(done, total)``. The catalog file is checked first (:meth:`Store.damage`)."""
     damage = catalog.store.damage()
     if damage:
         return VerifyResult(0, [], damage=damage)
@@ -139,8 +146,9 @@ def verify(catalog: Catalog, dataset: str, progress: Progress | None = None) -> 
         if progress is not None:
             progress(done, total)
 
-    problems = catalog.verify(dataset, count)
-    return VerifyResult(int(checked), list(problems), catalog.bad_records(dataset))
+    problems = catalog.verify(dataset, count, delete_bad=delete_bad)
+    deleted = len({p.key for p in problems if p.key is not None}) if delete_bad else 0
+    return VerifyResult(int(checked), list(problems), catalog.bad_records(dataset), deleted=deleted)
 
 
 # -- convert -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ core is small, so mypy checks every format against one declaration:
 - ``feature_list(record, name)``: the values of one feature, or None.
 
 Beside them: class attributes (``NAME``, ``TITLE``, ``EXTENSIONS``, ``PARTS``,
-``STREAMS``, ``ONE_RANGE``), ``key_rule(options)`` (how a dataset with these
+``STREAMS``, ``ONE_RANGE``, ``OWN_BYTES``), ``key_rule(options)`` (how a dataset with these
 options is keyed) and ``scan_shard`` (provided: plain or compressed, through
 the two scans; a format may override it with a faster path).
 
@@ -292,6 +292,9 @@ class Format(ABC):
     #: None): readers then look up offset and length only (faster); an ingest
     #: refuses entries with more for such a format
     ONE_RANGE: ClassVar[bool] = False
+    #: a raw record is the record's own bytes (False: it names its place in a block
+    #: shared with other records, as Parquet's rows do); ``catalog dedup`` compares them
+    OWN_BYTES: ClassVar[bool] = True
 
     @abstractmethod
     def sniff(self, head: bytes) -> bool:

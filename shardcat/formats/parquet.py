@@ -285,6 +285,7 @@ class ParquetFormat(Format):
     TITLE = "Parquet"
     EXTENSIONS = (".parquet", ".pq")
     PARTS = False
+    OWN_BYTES = False  # a raw record is its row group's bytes and its row's index
     STREAMS = False
 
     def __init__(self) -> None:

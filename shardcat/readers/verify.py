@@ -1,7 +1,8 @@
 """``Reader.verify`` (``catalog verify``): every record of a dataset re-read, its
 framing and checksums checked and its bytes compared with the catalog's check of
 it (whatever the reader's ``verify``), one error per bad record naming shard,
-byte offset and key.
+byte offset and key. Soft-deleted records are not re-read (they are no records
+of the dataset until restored).
 
 A shard whose file is not the indexed version is one error at byte 0. Records
 of a remote shard are fetched ahead in merged requests, ``_BATCH`` at a time.
@@ -31,6 +32,7 @@ class Reader(Protocol):
 
     catalog: ReadHandle
     _order: list[_Shard]
+    _deleted: frozenset[str]
     _sql: lookup.RecordStatements
     _parts: bool
 
@@ -102,9 +104,11 @@ def verify_records(
         except ShardcatError as exc:  # stale, missing or unreadable file
             problems.append(_whole_shard(shard.path, exc))
         else:
-            rows = list(lookup.records_of_shard(conn, reader._sql, shard.id, reader._parts))
+            rows = lookup.records_of_shard(conn, reader._sql, shard.id, reader._parts)
+            if reader._deleted:
+                rows = [r for r in rows if r[5] not in reader._deleted]
             problems.extend(_shard(reader, rows, shard))
-        done += shard.count
+        done = min(done + shard.count, len(reader))  # (a shard's count has its deleted)
         if progress is not None:
             progress(done, len(reader))
     if progress is not None:
