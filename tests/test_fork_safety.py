@@ -18,6 +18,7 @@ import pytest
 
 from shardcat import Catalog, IngestError
 from shardcat.catalog.processes import START_METHOD_ENV, fork_hazards, worker_start_method
+from shardcat.cli.common import progress_bar
 from shardcat.formats import registry
 from shardcat.formats.registry import register_format
 from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, make_example
@@ -86,6 +87,8 @@ def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
     fsspecs.start()
     try:
         assert fork_hazards() == [] and worker_start_method() == "fork"
+        with progress_bar("ingest"):  # the CLI's progress bar and its refresh thread
+            assert fork_hazards() == []
         theirs.start()
         assert fork_hazards() == ["threads users-thread"]
         assert worker_start_method() == "forkserver"
@@ -110,6 +113,7 @@ def test_beside_a_thread_workers_start_from_a_fork_server(
     byte as a forked ingest gives; the workers' pids are not children forked from
     this process's state (they do not hold its thread)."""
     monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    registry.known_formats()  # (entry points read into the real registry first)
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # (this test's own)
     register_format(CopiedTFRecord.NAME, CopiedTFRecord)
     monkeypatch.setenv("SHARDCAT_TEST_SET_LATE", "here")  # after the fork server started
@@ -149,6 +153,7 @@ def test_workers_that_crash_fail_their_shards_naming_the_signal(
     """Every worker segfaults in its scan: the ingest ends (no round of crashes
     after another) with an IngestError naming each shard and SIGSEGV; nothing is
     left claimed; the next ingest with a good format indexes them."""
+    registry.known_formats()  # (entry points read into the real registry first)
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # (this test's own)
     register_crashing_format()
     monkeypatch.setenv(START_METHOD_ENV, method)

@@ -58,6 +58,7 @@ def cluster() -> Iterator[Any]:
         setup_hook=register_test_formats.__module__ + ".register_test_formats",
     )
     with pytest.MonkeyPatch.context() as patch, local_cluster(spec) as started:
+        registry.known_formats()  # (entry points read into the real registry first)
         patch.setattr(registry, "_registry", dict(registry._registry))  # this module's own
         register_test_formats()  # the driver reads what the workers scanned with them
         yield started

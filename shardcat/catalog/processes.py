@@ -301,16 +301,12 @@ def end_with_parent(parent: int) -> None:
 def fork_hazards() -> list[str]:
     """What makes forking this process unsafe, named (empty: it is safe). A fork
     copies the calling thread only, with every lock the others held at that moment:
-    Python threads other than the caller (but those that know how to be forked:
-    shardcat's own idle pools, named ``shardcat-...``, and fsspec's IO loop,
-    ``fsspecIO``, which fsspec replaces in a forked child), Ray (initialized, or
-    left behind by ``ray.shutdown()``: its gRPC threads keep running) and gRPC's
-    threads, whose state a child must not use."""
+    Python threads other than the caller (but :func:`_fork_aware` ones), Ray
+    (initialized, or left behind by ``ray.shutdown()``: its gRPC threads keep
+    running) and gRPC's threads, whose state a child must not use."""
     me = threading.current_thread()
     found = sorted(
-        t.name
-        for t in threading.enumerate()
-        if t is not me and t.is_alive() and not t.name.startswith(_FORK_AWARE)
+        t.name for t in threading.enumerate() if t is not me and t.is_alive() and not _fork_aware(t)
     )
     hazards = [f"threads {', '.join(found)}"] if found else []
     ray = sys.modules.get("ray")
@@ -331,8 +327,16 @@ def _native_thread_names() -> list[str]:
     return names
 
 
-#: the names of the threads that know how to be forked (see :func:`fork_hazards`)
-_FORK_AWARE = ("shardcat", "fsspecIO")
+def _fork_aware(thread: threading.Thread) -> bool:
+    """Whether a thread is no fork hazard: shardcat's own idle pools (named
+    ``shardcat-...``), fsspec's IO loop (``fsspecIO``: fsspec replaces it in a
+    forked child) and rich's refresh of the CLI's progress bar (it only redraws
+    that bar, which no worker touches)."""
+    return (
+        thread.name.startswith(("shardcat", "fsspecIO")) or type(thread).__module__ == "rich.live"
+    )
+
+
 #: names how shardcat starts its worker processes: ``fork`` or ``forkserver``
 #: (unset: ``fork`` when that is safe: see :func:`worker_start_method`)
 START_METHOD_ENV = "SHARDCAT_WORKER_START"
