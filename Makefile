@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
+PEERS_VENV ?= .venv-peers
 DEMO_DIR ?= demo-data
 
 .PHONY: demo test lint docs bench bench-record clean
@@ -32,6 +33,26 @@ $(CORE_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
 	$(CORE_VENV)/bin/python -m pip install -q -e . 'protobuf>=7' pytest hypothesis
 	touch $@
 
+# The loader benchmark's streaming peers (the peers extra: litData, Mosaic streaming,
+# webdataset) in their own venv: Mosaic pins numpy and google-cloud-storage below the
+# main venv's. torch==2.13.0 is named in the same install, so pip keeps the CPU build
+# on local disk; the torchvision both peers pull (PyPI's, a CUDA build) cannot load
+# beside it and is removed (benchmarks/loader_peers.py keeps Mosaic from importing it).
+$(PEERS_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 -e '.[torch,bench,peers]' pytest
+	$(PEERS_VENV)/bin/python -m pip uninstall -q -y torchvision
+	touch $@
+
+.PHONY: peers-venv bench-peers
+peers-venv: $(PEERS_VENV)/.installed
+
+# The DataLoader benchmark with the peers (benchmarks/loader_bench.py; its data once)
+bench-peers: $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python -m benchmarks.hotpath --prepare
+	$(PEERS_VENV)/bin/python -m benchmarks.loader_bench --rounds 5
+
 demo: $(VENV)/.installed
 	VENV=$(VENV) DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
 
@@ -51,9 +72,10 @@ docs: $(VENV)/.installed
 	npm install --prefix .node azurite@3.37.0 --no-audit --no-fund
 	touch $@
 
-test: $(VENV)/.installed $(CORE_VENV)/.installed .node/.installed chromium lint docs
+test: $(VENV)/.installed $(CORE_VENV)/.installed $(PEERS_VENV)/.installed .node/.installed chromium lint docs
 	sh scripts/ensure-postgres.sh
 	$(PY) -m pytest -q
+	SHARDCAT_TEST_PEERS=1 $(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_loader_peers.py
 	SHARDCAT_TEST_CORE_ONLY=1 $(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_pb2.py tests/test_tfrecord.py tests/test_native_scan.py
 
 # tensorblob's own test suite, which tests/test_tensorblob_suite.py runs against
@@ -94,4 +116,4 @@ bench-record: $(VENV)/.installed
 	$(PY) -m benchmarks --record
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(PEERS_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache

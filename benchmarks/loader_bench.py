@@ -7,7 +7,10 @@ dataset giving the same dicts, every contender interleaved in rotating order.
 tfd-utils' index of :mod:`benchmarks.hotpath` (made there once: ``--prepare``).
 Contenders: ``native`` (the items straight off the checked payloads' wire),
 ``python`` (the same reader opened with ``SHARDCAT_NATIVE=0``: decoded Examples
-converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion).
+converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion),
+and where they are installed (``make peers-venv``) litData, Mosaic streaming and
+webdataset (:mod:`benchmarks.loader_peers`) on the same records. Every file is read
+once before each round (this VM drops an idle page cache within about a minute).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet
+from benchmarks import loader_peers
+from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet, warm
 
 BATCH, WORKERS = 64, 2
 
@@ -96,21 +100,31 @@ def main(argv: list[str] | None = None) -> None:
             for shuffle in ("full", "block")
             for name, dataset in (("native", ours), ("python", reference), ("tfd-utils", tfd))
         }
+        missing = loader_peers.available()
+        if missing is None:
+            records = ours.__getitems__(list(range(len(ours))))
+            runs.update(loader_peers.contenders(records, Path(tmp)))
+        else:
+            print(f"without the streaming peers ({missing}): make peers-venv")
+        files = [*data.glob("*.tfrecord"), data / "tfd.index", *Path(tmp).rglob("*")]
         rates: dict[str, list[float]] = {name: [] for name in runs}
         names = list(runs)
         for r in range(args.rounds + 1):  # round 0 warms the page cache
+            warm([f for f in files if f.is_file()])
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 start = time.perf_counter()
                 got = runs[name]()
                 if r:
                     rates[name].append(got / (time.perf_counter() - start))
         for name, values in rates.items():
-            shuffle = name.rsplit(" ", 1)[1]
+            shuffle = "block" if name.endswith(" block") else "full"
             ratio = [v / t for v, t in zip(values, rates[f"tfd-utils {shuffle}"], strict=True)]
             print(
                 f"{name:18s} {statistics.median(values):9,.0f} rec/s  x tfd-utils "
                 f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
             )
+        if missing is None:
+            loader_peers.report(rates, ["native full", "native block"])
         native.close()
         python.close()
         cat.close()

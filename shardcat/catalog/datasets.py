@@ -85,6 +85,8 @@ class DatasetInfo:
     indexed: list[str] = dataclass_field(default_factory=list)
     # of ``records``, how many are soft-deleted (schema version 9)
     deleted: int = 0
+    # how many tags pin a version of it (schema version 10)
+    tags: int = 0
 
     @property
     def key_feature(self) -> str | None:
@@ -95,6 +97,9 @@ DELETED_COUNT = (
     'SELECT count(*) FROM shardcat_deleted d JOIN "shardcat_records_{id}" r ON r.key = d.key '
     "WHERE d.dataset_id = ?"
 )
+
+
+TAG_COUNT = "SELECT count(*) FROM shardcat_tags WHERE dataset_id = ?"
 
 
 def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> DatasetInfo:
@@ -135,6 +140,7 @@ def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> Dat
         fields=cols,
         indexed=indexed,
         deleted=conn.execute(DELETED_COUNT.format(id=int(row[0])), (row[0],)).fetchone()[0],
+        tags=conn.execute(TAG_COUNT, (row[0],)).fetchone()[0],
     )
 
 

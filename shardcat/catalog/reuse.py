@@ -95,21 +95,28 @@ def choose(
     ``conn`` is a DBAPI connection; ``source`` the patterns as stored, and
     ``shard_paths`` the matched files as stored.
     """
-    by_source = conn.execute(
-        f"SELECT {_COLUMNS} FROM shardcat_datasets WHERE source = ? ORDER BY id",
-        (json.dumps(source),),
-    ).fetchall()
+    by_source = _ingestable(
+        conn.execute(
+            f"SELECT {_COLUMNS} FROM shardcat_datasets WHERE source = ? ORDER BY id",
+            (json.dumps(source),),
+        ).fetchall()
+    )
     if rule is None and by_source:
         return str(by_source[0][1]), None
     fitting = [r for r in by_source if rule is not None and _fits(r, rule)]
     if fitting:
         return str(fitting[0][1]), None
-    by_set = _same_shard_set(conn, shard_paths)  # only now: it reads every shard row
+    by_set = _ingestable(_same_shard_set(conn, shard_paths))  # only now: reads every shard row
     fitting = [r for r in by_set if rule is None or _fits(r, rule)]
     if len(fitting) == 1:
         return str(fitting[0][1]), None
     others = [*by_source, *by_set]
     return None, (others[0] if others and rule is not None else None)
+
+
+def _ingestable(rows: Sequence[Any]) -> list[Any]:
+    """The rows of datasets an ingest may write: not a tag's pinned copy (``d@tag``)."""
+    return [r for r in rows if schema.tag_of(str(r[1])) is None]
 
 
 def _same_shard_set(conn: Any, shard_paths: set[str]) -> list[Any]:

@@ -58,6 +58,12 @@ dataset, named after the dataset, may take any other name.
   rows stay as they are; readers, samplers and the dataset's view skip these
   keys (the view is made with a filter only while the dataset has any), and a
   re-ingest keeps them deleted. ``Catalog.undelete`` removes the marks.
+- ``tags`` (schema version 10): one row per tag (``Catalog.tag``): the dataset
+  tagged, the tag's name, when, how many records it pins, and ``pinned_id``,
+  the dataset row named ``<dataset>@<tag>`` that holds the pinned copy: its
+  shard rows (each shard's indexed version: generation and file identity), its
+  records table, members, seek points and deleted marks as they were (see
+  :mod:`~shardcat.catalog.tags`). ``@`` is in no dataset name a user may give.
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -194,6 +200,30 @@ deleted = Table(
     PrimaryKeyConstraint("dataset_id", "key"),
 )
 
+# Schema version 10: tags (see catalog/tags.py); the pinned copy is a dataset row.
+tags = Table(
+    "shardcat_tags",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", String(128), nullable=False),
+    Column(
+        "pinned_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("created", Float, nullable=False),
+    Column("record_count", BigInteger, nullable=False),
+    UniqueConstraint("dataset_id", "name"),
+)
+
 fields = Table(
     "shardcat_fields",
     metadata,
@@ -220,6 +250,17 @@ PREFIX = "shardcat_"
 # (``\Z``, not ``$``, which would also match before a trailing newline). SQL does
 # not tell identifiers apart by case: nor do dataset names (datasets.ensure).
 IDENTIFIER = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+# What separates a dataset's name from a tag's in the name of the tag's pinned
+# dataset and view (``train@v1``, schema version 10); never in a dataset's name.
+TAG_MARK = "@"
+
+
+def tag_of(name: str) -> tuple[str, str] | None:
+    """``(dataset, tag)`` of a tagged name ``dataset@tag``; None for any other name."""
+    dataset, mark, tag = name.partition(TAG_MARK)
+    return (dataset, tag) if mark else None
 
 
 def first_free(base: str, taken: set[str]) -> str:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardcat.catalog import datasets, deletes, schema, tables
 from shardcat.catalog import engine as engine_module
+from shardcat.catalog import tags as tagging
 from shardcat.catalog.backend import Backend, backend_for
 from shardcat.catalog.commit import IngestJob, catalog_error
 from shardcat.catalog.connections import FileWatch, ThreadConnections, next_serial
@@ -36,6 +37,7 @@ from shardcat.catalog.engine import cannot_create_shm, fork_generation, reads_ca
 from shardcat.catalog.lookup import ReadConnection
 from shardcat.catalog.query import DEFAULT_QUERY_MEMORY, DEFAULT_QUERY_TIMEOUT, Rows, check_limits
 from shardcat.catalog.session import IngestSession
+from shardcat.catalog.tags import TagInfo
 from shardcat.catalog.versions import SCHEMA_VERSION, ensure_schema, read_version, too_new, too_old
 from shardcat.errors import CatalogError, checkpoint_hint
 
@@ -55,6 +57,7 @@ def open_catalogs() -> list[Store]:
 
 
 def check_name(name: str) -> None:
+    tagging.refuse_write(name, "ingest into")
     if not schema.is_dataset_name(name):
         raise CatalogError(
             f"invalid dataset name {name!r}: use letters, digits and '_' (not starting "
@@ -350,9 +353,13 @@ class Store:
 
     @reads_catalog
     def datasets(self) -> list[DatasetInfo]:
-        """Every dataset with its shard and record counts."""
+        """Every dataset with its shard and record counts (tags are listed by
+        :meth:`tags`; in a snapshot of a tag, the tag is a dataset of its own)."""
         conn = self.reader_connection()
-        rows = conn.execute(f"SELECT {ROW_COLUMNS} FROM shardcat_datasets ORDER BY name")
+        rows = conn.execute(
+            f"SELECT {ROW_COLUMNS} FROM shardcat_datasets WHERE id NOT IN "
+            "(SELECT pinned_id FROM shardcat_tags) ORDER BY name"
+        )
         return [self._describe(DatasetRow.of(row)) for row in rows.fetchall()]
 
     @reads_catalog
@@ -427,9 +434,14 @@ class Store:
         return IngestSession(job)
 
     def drop(self, name: str) -> None:
-        """Remove a dataset, its shards' rows and its view (files on disk are untouched)."""
-        dataset_id = self.dataset_row(name).id
+        """Remove a dataset, its shards' rows, its view and its tags (files on disk are
+        untouched)."""
+        tagging.refuse_write(name, "drop")
+        row = self.dataset_row(name)
+        dataset_id = row.id
         with self._transaction() as conn:
+            for tag in tagging.listed(conn, dataset_id):
+                tagging.unpin(conn, row, tag.name)
             tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)
@@ -442,6 +454,7 @@ class Store:
         ``pick`` names (see :mod:`~shardcat.catalog.deletes`); returns how many
         changed. A ``where`` runs as a guarded query over the dataset's view (for
         a restore, over every record, deleted ones included)."""
+        tagging.refuse_write(name, "delete records of" if deleted else "restore records of")
         row = self.dataset_row(name)
         if row.key_rule == "position":
             raise CatalogError(
@@ -465,6 +478,35 @@ class Store:
         self.reader_connection()  # end any read snapshot: see the change
         return changed
 
+    def tag(self, dataset: str, name: str) -> TagInfo:
+        """Pin dataset ``dataset`` as it is now as tag ``name``, read later as
+        ``"<dataset>@<name>"`` (see :mod:`~shardcat.catalog.tags`)."""
+        return self._change_tags(dataset, name, "tag", tagging.pin)
+
+    def untag(self, dataset: str, name: str) -> TagInfo:
+        """Remove tag ``name`` of ``dataset`` and the rows it pinned; returns what it was."""
+        return self._change_tags(dataset, name, "untag", tagging.unpin)
+
+    def _change_tags(
+        self,
+        dataset: str,
+        name: str,
+        doing: str,
+        change: Callable[[Connection, DatasetRow, str], TagInfo],
+    ) -> TagInfo:
+        tagging.refuse_write(dataset, doing)
+        row = self.dataset_row(dataset)
+        with self._transaction() as conn:
+            info = change(conn, row, name)
+        self.reader_connection()  # end any read snapshot: see the change
+        return info
+
+    def tags(self, dataset: str | None = None) -> list[TagInfo]:
+        """The tags of ``dataset`` (None: of every dataset), by dataset then name."""
+        dataset_id = None if dataset is None else self.dataset_row(dataset).id
+        with self.read_transaction() as conn:
+            return tagging.listed(conn, dataset_id)
+
     def create_index(self, dataset: str, field: str) -> bool:
         """Index the SQL field ``field`` (its name in the dataset's view) of ``dataset``,
         so that filters and sorts on it (``WHERE label < 10``) read a range of the index
@@ -482,6 +524,7 @@ class Store:
     def _field_index(
         self, dataset: str, field: str, change: Callable[[Connection, int, str, str], bool]
     ) -> bool:
+        tagging.refuse_write(dataset, "change the indexes of")
         if self._engine is None and not self.closed:
             raise CatalogError(
                 f"cannot change the indexes of {dataset!r}: {self.path} was opened read-only"

@@ -46,7 +46,7 @@ def datasets(
             f" ({d.failed_shards} failed)" if d.failed_shards else ""
         )
         table.add_row(
-            cell(d.name),
+            cell(d.name + (f" ({d.tags} tag{'s' * (d.tags > 1)})" if d.tags else "")),
             cell(d.format),
             cell(d.key_rule),
             shards,

@@ -1,17 +1,30 @@
 """``catalog delete`` and ``catalog undelete``: soft deletes of a dataset's records
 (:meth:`shardcat.Catalog.delete`, :meth:`shardcat.Catalog.undelete`); ``catalog
-dedup``: exact duplicate records (:meth:`shardcat.Catalog.dedup`); ``catalog seen``:
+dedup``: exact duplicate records (:meth:`shardcat.Catalog.dedup`); ``catalog tag``,
+``tags``, ``untag``: pinned record sets (:mod:`shardcat.facade.tags`); ``catalog seen``:
 what a training run consumed, as a table (:mod:`shardcat.facade.provenance`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shardcat.cli.common import handle_errors, open_catalog, print_json, progress_bar
+from shardcat.cli.common import (
+    cell,
+    handle_errors,
+    open_catalog,
+    print_json,
+    print_table,
+    progress_bar,
+)
 from shardcat.cli.options import CatalogOpt, DatasetArg, JsonOpt
+
+_TAG_HELP = "The tag's name (letters, digits and _); read it as DATASET@NAME."
+TagArg = Annotated[str, typer.Argument(help=_TAG_HELP)]
 
 _KEY_HELP = "A record's key (repeat the option for more)."
 
@@ -103,6 +116,53 @@ def dedup(
 
 
 @handle_errors
+def tag(dataset: DatasetArg, name: TagArg, catalog: CatalogOpt = None) -> None:
+    """Pin a dataset as it is (its shard versions and record set): DATASET@NAME reads
+    exactly that later, after re-ingests, adds and deletes."""
+    with open_catalog(catalog) as cat:
+        info = cat.tag(dataset, name)
+    typer.echo(
+        f"tagged {dataset} as {info.pinned}: {info.records} record(s) in {info.shards} shard(s)"
+    )
+
+
+@handle_errors
+def untag(dataset: DatasetArg, name: TagArg, catalog: CatalogOpt = None) -> None:
+    """Remove a tag and the rows it pinned (files on disk are untouched)."""
+    with open_catalog(catalog) as cat:
+        info = cat.untag(dataset, name)
+    typer.echo(f"removed tag {info.name} of {dataset} ({info.records} record(s))")
+
+
+@handle_errors
+def tags(
+    dataset: Annotated[
+        str | None, typer.Argument(help="Only this dataset's tags (default: all).")
+    ] = None,
+    catalog: CatalogOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """List tags: name, dataset, records and when each was made."""
+    with open_catalog(catalog) as cat:
+        found = cat.tags(dataset)
+    if json:
+        print_json([{**dataclasses.asdict(t), "pinned": t.pinned} for t in found])
+        return
+    if not found:
+        typer.echo("no tags yet (catalog tag DATASET NAME)")
+        return
+    from rich.table import Table
+
+    table = Table("tag", "dataset", "records", "shards", "created", "read as")
+    for t in found:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created))
+        table.add_row(
+            cell(t.name), cell(t.dataset), f"{t.records:,}", str(t.shards), when, cell(t.pinned)
+        )
+    print_table(table)
+
+
+@handle_errors
 def seen(
     state: Annotated[Path, typer.Argument(help="A RecordSampler (or loader) state, JSON.")],
     dataset: Annotated[str, typer.Option("--dataset", help="The dataset the run read.")],
@@ -125,4 +185,7 @@ def register(app: typer.Typer) -> None:
     app.command()(delete)
     app.command()(undelete)
     app.command()(dedup)
+    app.command()(tag)
+    app.command()(untag)
+    app.command()(tags)
     app.command()(seen)

@@ -49,6 +49,7 @@ from shardcat.facade.ingest import ProvideEntries, Work, judge_files, raise_for_
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
 from shardcat.facade.ray_ingest import RayEngine
 from shardcat.facade.remote_detect import dataset_wide_options, remote_rule, storage_options_kept
+from shardcat.facade.tags import Tags
 from shardcat.formats.registry import detect_format, get_format
 from shardcat.migrations.legacy.report import MigrationReport
 from shardcat.paths import PathsLike, as_patterns, default_dataset_name, resolve_paths
@@ -63,11 +64,11 @@ Params = Sequence[Any] | Mapping[str, Any] | None
 Keys = Sequence[str] | None
 
 
-class Catalog:
+class Catalog(Tags):
     """One catalog: datasets, shards, keys and byte offsets, and what to do with
     them: :meth:`ingest`, :meth:`dataset`, :meth:`query`, :meth:`datasets`, :meth:`info`,
-    :meth:`drop`, :meth:`delete`, :meth:`undelete`, :meth:`dedup`, :meth:`verify`, :meth:`migrate`,
-    :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (also as a context manager).
+    :meth:`drop`, :meth:`delete`, :meth:`undelete`, :meth:`dedup`, :meth:`tag`, :meth:`verify`,
+    :meth:`migrate`, :meth:`snapshot`, :meth:`checkpoint`, :meth:`close` (a context manager).
 
     ``Catalog(path, readonly=False, immutable=False)`` opens its store
     (:class:`~shardcat.catalog.store.Store`, kept as :attr:`store`) through the

@@ -201,6 +201,12 @@ def _add_deleted(conn: Connection) -> None:
     schema.deleted.create(conn, checkfirst=True)  # (a test may fake an older version)
 
 
+def _add_tags(conn: Connection) -> None:
+    """9 -> 10: the ``shardcat_tags`` table (tags: pinned record sets). Earlier
+    versions had none: empty."""
+    schema.tags.create(conn, checkfirst=True)  # (a test may fake an older version)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Step] = {
     1: _add_seek_indexes,
@@ -211,6 +217,7 @@ STEPS: dict[int, Step] = {
     6: _add_checks,
     7: _add_bad_records,
     8: _add_deleted,
+    9: _add_tags,
 }
 
 

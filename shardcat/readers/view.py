@@ -24,6 +24,7 @@ from shardcat.catalog import lookup
 from shardcat.catalog.deletes import DELETED_AT
 from shardcat.catalog.handle import ReadHandle
 from shardcat.catalog.lookup import ReadConnection
+from shardcat.catalog.schema import tag_of
 from shardcat.catalog.sync import DROPPED, absolute_path
 from shardcat.errors import CatalogError, ShardcatError, StaleShardError
 from shardcat.formats.registry import get_format
@@ -93,6 +94,10 @@ def _alone(method: F, *, again: bool) -> F:
                     if not (again and self._moved_on()):
                         raise
                     return method(self, *args, **kwargs)
+            except StaleShardError as exc:
+                if self._tag is None or exc.path is None:
+                    raise
+                raise _pinned_stale(exc, self._tag) from None
             except ShardcatError:
                 raise
             except Exception as exc:
@@ -101,6 +106,19 @@ def _alone(method: F, *, again: bool) -> F:
                 raise self.catalog.damaged(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _pinned_stale(exc: StaleShardError, tag: tuple[str, str]) -> StaleShardError:
+    """A tag's shard file that no longer is the version the tag pinned: the error
+    names the tag and the file (a re-ingest cannot bring that version back)."""
+    dataset, name = tag
+    what = str(exc).partition(";")[0]  # "<file> changed after it was indexed: <how>"
+    return type(exc)(
+        f"tag {name!r} of dataset {dataset!r} pins shard {exc.path} as it was when "
+        f"tagged, and {what}: the tag cannot read that shard's records (put the file "
+        f"back as it was, or untag {name!r})",
+        exc.path,
+    )
 
 
 def _damaged_rows(view: DatasetView, exc: Exception) -> bool:
@@ -141,6 +159,8 @@ class DatasetView:
         #: when the handle opened its store)
         self.catalog = catalog
         self.dataset = dataset
+        #: ``(dataset, tag)`` when ``dataset`` names a tag (``train@v1``): read-only, pinned
+        self._tag = tag_of(dataset)
         #: every read is checked (``verify``; ``verify_crc`` is its older name):
         #: see :class:`~shardcat.readers.reader.Reader`
         self.verify_reads = verify if verify_crc is None else verify_crc
