@@ -249,10 +249,9 @@ class Catalog(Tags):
         ``storage_options``: for URLs (``s3://``, ``https://``...: see
         :mod:`shardcat.sources.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
-        passwords), which this process keeps in memory only.
-        ``engine="ray"``: the shards are Ray tasks on the cluster at ``ray_address``
-        (see :mod:`shardcat.facade.ray_ingest`). Raises :class:`IngestError` naming
-        each shard that failed (the others are committed).
+        passwords), which this process keeps in memory only. ``engine="ray"``:
+        Ray tasks at ``ray_address`` (:mod:`shardcat.facade.ray_ingest`). Raises
+        :class:`IngestError` naming each shard that failed (the others committed).
         """
         if storage_options:
             options = {**(options or {}), STORAGE_OPTIONS: dict(storage_options)}
