@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from shardcat import Catalog, IngestError
-from shardcat.catalog.processes import START_METHOD_ENV, fork_hazards, worker_start_method
-from shardcat.cli.common import progress_bar
+from shardcat.catalog.processes import START_METHOD_ENV, worker_start_method
 from shardcat.formats import registry
 from shardcat.formats.registry import register_format
 from shardcat.formats.tfrecord import TFRecordFormat, TFRecordWriter, make_example
@@ -72,37 +71,45 @@ def a_thread() -> Iterator[threading.Thread]:
     thread.join()
 
 
-def test_fork_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(START_METHOD_ENV, raising=False)
-    hazards = fork_hazards()
-    if hazards:  # (Ray, or gRPC's threads, left by another test in this process)
-        assert worker_start_method() == "forkserver"
-        pytest.skip(f"this process is not safe to fork already: {hazards}")
-    assert worker_start_method() == "fork"
-    stop = threading.Event()
-    ours = threading.Thread(target=stop.wait, name="shardcat-pool-0", daemon=True)
-    fsspecs = threading.Thread(target=stop.wait, name="fsspecIO", daemon=True)  # fork-aware
-    theirs = threading.Thread(target=stop.wait, name="users-thread", daemon=True)
-    ours.start()
-    fsspecs.start()
-    try:
-        assert fork_hazards() == [] and worker_start_method() == "fork"
-        with progress_bar("ingest"):  # the CLI's progress bar and its refresh thread
-            assert fork_hazards() == []
-        theirs.start()
-        assert fork_hazards() == ["threads users-thread"]
-        assert worker_start_method() == "forkserver"
-        monkeypatch.setenv(START_METHOD_ENV, "fork")
-        assert worker_start_method() == "fork"
-        monkeypatch.setenv(START_METHOD_ENV, "spawn")
-        with pytest.raises(ValueError, match=r"\$SHARDCAT_WORKER_START must be fork or"):
-            worker_start_method()
-    finally:
-        stop.set()
-        ours.join()
-        fsspecs.join()
-        if theirs.ident is not None:
-            theirs.join()
+_CHOICE = """
+import os, threading
+from shardcat.catalog.processes import START_METHOD_ENV, fork_hazards, worker_start_method
+from shardcat.cli.common import progress_bar
+stop = threading.Event()
+assert fork_hazards() == [] and worker_start_method() == "fork"
+for name in ("shardcat-pool-0", "fsspecIO"):  # shardcat's own; fsspec's, which is fork-aware
+    threading.Thread(target=stop.wait, name=name, daemon=True).start()
+assert fork_hazards() == [] and worker_start_method() == "fork"
+with progress_bar("ingest"):  # the CLI's progress bar and its refresh thread
+    assert fork_hazards() == []
+threading.Thread(target=stop.wait, name="users-thread", daemon=True).start()
+assert fork_hazards() == ["threads users-thread"], fork_hazards()
+assert worker_start_method() == "forkserver"
+os.environ[START_METHOD_ENV] = "fork"
+assert worker_start_method() == "fork"
+os.environ[START_METHOD_ENV] = "spawn"
+try:
+    worker_start_method()
+except ValueError as exc:
+    assert str(exc) == "$SHARDCAT_WORKER_START must be fork or forkserver, not 'spawn'"
+else:
+    raise AssertionError("spawn taken")
+print("checked")
+"""
+
+
+def test_fork_only_where_it_is_safe() -> None:
+    """In a fresh process (this one may have run Ray already): forked while only
+    shardcat's, fsspec's and the progress bar's threads run; a fork server beside
+    another thread; the environment variable chooses."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != START_METHOD_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHOICE], capture_output=True, text=True, timeout=LIMIT, env=env
+    )
+    assert (done.returncode, done.stdout) == (0, "checked\n"), done.stderr
 
 
 def test_beside_a_thread_workers_start_from_a_fork_server(
