@@ -443,7 +443,7 @@ def test_subset_reader_opens_without_reading_a_shard(tmp_path: Path, scans: Scan
     with TFRecordRandomAccess(str(tmp_path / "train-0000[0-4].tfrecord")) as again:
         assert again.dataset == "train_2"
     assert scans() == []
-    # the copy is a dataset of its own: a changed shard is re-read for it alone
+    # the subset is a dataset of its own: a changed shard is re-read for it alone
     write_tfrecord(tmp_path / "train-00001.tfrecord", [{"key": "new", "label": 1}])
     with TFRecordRandomAccess(str(tmp_path / "train-0000[0-4].tfrecord")) as sub:
         assert scans() == ["train-00001.tfrecord"]
@@ -459,7 +459,7 @@ def _label0(keys: dict[str, list[str]], shards: int) -> set[str]:
     }
 
 
-def test_subset_of_tar_shards_copies_members(tmp_path: Path, scans: Scans) -> None:
+def test_subset_of_tar_shards_shares_members(tmp_path: Path, scans: Scans) -> None:
     for s in range(3):
         write_tar(
             tmp_path / f"w-{s}.tar", [(f"k{s}.jpg", bytes([s]) * 4), (f"k{s}.cls", b"%d" % s)]
@@ -486,7 +486,7 @@ def test_a_shard_that_lost_duplicates_is_read_again_for_a_subset(
     with TFRecordRandomAccess(str(a)) as sub:  # part-0 lost "x" to part-1: not a copy
         assert scans() == ["part-0.tfrecord"]
         assert sub.get_feature("x", "v") == 1 and len(sub) == 2
-    with TFRecordRandomAccess(str(b)) as sub:  # part-1 is whole: copied
+    with TFRecordRandomAccess(str(b)) as sub:  # part-1 is whole: shared
         assert scans() == ["part-0.tfrecord"]
         assert sub.get_feature("x", "v") == 3
 
@@ -508,7 +508,7 @@ def test_format_auto_detects(tmp_path: Path) -> None:
     assert "dataset e: 1 records" in result.output
 
 
-def test_subset_copies_position_keys_and_seek_points(tmp_path: Path, scans: Scans) -> None:
+def test_subset_shares_position_keys_and_seek_points(tmp_path: Path, scans: Scans) -> None:
     need("indexed_gzip", why="shardcat[compressed]")
     for s in range(3):
         write_tfrecord(tmp_path / f"p-{s}.tfrecord", [{"v": s * 10 + i} for i in range(2)])
@@ -531,10 +531,10 @@ def test_subset_copies_position_keys_and_seek_points(tmp_path: Path, scans: Scan
         assert sub["k2"] == {"txt": b"x2" * 300}
         assert sub.get_stats()["total_files"] == 2
     assert scans() == []
-    with Catalog(tmp_path / "shardcat.sqlite") as cat:
-        copied = cat.query(
-            "SELECT count(*) FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = "
-            "i.shard_id "
-            "JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = 't_2'"
+    with Catalog(tmp_path / "shardcat.sqlite") as cat:  # read by reference: the donor's
+        shared = cat.query(
+            "SELECT count(*) FROM shardcat_seek_indexes i JOIN shardcat_shares x ON "
+            "x.donor_shard_id = i.shard_id "
+            "JOIN shardcat_datasets d ON d.id = x.dataset_id WHERE d.name = 't_2'"
         )
-        assert copied == [(2,)]
+        assert shared == [(2,)]

@@ -132,8 +132,17 @@ V5_FIELDS = (
 V5_TYPES = {"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT"}
 
 
+def downgrade_to_v10(db: Path) -> None:
+    """What a version-10 catalog is: no ``shardcat_shares`` table (issue 31)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE shardcat_shares")
+        conn.execute("UPDATE shardcat_meta SET value = '10' WHERE name = 'schema_version'")
+    conn.close()
+
+
 def downgrade_to_v9(db: Path) -> None:
     """What a version-9 catalog is: no ``shardcat_tags`` table (issue 32)."""
+    downgrade_to_v10(db)
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE shardcat_tags")
         conn.execute("UPDATE shardcat_meta SET value = '9' WHERE name = 'schema_version'")
@@ -388,8 +397,8 @@ def test_upgrade_from_version_1(v1_catalog: Path, tmp_path: Path):
         version = conn.execute("SELECT value FROM shardcat_meta WHERE name = 'schema_version'")
         assert version.fetchone() == (str(migrations.SCHEMA_VERSION),)
     # 7: each record's check (issue 26); 8: bad records set aside (issue 27);
-    # 9: soft-deleted keys, 10: tags (issue 32)
-    assert migrations.SCHEMA_VERSION == 10
+    # 9: soft-deleted keys, 10: tags (issue 32); 11: rows shared by reference (issue 31)
+    assert migrations.SCHEMA_VERSION == 11
     assert lookups(v1_catalog) == expected
     # the upgraded catalog takes compressed shards like a fresh one
     gz = tmp_path / "v1" / "c.tfrecord"

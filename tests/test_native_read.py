@@ -184,14 +184,17 @@ def test_a_shard_rewritten_under_a_warm_native_reader_is_stale(catalog: Path) ->
 def test_threads_share_a_native_reader(catalog: Path) -> None:
     expected = {f"k{i}": i - 30 for i in range(60)}
     errors: list[BaseException] = []
+    together = threading.Barrier(6)  # every thread alive at once: 6 connections
     with Catalog(catalog) as cat, cat.dataset("d") as reader:
 
         def work(seed: int) -> None:
             try:
                 rng = random.Random(seed)
-                for _ in range(300):
+                for i in range(300):
                     key = f"k{rng.randrange(60)}"
                     assert reader.get_feature(key, "label") == expected[key]
+                    if i == 0:
+                        together.wait(timeout=60)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -202,7 +205,7 @@ def test_threads_share_a_native_reader(catalog: Path) -> None:
             t.join()
         assert errors == []
         if hot.available():
-            assert len(reader._hot._by_conn) >= 2  # a lookup per thread's connection
+            assert len(reader._hot._by_conn) == 6  # a lookup per thread's connection
 
 
 def test_a_forked_child_prepares_its_own_lookup(catalog: Path) -> None:

@@ -25,8 +25,10 @@ class SetAside:
 
 
 _BAD = (
-    'SELECT s.path, b."offset", b.length, b.reason, b.key FROM shardcat_bad_records b '
-    'JOIN shardcat_shards s ON s.id = b.shard_id WHERE s.dataset_id = ? ORDER BY s.path, b."offset"'
+    'SELECT s.path, b."offset", b.length, b.reason, b.key FROM shardcat_shards s '
+    "LEFT JOIN shardcat_shares x ON x.shard_id = s.id "  # (read by reference: the donor's)
+    "JOIN shardcat_bad_records b ON b.shard_id = coalesce(x.donor_shard_id, s.id) "
+    'WHERE s.dataset_id = ? ORDER BY s.path, b."offset"'
 )
 
 

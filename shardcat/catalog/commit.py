@@ -35,7 +35,7 @@ import crc32c as _crc32c
 from sqlalchemy import Connection, Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import schema, shares, tables
 from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.bulk import insert_columns
 from shardcat.catalog.claims import DEFAULT_LEASE, ClaimedShard
@@ -156,6 +156,7 @@ def remove_ordinals(conn: Connection, dataset_id: int, shard_id: int, removed: l
     never sees a collision.
     """
     removed = sorted(removed)
+    shares.release(conn, dataset_id, [shard_id])
     among, listed = dialect_of(conn).any_of("ordinal", removed)
     for table in (schema.records_table_name(dataset_id), schema.members.name):
         run(conn, f"DELETE FROM {table} WHERE shard_id = ? AND {among}", (shard_id, listed))

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, func, select
 
 from shardcat.catalog import reuse, schema, tables
-from shardcat.catalog.lookup import ReadConnection
+from shardcat.catalog.lookup import ReadConnection, records_source, records_table_of
 from shardcat.catalog.sync import DROPPED, Judge, sync_shards
 from shardcat.errors import CatalogError
 
@@ -94,7 +94,7 @@ class DatasetInfo:
 
 
 DELETED_COUNT = (
-    'SELECT count(*) FROM shardcat_deleted d JOIN "shardcat_records_{id}" r ON r.key = d.key '
+    "SELECT count(*) FROM shardcat_deleted d JOIN {records} r ON r.key = d.key "
     "WHERE d.dataset_id = ?"
 )
 
@@ -139,7 +139,10 @@ def describe(conn: ReadConnection, row: DatasetRow, index_names_sql: str) -> Dat
         records=int(n),
         fields=cols,
         indexed=indexed,
-        deleted=conn.execute(DELETED_COUNT.format(id=int(row[0])), (row[0],)).fetchone()[0],
+        deleted=conn.execute(
+            DELETED_COUNT.format(records=records_source(row.id, records_table_of(conn, row.id))),
+            (row.id,),
+        ).fetchone()[0],
         tags=conn.execute(TAG_COUNT, (row[0],)).fetchone()[0],
     )
 

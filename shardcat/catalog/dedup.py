@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardcat.catalog import lookup, schema
+from shardcat.catalog import lookup
 from shardcat.catalog.lookup import ReadConnection
 
 __all__ = ["PAGE", "Candidates", "Page", "live_records"]
@@ -30,7 +30,7 @@ _RECORDS = (
     "ORDER BY ordinal LIMIT ?"
 )
 _MEMBERS = (
-    "SELECT ordinal, name, crc FROM shardcat_members "
+    "SELECT ordinal, name, crc FROM {members} m "
     "WHERE shard_id = ? AND ordinal >= ? AND ordinal <= ?"
 )
 
@@ -47,7 +47,9 @@ def live_records(
     check or None), or for formats whose records have parts ``(place, key,
     members)``, each member ``(name, crc)``. ``conn()`` gives the read connection
     for each query (the store's ``reader_connection``)."""
-    sql = _RECORDS.format(table=f'"{schema.records_table_name(dataset_id)}"')
+    donor = lookup.records_table_of(conn(), dataset_id)  # (rows read by reference)
+    sql = _RECORDS.format(table=lookup.records_source(dataset_id, donor, by_shard=True))
+    members_sql = _MEMBERS.format(members=lookup.members_source(dataset_id, donor))
     for shard in lookup.shards(conn(), dataset_id):
         shard_id, first = shard[0], shard[2]
         start = 0
@@ -56,7 +58,7 @@ def live_records(
             if not rows:
                 break
             if parts:
-                members = _members(conn(), shard_id, rows[0][0], rows[-1][0])
+                members = _members(conn(), members_sql, shard_id, rows[0][0], rows[-1][0])
                 yield [(first + o, key, members.get(o, [])) for o, key, _ in rows]
             else:
                 yield [(first + o, key, crc) for o, key, crc in rows]
@@ -66,10 +68,10 @@ def live_records(
 
 
 def _members(
-    conn: ReadConnection, shard_id: int, first: int, last: int
+    conn: ReadConnection, sql: str, shard_id: int, first: int, last: int
 ) -> dict[int, list[tuple[str, Any]]]:
     found: dict[int, list[tuple[str, Any]]] = {}
-    for ordinal, name, crc in conn.execute(_MEMBERS, (shard_id, first, last)).fetchall():
+    for ordinal, name, crc in conn.execute(sql, (shard_id, first, last)).fetchall():
         found.setdefault(ordinal, []).append((name, crc))
     return found
 

@@ -34,10 +34,11 @@ class Pick:
 
 
 #: ``(shard_id, ordinal, key)`` of the dataset's records whose key is marked deleted
-#: (run by readers on their read connection: the dataset id, then its records table)
+#: (run by readers on their read connection: the dataset's records as
+#: :func:`~shardcat.catalog.lookup.records_source` gives them, then its id)
 DELETED_AT = (
     "SELECT r.shard_id, r.ordinal, r.key FROM shardcat_deleted d "
-    'JOIN "shardcat_records_{id}" r ON r.key = d.key WHERE d.dataset_id = ?'
+    "JOIN {records} r ON r.key = d.key WHERE d.dataset_id = ?"
 )
 
 _BATCH = 10_000

@@ -10,11 +10,13 @@ from shardcat.catalog.lookup import ReadConnection
 
 __all__ = ["members_of", "records_of", "shards_of"]
 
+# a shard read by reference (catalog/shares.py) names the donor's shard and dataset
+# its rows are under
 _SHARDS = (
-    "SELECT s.id, s.path, s.state, s.size, s.mtime_ns, s.compression, s.first_position, "
-    "s.dataset_id "
-    "FROM shardcat_shards s JOIN shardcat_datasets d ON d.id = s.dataset_id WHERE d.name = "
-    "? ORDER BY s.path"
+    "SELECT coalesce(x.donor_shard_id, s.id), s.path, s.state, s.size, s.mtime_ns, "
+    "s.compression, s.first_position, coalesce(x.donor_id, s.dataset_id) "
+    "FROM shardcat_shards s JOIN shardcat_datasets d ON d.id = s.dataset_id "
+    "LEFT JOIN shardcat_shares x ON x.shard_id = s.id WHERE d.name = ? ORDER BY s.path"
 )
 _RECORDS = (
     'SELECT key, ordinal, "offset", length FROM "shardcat_records_{}" WHERE shard_id = ? '
@@ -28,7 +30,8 @@ _MEMBERS = (
 
 def shards_of(conn: ReadConnection, dataset: str) -> list[Any]:
     """``(id, stored path, state, size, mtime_ns, compression, first_position,
-    dataset_id)`` of every shard of ``dataset``, in path order."""
+    dataset_id)`` of every shard of ``dataset``, in path order (``id`` and
+    ``dataset_id``: where its rows are, the donor's for a shard read by reference)."""
     return conn.execute(_SHARDS, (dataset,)).fetchall()
 
 

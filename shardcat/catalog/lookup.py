@@ -38,12 +38,15 @@ __all__ = [
     "member_by_key",
     "members_at",
     "members_by_key",
+    "members_source",
     "page_of_members",
     "page_of_records",
     "record_by_key",
     "records_at",
     "records_by_key",
     "records_of_shard",
+    "records_source",
+    "records_table_of",
     "seek_index",
     "shards",
     "statements",
@@ -105,14 +108,72 @@ class BatchItems:
     at: tuple[str, str]
 
 
+def records_source(
+    dataset_id: int, donor: int | None, fields: Sequence[str] = (), *, by_shard: bool = False
+) -> str:
+    """The records dataset ``dataset_id`` reads, as SQL a ``FROM`` takes: its own
+    table, or (``donor``: the dataset whose rows it reads by reference, see
+    :mod:`~shardcat.catalog.shares`) the donor's rows of the shards it shares, under
+    its own shard ids (``fields``: the field columns to keep, ``v<idx>``). A lookup
+    by key is the donor's key index, then one primary-key probe of ``shardcat_shares``;
+    ``by_shard`` (lookups by shard and ordinal, batches of them) takes the share first
+    (SQLite keeps a ``CROSS JOIN``'s order): its ``shard_id`` index, then the donor's
+    primary key."""
+    if donor is None:
+        return f'"shardcat_records_{int(dataset_id)}"'
+    kept = "".join(f", q.{c} AS {c}" for c in fields)
+    return _shared(
+        dataset_id,
+        'q.ordinal AS ordinal, q.key AS key, q."offset" AS "offset", q.length AS length, '
+        f"q.extents AS extents, q.item AS item, q.crc AS crc{kept}",
+        f'"shardcat_records_{int(donor)}"',
+        by_shard,
+    )
+
+
+def _shared(dataset_id: int, columns: str, table: str, by_shard: bool) -> str:
+    tables = (
+        f"shardcat_shares x CROSS JOIN {table} q" if by_shard else f"{table} q, shardcat_shares x"
+    )
+    return (
+        f"(SELECT x.shard_id AS shard_id, {columns} FROM {tables} "
+        f"WHERE x.donor_shard_id = q.shard_id AND x.dataset_id = {int(dataset_id)})"
+    )
+
+
+def members_source(dataset_id: int, donor: int | None) -> str:
+    """The members dataset ``dataset_id`` reads, as :func:`records_source` its records
+    (always found by shard and ordinal)."""
+    if donor is None:
+        return "shardcat_members"
+    columns = (
+        'q.ordinal AS ordinal, q.name AS name, q."offset" AS "offset", q.length AS length, '
+        "q.extents AS extents, q.crc AS crc"
+    )
+    return _shared(dataset_id, columns, "shardcat_members", True)
+
+
+_DONOR = "SELECT donor_id FROM shardcat_shares WHERE dataset_id = ? LIMIT 1"
+
+
+def records_table_of(conn: ReadConnection, dataset_id: int) -> int | None:
+    """The dataset whose records table dataset ``dataset_id`` reads by reference
+    (None: its own)."""
+    row = conn.execute(_DONOR, (dataset_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 @functools.lru_cache(maxsize=256)
 def statements(
-    dataset_id: int, one_range: bool, parts: bool, batch: BatchItems
+    dataset_id: int, one_range: bool, parts: bool, batch: BatchItems, donor: int | None = None
 ) -> RecordStatements:
     """The statements of dataset ``dataset_id`` (``one_range``: its format's records
     are always one byte range; ``parts``: they are made of members; ``batch``: the
-    catalog backend's batch items, ``Backend.dialect.batch_items``)."""
-    t = f'"shardcat_records_{int(dataset_id)}"'
+    catalog backend's batch items, ``Backend.dialect.batch_items``; ``donor``: the
+    dataset whose rows it reads by reference, see :func:`records_source`)."""
+    t = records_source(dataset_id, donor)
+    at = records_source(dataset_id, donor, by_shard=True)  # (the same for a dataset's own)
+    members = members_source(dataset_id, donor)
     items, index, join, item_key, item_at = (
         batch.items,
         batch.index,
@@ -128,41 +189,41 @@ def statements(
     )
     return RecordStatements(
         offset=3 if parts else 2,
-        one=f'SELECT shard_id, "offset", length, crc FROM {t} WHERE key = ?',
+        one=f'SELECT r.shard_id, r."offset", r.length, r.crc FROM {t} r WHERE r.key = ?',
         by_key=f"SELECT 0, {location} FROM {t} r WHERE key = ?",
-        at=f"SELECT 0, {location}, key FROM {t} r WHERE shard_id = ? AND ordinal = ?",
+        at=f"SELECT 0, {location}, key FROM {at} r WHERE shard_id = ? AND ordinal = ?",
         many_by_key=(f"SELECT {index}, {location} FROM {items} {join} {t} r ON r.key = {item_key}"),
         many_at=(
-            f"SELECT {index}, {location}, r.key FROM {items} {join} {t} r "
+            f"SELECT {index}, {location}, r.key FROM {items} {join} {at} r "
             f"ON r.shard_id = {item_at[0]} AND r.ordinal = {item_at[1]}"
         ),
         member_by_key=(
             f'SELECT r.shard_id, m."offset", m.length, m.extents, m.crc FROM {t} r '
-            "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+            f"JOIN {members} m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
             "WHERE r.key = ? AND m.name = ?"
         ),
         members_by_key=(
             f'SELECT r.shard_id, m.name, m."offset", m.length FROM {t} r '
-            "JOIN shardcat_members m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
+            f"JOIN {members} m ON m.shard_id = r.shard_id AND m.ordinal = r.ordinal "
             'WHERE r.key = ? ORDER BY m."offset"'
         ),
-        keys_of_shard=f"SELECT key FROM {t} WHERE shard_id = ? ORDER BY ordinal",
+        keys_of_shard=f"SELECT r.key FROM {at} r WHERE r.shard_id = ? ORDER BY r.ordinal",
         records_of_shard=(
-            f'SELECT "offset", length, extents, item, crc, key FROM {t} WHERE shard_id = ? '
-            'ORDER BY "offset"'
+            f'SELECT r."offset", r.length, r.extents, r.item, r.crc, r.key FROM {at} r '
+            'WHERE r.shard_id = ? ORDER BY r."offset"'
         ),
         members_of_shard=(
-            f'SELECT m."offset", m.length, m.extents, NULL, m.crc, r.key FROM shardcat_members m '
-            f"JOIN {t} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+            f'SELECT m."offset", m.length, m.extents, NULL, m.crc, r.key FROM {members} m '
+            f"JOIN {at} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
             'WHERE m.shard_id = ? ORDER BY m."offset"'
         ),
         page_of_records=(
-            f'SELECT ordinal, key, "offset", length FROM {t} '
-            "WHERE shard_id = ? AND ordinal >= ? ORDER BY ordinal LIMIT ?"
+            f'SELECT r.ordinal, r.key, r."offset", r.length FROM {at} r '
+            "WHERE r.shard_id = ? AND r.ordinal >= ? ORDER BY r.ordinal LIMIT ?"
         ),
         page_of_members=(
-            f'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM shardcat_members m '
-            f"JOIN {t} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
+            f'SELECT m.ordinal, r.key, m.name, m."offset", m.length FROM {members} m '
+            f"JOIN {at} r ON r.shard_id = m.shard_id AND r.ordinal = m.ordinal "
             "WHERE m.shard_id = ? AND m.ordinal >= ? AND m.ordinal < ? "
             'ORDER BY m.ordinal, m."offset"'
         ),
@@ -170,22 +231,25 @@ def statements(
         # (batch index, name, offset, length, extents, crc), in file order
         members_at=(
             f'SELECT {index}, m.name, m."offset", m.length, m.extents, m.crc FROM {items} '
-            f"{join} shardcat_members m ON m.shard_id = {item_at[0]} "
+            f"{join} {members} m ON m.shard_id = {item_at[0]} "
             f'AND m.ordinal = {item_at[1]} ORDER BY m."offset"'
         ),
     )
 
 
 _SHARDS = (
-    "SELECT id, path, first_position, num_records, compression, generation, "
-    "size, mtime_ns, ino, ctime_ns, fingerprint FROM shardcat_shards "
-    "WHERE dataset_id = ? AND generation IS NOT NULL ORDER BY path"
+    "SELECT s.id, s.path, s.first_position, s.num_records, s.compression, s.generation, "
+    "s.size, s.mtime_ns, s.ino, s.ctime_ns, s.fingerprint, x.donor_id FROM shardcat_shards s "
+    "LEFT JOIN shardcat_shares x ON x.shard_id = s.id "
+    "WHERE s.dataset_id = ? AND s.generation IS NOT NULL ORDER BY s.path"
 )
 _VERSION = "SELECT version FROM shardcat_datasets WHERE id = ?"
 _OPTIONS = "SELECT options FROM shardcat_datasets WHERE id = ?"
+# (a shard read by reference: the donor's shard's, see records_source)
 _SEEK_INDEX = (
-    "SELECT i.data FROM shardcat_seek_indexes i JOIN shardcat_shards s ON s.id = i.shard_id "
-    "WHERE i.shard_id = ? AND s.generation = ?"
+    "SELECT i.data FROM shardcat_shards s LEFT JOIN shardcat_shares x ON x.shard_id = s.id "
+    "JOIN shardcat_seek_indexes i ON i.shard_id = coalesce(x.donor_shard_id, s.id) "
+    "WHERE s.id = ? AND s.generation = ?"
 )
 
 
@@ -245,7 +309,8 @@ def members_by_key(conn: ReadConnection, sql: RecordStatements, key: str) -> lis
 def shards(conn: ReadConnection, dataset_id: int) -> list[Row]:
     """The shards with an indexed version, in position order: ``(id, path,
     first_position, num_records, compression, generation, size, mtime_ns, ino,
-    ctime_ns, fingerprint)``."""
+    ctime_ns, fingerprint, donor)`` (``donor``: the dataset whose rows the shard is
+    read from by reference, see :func:`records_source`; None: its own)."""
     rows: list[Row] = conn.execute(_SHARDS, (dataset_id,)).fetchall()
     return rows
 

@@ -20,15 +20,17 @@ dataset keyed by ``id``, a reader asking for ``key`` gets its own.
 
 **Seeding.** A new dataset whose shards another dataset has already indexed
 with the same rule and the same scan options (fields, TFRecord message type,
-RecordIO header/idx) copies those shards' rows instead of reading the files:
-records, members, seek points and field values, with one ``INSERT ... SELECT``
-each, keeping each shard's file identity and ``indexed_at``; positions are
-its own. Only shards that hold exactly what a scan of their file gives are
-copied: ready, unchanged on disk, and with no records dropped as duplicates
-(see :data:`~shardcat.catalog.sync.DROPPED`); the others are scanned. A
-reader over ``train-0000[0-4].tfrecord`` after ``train-*.tfrecord`` was
-indexed so opens without reading a shard, and the copy is a dataset like any
-other (a changed shard is re-indexed for it alone).
+RecordIO header/idx) reads those shards' rows by reference instead of reading
+the files (:mod:`~shardcat.catalog.shares`): records, members, seek points and
+field values stay in the donor's tables; the new dataset gets its own shard
+rows (file identity and ``indexed_at`` kept), so positions are its own. Only
+shards that hold exactly what a scan of their file gives are taken: ready,
+unchanged on disk, with no records dropped as duplicates (see
+:data:`~shardcat.catalog.sync.DROPPED`), from a donor that reads its own rows;
+the others are scanned. A reader over ``train-0000[0-4].tfrecord`` after
+``train-*.tfrecord`` was indexed so opens without reading a shard or copying a
+record, and is a dataset like any other: before a write to the rows it shares
+(a changed shard re-indexed on either side, ...) it gets its own copy of them.
 """
 
 from __future__ import annotations
@@ -41,10 +43,9 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import schema, shares, tables
 from shardcat.catalog.backend import dialect_of, run
 from shardcat.catalog.sync import DROPPED, Judge, bump_version, recompute_positions
-from shardcat.errors import CatalogError
 
 __all__ = ["Rule", "choose", "seed", "variant_name"]
 
@@ -161,11 +162,11 @@ def seed(
     files: Mapping[str, Any],
     same_file: Judge,
 ) -> int:
-    """Copy into the new dataset ``dataset_id`` the rows of the shards among
-    ``files`` (stored path -> stat) that one other dataset with the same rule and
-    scan options holds complete (see the module docstring), unless ``same_file``
-    says the file changed since; returns how many shards were copied."""
-    d, s = schema.datasets, schema.shards
+    """Give the new dataset ``dataset_id``, by reference, the rows of the shards
+    among ``files`` (stored path -> stat) that one other dataset with the same rule
+    and scan options holds complete (see the module docstring), unless
+    ``same_file`` says the file changed since; returns how many shards it took."""
+    d = schema.datasets
     me = conn.execute(
         select(d.c.format, d.c.key_rule, d.c.grouping).where(d.c.id == dataset_id)
     ).one()
@@ -177,6 +178,8 @@ def seed(
         "SELECT s.dataset_id, s.id, s.path FROM shardcat_shards s JOIN shardcat_datasets d "
         "ON d.id = s.dataset_id "
         "WHERE s.dataset_id != ? AND s.state = 'ready' AND s.generation IS NOT NULL "
+        # (a dataset reading another's rows is no donor: its donor is one itself)
+        "AND NOT EXISTS (SELECT 1 FROM shardcat_shares x WHERE x.shard_id = s.id) "
         "AND d.format = ? AND d.key_rule = ? AND coalesce(d.grouping, '') = ? "
         f"AND {among}",
         (dataset_id, me.format, me.key_rule, me.grouping or "", listed),
@@ -193,101 +196,20 @@ def seed(
         dropped = stored.get(DROPPED)
         if not isinstance(dropped, dict) or _scan_options(stored) != mine:
             continue  # counts unknown (an older catalog), or scanned otherwise
+        if not tables.has_key_index(conn, donor_id):
+            continue  # its first ingest is settling duplicate keys yet
         whole = [shard_id for shard_id, path in donors[donor_id] if not dropped.get(path)]
         if whole and (best is None or len(whole) > len(best[1])):
             best = (donor_id, whole)
     if best is None:
         return 0
     donor_id, shard_ids = best
-    by_position = me.key_rule == "position"
-    with_fields = bool(mine["fields"])
-    columns = _copy_field_columns(conn, donor_id, dataset_id, name) if with_fields else None
-    copied = 0
-    for shard_id in shard_ids:
-        row = conn.execute(select(s).where(s.c.id == shard_id)).one()
-        if same_file(row, row.path) is False:
-            continue  # changed since: it is read again anyway
-        _copy_shard(conn, row, dataset_id, donor_id, by_position, columns)
-        copied += 1
-    if copied:
+    among, listed = dialect_of(conn).any_of("id", shard_ids)
+    rows = run(conn, f"SELECT * FROM shardcat_shards WHERE {among}", (listed,)).all()
+    # (a file changed since is read again anyway)
+    taken = [row.id for row in rows if same_file(row, row.path) is not False]
+    if taken:
+        shares.share(conn, dataset_id, name, donor_id, taken)
         bump_version(conn, dataset_id)
         recompute_positions(conn, dataset_id)
-    return copied
-
-
-def _copy_field_columns(
-    conn: Connection, donor_id: int, dataset_id: int, name: str
-) -> list[tuple[int, int]]:
-    """Give the new dataset the donor's field columns; (donor idx, new idx) pairs."""
-    donor = tables.field_columns(conn, donor_id)
-    if not donor:
-        return []
-    mine = tables.ensure_field_columns(
-        conn, dataset_id, name, {feature: sql_type for feature, (_, sql_type, _) in donor.items()}
-    )
-    return [(idx, mine[feature][2]) for feature, (_, _, idx) in donor.items()]
-
-
-def _copy_shard(
-    conn: Connection,
-    row: Any,
-    dataset_id: int,
-    donor_id: int,
-    by_position: bool,
-    columns: list[tuple[int, int]] | None,
-) -> None:
-    """One shard's rows from the donor's into ``dataset_id``: its shard row (file
-    identity and ``indexed_at`` kept), records, members, seek points, bad records and, when
-    ``columns`` is not None (a dataset with fields), its field rows."""
-    s = schema.shards
-    inserted = conn.execute(
-        s.insert().values(
-            dataset_id=dataset_id,
-            path=row.path,
-            size=row.size,
-            mtime_ns=row.mtime_ns,
-            fingerprint=row.fingerprint,
-            compression=row.compression,
-            num_records=row.num_records,
-            state="ready",
-            indexed_at=row.indexed_at,
-            generation=1,
-            ino=row.ino,
-            ctime_ns=row.ctime_ns,
-        )
-    ).inserted_primary_key
-    if inserted is None:  # SQLite always reports the rowid
-        raise CatalogError(f"cannot copy shard {row.path}: no id for its new row")
-    new_id = inserted[0]
-    # position keys name their shard (see commit.insert_records)
-    key = "'#' || CAST(? AS TEXT) || ':' || CAST(ordinal AS TEXT)" if by_position else "key"
-    pairs = columns or []
-    target = "".join(f", v{new}" for _, new in pairs)
-    source = "".join(f", v{old}" for old, _ in pairs)
-    statements = (
-        (
-            f"INSERT INTO {schema.records_table_name(dataset_id)} "
-            f'(shard_id, ordinal, key, "offset", length, extents, item, crc{target}) '
-            f'SELECT ?, ordinal, {key}, "offset", length, extents, item, crc{source} '
-            f"FROM {schema.records_table_name(donor_id)} WHERE shard_id = ?",
-            (new_id, new_id, row.id) if by_position else (new_id, row.id),
-        ),
-        (
-            'INSERT INTO shardcat_members (shard_id, ordinal, name, "offset", length, extents, '
-            'crc) SELECT ?, ordinal, name, "offset", length, extents, crc FROM shardcat_members '
-            "WHERE shard_id = ?",
-            (new_id, row.id),
-        ),
-        (
-            "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) "
-            "SELECT ?, kind, data FROM shardcat_seek_indexes WHERE shard_id = ?",
-            (new_id, row.id),
-        ),
-        (
-            'INSERT INTO shardcat_bad_records (shard_id, "offset", length, reason, key) '
-            'SELECT ?, "offset", length, reason, key FROM shardcat_bad_records WHERE shard_id = ?',
-            (new_id, row.id),
-        ),
-    )
-    for sql, params in statements:
-        run(conn, sql, params)
+    return len(taken)

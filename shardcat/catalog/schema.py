@@ -64,6 +64,13 @@ dataset, named after the dataset, may take any other name.
   shard rows (each shard's indexed version: generation and file identity), its
   records table, members, seek points and deleted marks as they were (see
   :mod:`~shardcat.catalog.tags`). ``@`` is in no dataset name a user may give.
+- ``shares`` (schema version 11): the shards a dataset reads by reference from
+  another dataset with the same rule (a subset of its shards: see
+  :mod:`~shardcat.catalog.shares`): ``(dataset_id, shard_id)``, the dataset's own
+  shard row (its path, identity, count and position), and ``(donor_id,
+  donor_shard_id)``, the donor's shard whose rows in ``records_<donor_id>``,
+  ``members``, ``seek_indexes`` and ``bad_records`` it reads. A dataset either
+  reads all its indexed shards this way or none.
 - ``meta`` (``shardcat_meta``; ``catalog_meta`` before version 4): key/value
   pairs; ``schema_version`` among them.
 """
@@ -77,6 +84,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -222,6 +230,38 @@ tags = Table(
     Column("created", Float, nullable=False),
     Column("record_count", BigInteger, nullable=False),
     UniqueConstraint("dataset_id", "name"),
+)
+
+# Schema version 11: shards read by reference from another dataset (see catalog/shares.py).
+shares = Table(
+    "shardcat_shares",
+    metadata,
+    Column(
+        "dataset_id",
+        Integer,
+        ForeignKey("shardcat_datasets.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "shard_id",
+        Integer,
+        ForeignKey("shardcat_shards.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("donor_id", Integer, nullable=False),
+    # (a donor's shard goes only after its readers by reference own their rows;
+    # CASCADE makes a row that missed that read nothing rather than other rows)
+    Column(
+        "donor_shard_id",
+        Integer,
+        ForeignKey("shardcat_shards.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    PrimaryKeyConstraint("donor_shard_id", "dataset_id"),
+    Index("shardcat_shares_by_dataset", "dataset_id"),
+    Index("shardcat_shares_by_donor", "donor_id"),
+    sqlite_with_rowid=False,
 )
 
 fields = Table(

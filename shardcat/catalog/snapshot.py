@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, column, create_engine, func, inspect, select, table
+from sqlalchemy import Connection, column, create_engine, func, inspect, select, table, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from shardcat.catalog import deletes, schema, tables
+from shardcat.catalog import deletes, schema, shares, tables
 from shardcat.catalog.backend import run
 from shardcat.catalog.store import Store
 from shardcat.catalog.sync import DROPPED, absolute_path, stored_path
@@ -56,8 +56,8 @@ BATCH = 20_000
 # read-only to the snapshot's connection) instead of through Python: ~10x faster.
 FAST_SQLITE = True
 _META = ("snapshot_of", "snapshot_at", "snapshot_datasets")
-_RECORD_COLUMNS = ("shard_id", "ordinal", "key", "offset", "length", "extents", "item", "crc")
-_MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents", "crc")
+_RECORD_COLUMNS = shares.RECORD_COLUMNS
+_MEMBER_COLUMNS = shares.MEMBER_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,10 @@ def _copy_dataset(
 
     cols = [*_RECORD_COLUMNS, *(f"v{int(r['idx'])}" for r in field_rows)]
     ids = [int(r["id"]) for r in shard_rows]
-    if attached is not None:  # the same rows, copied by SQLite itself
+    donor = tables.donor_of(src, dataset_id) if inspect(src).has_table("shardcat_shares") else None
+    if donor is not None:  # rows read by reference: the snapshot's copy owns them
+        n = _copy_shared(src, dst, dataset_id, donor)
+    elif attached is not None:  # the same rows, copied by SQLite itself
         n = _copy_attached(dst, records_name, cols, ids, "shard_id, ordinal")
         _copy_attached(dst, schema.members.name, _MEMBER_COLUMNS, ids, "shard_id, ordinal, name")
         version = run(
@@ -290,7 +293,8 @@ def _copy_dataset(
             )
     else:
         n = _stream_records(src, dst, records_name, cols, shard_ids)
-    _copy_shard_tables(src, dst, shard_ids)
+    if donor is None:
+        _copy_shard_tables(src, dst, shard_ids)
 
     return DatasetCopy(
         name,
@@ -349,6 +353,17 @@ def _stream(src: Connection, dst: Connection, query: Any, into: str, cols: Itera
         cursor.executemany(sql, list(map(tuple, part)))
         n += len(part)
     return n
+
+
+def _copy_shared(src: Connection, dst: Connection, dataset_id: int, donor: int) -> int:
+    """The rows dataset ``dataset_id`` reads by reference from ``donor`` (records,
+    members, seek points, bad records: :func:`shares.copies`), streamed under its
+    own shard ids; returns the records copied."""
+    counts = [
+        _stream(src, dst, text(rows), into, columns)
+        for into, columns, rows in shares.copies(src, dataset_id, donor)
+    ]
+    return counts[0]
 
 
 def _stream_records(

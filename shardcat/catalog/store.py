@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, delete
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from shardcat.catalog import datasets, deletes, schema, tables
+from shardcat.catalog import datasets, deletes, schema, shares, tables
 from shardcat.catalog import engine as engine_module
 from shardcat.catalog import tags as tagging
 from shardcat.catalog.backend import Backend, backend_for
@@ -54,6 +54,13 @@ S = TypeVar("S", bound="Store")
 
 def open_catalogs() -> list[Store]:
     return [c for c in _open if not c.closed]
+
+
+def _create_field_index(conn: Connection, dataset_id: int, name: str, field: str) -> bool:
+    """:func:`tables.create_field_index` on rows the dataset owns (a dataset reading
+    another's by reference copies them first: :mod:`~shardcat.catalog.shares`)."""
+    shares.materialize(conn, dataset_id)
+    return tables.create_field_index(conn, dataset_id, name, field)
 
 
 def check_name(name: str) -> None:
@@ -220,7 +227,7 @@ class Store:
                 self.immutable = True
                 self._watch = FileWatch(file, str(self.path))
                 return self.backend.read_version(self.reader_connection())
-        except sqlite3.DatabaseError as exc:  # not a database, corrupt
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # not a database, corrupt
             raise self.backend.open_error(exc) from None
 
     def reader_connection(self, *, snapshot: bool = False) -> ReadConnection:
@@ -442,6 +449,7 @@ class Store:
         with self._transaction() as conn:
             for tag in tagging.listed(conn, dataset_id):
                 tagging.unpin(conn, row, tag.name)
+            shares.release(conn, dataset_id, None, own=False)  # its readers by reference copy
             tables.drop_dataset_objects(conn, dataset_id, name)
             # shards, records, members, seek points and field registry rows go with it
             # (ON DELETE CASCADE; the engine turns foreign keys on)
@@ -515,7 +523,7 @@ class Store:
         it too) and goes with :meth:`drop`.
         :class:`CatalogError` for an unknown dataset or field (naming the known ones)
         and on a catalog opened read-only."""
-        return self._field_index(dataset, field, tables.create_field_index)
+        return self._field_index(dataset, field, _create_field_index)
 
     def drop_index(self, dataset: str, field: str) -> bool:
         """Drop the index :meth:`create_index` made; False when the field had none."""

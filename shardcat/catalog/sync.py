@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, select, update
 
-from shardcat.catalog import schema
+from shardcat.catalog import schema, shares
 from shardcat.catalog.backend import run
 
 __all__ = [
@@ -76,9 +76,12 @@ def bump_version(conn: Connection, dataset_id: int) -> None:
 
 
 def clear_shards(conn: Connection, dataset_id: int, shard_ids: Sequence[int]) -> None:
+    """Delete the rows of the dataset's shards ``shard_ids`` (the shard rows stay),
+    once every dataset reading them by reference owns a copy."""
     if not shard_ids:
         return
     ids = list(shard_ids)
+    shares.release(conn, dataset_id, ids)
     conn.execute(delete(schema.members).where(schema.members.c.shard_id.in_(ids)))
     conn.execute(delete(schema.seek_indexes).where(schema.seek_indexes.c.shard_id.in_(ids)))
     conn.execute(delete(schema.bad_records).where(schema.bad_records.c.shard_id.in_(ids)))

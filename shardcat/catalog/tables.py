@@ -41,12 +41,14 @@ from sqlalchemy import Connection, select
 
 from shardcat.catalog import schema
 from shardcat.catalog.backend import dialect_of, run
+from shardcat.catalog.lookup import records_source
 from shardcat.errors import CatalogError
 
 __all__ = [
     "create_field_index",
     "create_key_index",
     "create_records_table",
+    "donor_of",
     "drop_dataset_objects",
     "drop_field_index",
     "drop_key_index",
@@ -153,32 +155,49 @@ def ensure_field_columns(
 
 
 def create_view(
-    conn: Connection, dataset_id: int, dataset_name: str, *, live: bool | None = None
+    conn: Connection,
+    dataset_id: int,
+    dataset_name: str,
+    *,
+    live: bool | None = None,
+    shared: bool = True,
 ) -> None:
     """(Re)create the view named after the dataset (see the module docstring); a
     dataset ingested without fields shows none; while it has soft-deleted keys
     (schema version 9) the view leaves them out (``live``: whether to; None: look
-    whether it has any; False for catalogs before version 9)."""
+    whether it has any; False for catalogs before version 9). ``shared``: False
+    for catalogs before version 11, where every dataset reads its own rows."""
     q = _quote(conn, dataset_name)
     run(conn, f"DROP VIEW IF EXISTS {q}")
     if live is None:
         d = schema.deleted
         found = conn.execute(select(d.c.key).where(d.c.dataset_id == dataset_id).limit(1))
         live = found.first() is not None
-    run(conn, f"CREATE VIEW {q} AS {view_select(conn, dataset_id, live=live)}")
+    select_sql = view_select(conn, dataset_id, live=live, shared=shared)
+    run(conn, f"CREATE VIEW {q} AS {select_sql}")
 
 
-def view_select(conn: Connection, dataset_id: int, *, live: bool) -> str:
-    """The SELECT of the dataset's view; ``live``: without its soft-deleted keys."""
+def donor_of(conn: Connection, dataset_id: int) -> int | None:
+    """The dataset whose records dataset ``dataset_id`` reads by reference (None: its
+    own; see :mod:`~shardcat.catalog.shares`)."""
+    x = schema.shares
+    found = conn.execute(select(x.c.donor_id).where(x.c.dataset_id == dataset_id).limit(1))
+    return found.scalar()
+
+
+def view_select(conn: Connection, dataset_id: int, *, live: bool, shared: bool = True) -> str:
+    """The SELECT of the dataset's view; ``live``: without its soft-deleted keys. A
+    dataset reading another's rows by reference selects them from the donor's table
+    (:func:`~shardcat.catalog.lookup.records_source`)."""
     d = schema.datasets
     row = conn.execute(select(d.c.key_rule, d.c.options).where(d.c.id == dataset_id)).one()
     with_fields = json.loads(row.options).get("fields", True)
-    cols = "".join(
-        f", r.v{idx} AS {_quote(conn, col)}"
-        for col, _, idx in (field_columns(conn, dataset_id).values() if with_fields else ())
-    )
+    shown = field_columns(conn, dataset_id).values() if with_fields else ()
+    cols = "".join(f", r.v{idx} AS {_quote(conn, col)}" for col, _, idx in shown)
     shard = "FROM shardcat_shards s WHERE s.id = r.shard_id)"
     position = f"(SELECT s.first_position {shard} + r.ordinal"
+    donor = donor_of(conn, dataset_id) if shared else None
+    source = records_source(dataset_id, donor, [f"v{idx}" for _, _, idx in shown])
     key = f"CAST({position} AS TEXT)" if row.key_rule == "position" else "r.key"
     where = (
         " WHERE NOT EXISTS (SELECT 1 FROM shardcat_deleted x "
@@ -189,7 +208,7 @@ def view_select(conn: Connection, dataset_id: int, *, live: bool) -> str:
     return (
         f"SELECT {key} AS key, {position} AS position, "
         f"(SELECT s.path {shard} AS shard{cols} "
-        f"FROM {_quote(conn, schema.records_table_name(dataset_id))} r{where}"
+        f"FROM {source} r{where}"
     )
 
 

@@ -186,9 +186,18 @@ def _pin_shards(conn: Connection, live_id: int, pinned_id: int) -> dict[int, int
 
 
 def _pin_records(conn: Connection, live_id: int, pinned_id: int, shards: dict[int, int]) -> None:
-    """The pinned shards' records (field columns included), members and seek points;
-    the key index is built after the rows are in (a sort)."""
+    """The pinned shards' records (field columns included), members and seek points
+    (of a dataset reading another's rows by reference, those rows:
+    :mod:`~shardcat.catalog.shares`); the key index is built after the rows are in
+    (a sort)."""
     tables.create_records_table(conn, pinned_id, key_index=False)
+    donor = tables.donor_of(conn, live_id)
+    x = schema.shares  # live shard -> the donor's shard its rows are under
+    read_from = dict(
+        conn.execute(
+            select(x.c.shard_id, x.c.donor_shard_id).where(x.c.dataset_id == live_id)
+        ).all()
+    )
     f = schema.fields
     registry = conn.execute(select(f).where(f.c.dataset_id == live_id)).mappings().all()
     table = f'"{schema.records_table_name(pinned_id)}"'
@@ -200,7 +209,7 @@ def _pin_records(conn: Connection, live_id: int, pinned_id: int, shards: dict[in
     names = ", ".join(records)
     into_records = (
         f"INSERT INTO {table} (shard_id, {names}) SELECT ?, {names} "
-        f'FROM "{schema.records_table_name(live_id)}" WHERE shard_id = ?'
+        f'FROM "{schema.records_table_name(donor or live_id)}" WHERE shard_id = ?'
     )
     members = ", ".join(_MEMBER_COLUMNS)
     into_members = (
@@ -213,7 +222,7 @@ def _pin_records(conn: Connection, live_id: int, pinned_id: int, shards: dict[in
     )
     for live_shard, pinned_shard in shards.items():
         for sql in (into_records, into_members, into_seek):
-            run(conn, sql, (pinned_shard, live_shard))
+            run(conn, sql, (pinned_shard, read_from.get(live_shard, live_shard)))
     tables.create_key_index(conn, pinned_id)
 
 

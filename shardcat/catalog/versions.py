@@ -40,7 +40,7 @@ __all__ = [
     "upgrade",
 ]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 # Where catalogs before version 4 (no ``shardcat_`` prefix) kept their version.

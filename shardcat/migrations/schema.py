@@ -171,7 +171,8 @@ def _records_per_dataset(conn: Connection) -> None:
         conn.execute(text(f"DROP TABLE IF EXISTS {old_fields}"))
     conn.execute(text("DROP TABLE shardcat_records"))
     for dataset_id, name in datasets:
-        tables.create_view(conn, dataset_id, name, live=False)  # (no deletes before 9)
+        # (no deletes before 9, no shares before 11)
+        tables.create_view(conn, dataset_id, name, live=False, shared=False)
 
 
 def _add_checks(conn: Connection) -> None:
@@ -207,6 +208,12 @@ def _add_tags(conn: Connection) -> None:
     schema.tags.create(conn, checkfirst=True)  # (a test may fake an older version)
 
 
+def _add_shares(conn: Connection) -> None:
+    """10 -> 11: the ``shardcat_shares`` table (shards a dataset reads by reference
+    from another). Earlier versions copied such rows: empty, views as they are."""
+    schema.shares.create(conn, checkfirst=True)  # (a test may fake an older version)
+
+
 # STEPS[n] upgrades a catalog from version n to n + 1.
 STEPS: dict[int, Step] = {
     1: _add_seek_indexes,
@@ -218,6 +225,7 @@ STEPS: dict[int, Step] = {
     7: _add_bad_records,
     8: _add_deleted,
     9: _add_tags,
+    10: _add_shares,
 }
 
 

@@ -185,9 +185,6 @@ class DatasetView:
         self._fmt = get_format(self.format)
         self._parts: bool = self._fmt.PARTS
         self._one_range: bool = self._fmt.ONE_RANGE
-        batch = catalog.backend.dialect.batch_items
-        self._sql = lookup.statements(self._id, self._one_range, self._parts, batch)
-        self._at = self._sql.offset  # where a record row's location starts
         self._by_position = self.key_rule == "position"
         #: records found by key with the shortest lookup (one range, no parts)
         self._plain_kind = self._one_range and not self._parts and not self._by_position
@@ -197,14 +194,11 @@ class DatasetView:
         self.native_dicts = hot.example_dict if examples and hot.available() else None
         self._native_rows = self.native_dicts is not None  # batches read by hot.read_rows
         #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
-        self._hot = (
-            hot.HotLookups(self._sql.one)
-            if self._plain
-            and examples
-            and catalog.backend.dialect.native_lookups
-            and hot.available()
-            else None
+        self._hot_kind = (
+            self._plain and examples and catalog.backend.dialect.native_lookups and hot.available()
         )
+        self._hot: hot.HotLookups | None = None
+        self._read_from(None)
         self._files_only = False  # every shard a plain local file (set with the shards)
         self.refresh()
 
@@ -288,13 +282,29 @@ class DatasetView:
         self._conn()
         return self._version != before
 
+    def _read_from(self, donor: int | None) -> None:
+        """The statements over the records the dataset reads: its own, or ``donor``'s
+        by reference (see :mod:`~shardcat.catalog.shares`; a copy of its own may
+        replace them: the version moves, and :meth:`_load_shards` comes here again)."""
+        self._donor = donor
+        batch = self.catalog.backend.dialect.batch_items
+        self._sql = lookup.statements(self._id, self._one_range, self._parts, batch, donor)
+        self._at = self._sql.offset  # where a record row's location starts
+        if self._hot is not None:
+            self._hot.clear()
+        self._hot = hot.HotLookups(self._sql.one) if self._hot_kind else None
+
     def _load_shards(self, conn: ReadConnection, version: int) -> None:
         directory = self.catalog.directory
+        rows = lookup.shards(conn, self._id)
+        donor = rows[0][11] if rows else None  # (all its shards, or none: see _read_from)
+        if donor != self._donor:
+            self._read_from(donor)
         shards = {
             r[0]: _Shard(
-                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:])
+                r[0], absolute_path(r[1], directory), r[2], r[3], r[4], r[5], Identity(*r[6:11])
             )
-            for r in lookup.shards(conn, self._id)
+            for r in rows
         }
         self._pool.keep(
             {i: s.generation for i, s in shards.items()},
@@ -316,7 +326,8 @@ class DatasetView:
         position ``p`` is stored position ``p + bisect_right(_skip, p)``, where
         ``_skip[i]`` is ``_dead[i] - i`` (the live records before the i-th dead one).
         One query returning nothing for a dataset without deletes."""
-        rows = conn.execute(DELETED_AT.format(id=int(self._id)), (self._id,)).fetchall()
+        records = lookup.records_source(self._id, self._donor)
+        rows = conn.execute(DELETED_AT.format(records=records), (self._id,)).fetchall()
         self._deleted = frozenset(str(r[2]) for r in rows)
         self._dead = sorted(self._shards[r[0]].first + r[1] for r in rows if r[0] in self._shards)
         self._skip = [d - i for i, d in enumerate(self._dead)]
@@ -352,7 +363,8 @@ class DatasetView:
     def _native(self, key: Any, feature: str | None) -> Any:
         """The native read by key (:mod:`shardcat.readers.hot`): ``AGAIN`` (left to the
         Python path), None (no such key), the payload or ``feature``'s first value."""
-        lookup = self._hot.lookup(self._conn()) if self._hot is not None else None
+        conn = self._conn()  # (first: it may change the statements, see _read_from)
+        lookup = self._hot.lookup(conn) if self._hot is not None else None
         if lookup is None or not self._files_only:
             return AGAIN
         key = key if type(key) is str else str(key)
