@@ -1,7 +1,8 @@
-"""``shardcat.ray.read_dataset`` vs Ray Data's own readers on the same shards, side by side.
+"""``shardcat.ray.read_dataset`` vs Ray Data's own readers, and Ray ingest vs local
+ingest, on the same shards, side by side.
 
 ``python -m benchmarks.ray_bench [--samples 20000] [--shards 8] [--image-bytes 4000]
-[--repeats 3] [--cpus 2] [--quick]``
+[--repeats 3] [--cpus 2] [--only read|ingest] [--quick]``
 
 Data (written to a temporary directory each run): the same samples as WebDataset
 tar shards (``<key>.jpg`` random bytes + ``<key>.cls``, the class ``n % 100``) and
@@ -21,6 +22,12 @@ small object store). Each contender reads every row of its dataset through
 
 Ratios are shardcat time / Ray time (below 1: shardcat is faster); rows/s are
 printed for each.
+
+Ingest (``--only ingest``): the TFRecord shards ingested into a new SQLite catalog
+each time, by ``Catalog.ingest(..., workers=2)`` (forked workers here) and by
+``engine="ray"`` on a local cluster of ``--cpus`` worker nodes of one CPU each
+(a head without CPUs: ``shardcat.testing.ray.local_cluster``), round-robin, the
+median kept; the ratio is Ray time / local time (above 1: Ray costs more).
 """
 
 from __future__ import annotations
@@ -109,6 +116,54 @@ PAIRS = [
 ]
 
 
+def run_ingest(args: argparse.Namespace) -> None:
+    """Ray ingest vs local ingest (2 workers) of the TFRecord shards, side by side."""
+    from shardcat.testing.ray import ClusterSpec, local_cluster
+
+    with tempfile.TemporaryDirectory(prefix="shardcat-ray-ingest-") as tmp:
+        root = Path(tmp)
+        write_data(root, args.samples, args.shards, args.image_bytes)
+        pattern = str(root / "tf" / "*.tfrecord")
+        made = iter(range(1_000_000))
+
+        def ingest(**how: Any) -> int:
+            catalog = root / f"cat-{next(made)}.sqlite"
+            with Catalog(catalog) as cat:
+                reader = cat.ingest(pattern, "train", **how)
+                count = len(reader)
+                reader.close()
+            catalog.unlink()
+            return count
+
+        runs: dict[str, Callable[[], int]] = {
+            "local workers=2": lambda: ingest(workers=2),
+            f"ray {args.cpus} nodes": lambda: ingest(engine="ray"),
+        }
+        with local_cluster(ClusterSpec(workers=args.cpus, head_cpus=0)):
+            rows = {name: fn() for name, fn in runs.items()}  # warm-up (Ray's workers start)
+            times = round_robin_times(runs, args.repeats, rotate=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    local, ray_ = runs
+    print(
+        f"\ningest of {args.samples:,} TFRecord records ({args.image_bytes:,}-byte jpg) in "
+        f"{args.shards} shards into SQLite, median of {args.repeats}\n"
+    )
+    print_table(
+        ("local", "s", "records/s", "Ray", "s", "records/s", "time ratio Ray / local"),
+        [
+            (
+                local,
+                f"{medians[local]:.2f}",
+                f"{rows[local] / medians[local]:,.0f}",
+                ray_,
+                f"{medians[ray_]:.2f}",
+                f"{rows[ray_] / medians[ray_]:,.0f}",
+                f"{medians[ray_] / medians[local]:.2f}",
+            )
+        ],
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     import ray
     import ray.data
@@ -169,12 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-bytes", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
+    parser.add_argument("--only", choices=("read", "ingest"), help="one half (default: both)")
     parser.add_argument("--quick", action="store_true", help="4,000 samples, 2 repeats")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.repeats = 4_000, 2
     start = time.perf_counter()
-    run(args)
+    if args.only != "ingest":
+        run(args)
+    if args.only != "read":
+        run_ingest(args)
     print(f"({time.perf_counter() - start:.0f} s in all)")
     return 0
 

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcat.catalog.processes import end_with_parent, stopping_on_signals
+from shardcat.catalog.processes import (
+    end_with_parent,
+    stopping_on_signals,
+    worker_start_method,
+)
 from shardcat.errors import CatalogError, CorruptRecordError, DuplicateKeyError, ShardcatError
 from shardcat.formats import tar as tar_format
 from shardcat.formats import tfrecord
@@ -229,7 +233,7 @@ def convert_tars(
     if workers > 1 and len(jobs) > 1:
         with (
             stopping_on_signals(),  # SIGTERM/SIGHUP stop the workers (and their children)
-            multiprocessing.get_context("fork").Pool(
+            multiprocessing.get_context(worker_start_method()).Pool(
                 min(workers, len(jobs)), initializer=end_with_parent, initargs=(os.getpid(),)
             ) as pool,
         ):

@@ -12,6 +12,7 @@ from sqlalchemy import text
 import shardcat.catalog.sqlite as sqlite_backend
 from shardcat import Catalog, TFRecordWriter, make_example
 from shardcat.catalog.backend import make_engine
+from shardcat.catalog.processes import START_METHOD_ENV
 
 
 def _shards(directory: Path, count: int) -> str:
@@ -109,6 +110,7 @@ def test_each_worker_claims_its_next_shard_right_after_its_commit(
         note("claim" if claimed is not None else "none")
         return claimed
 
+    monkeypatch.setenv(START_METHOD_ENV, "fork")  # (forked even after Ray in this process)
     monkeypatch.setattr(commit, "commit_shard", commit_shard)  # the forked workers inherit it
     monkeypatch.setattr(claims, "claim_next", claim_next)
     pattern = _shards(tmp_path / "ds", 6)
@@ -137,6 +139,7 @@ def test_a_worker_s_error_reaches_the_caller_and_the_next_ingest_finishes(
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("commit exploded")
 
+    monkeypatch.setenv(START_METHOD_ENV, "fork")  # the forked workers inherit failing
     monkeypatch.setattr(commit, "commit_shard", failing)
     pattern = _shards(tmp_path / "ds", 4)
     with Catalog(tmp_path / "c.sqlite") as cat:

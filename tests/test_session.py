@@ -151,3 +151,67 @@ def test_reader_holds_a_read_only_handle(tmp_path: Path) -> None:
         assert copy.catalog.closed and not cat.closed
         reader.refresh()
         assert len(reader) == 7
+
+
+def test_a_retried_task_takes_over_its_earlier_attempt_and_that_attempt_cannot_commit(
+    tmp_path: Path,
+) -> None:
+    """A Ray task attempt claims as ``host:pid:start:tag``: a retry of the same task
+    takes over the earlier attempt's claim at once, even one from another host
+    (whose lease is ten minutes); the earlier attempt, should it still run, commits
+    nothing; another task's or another ingest's tag takes nothing over."""
+    import time
+
+    from shardcat.catalog.processes import holder, is_dead, tag_of
+
+    pattern = _shards(tmp_path / "ds", 2)
+    catalog = tmp_path / "c.sqlite"
+    with Catalog(catalog) as cat:
+        cat.ingest(pattern, "d").close()
+        job = _job(cat, "d")
+        with sqlite3.connect(catalog) as conn:  # the first attempt, on a lost host
+            (sid,) = conn.execute(
+                "SELECT id FROM shardcat_shards WHERE path LIKE '%part-0%'"
+            ).fetchone()
+            earlier = f"gone-host:4242:99:ray-run1-{sid}-aaaa"
+            conn.execute("UPDATE shardcat_shards SET state = 'pending'")
+            conn.execute(
+                "UPDATE shardcat_shards SET state = 'indexing', claim_owner = ?, claimed_at = ? "
+                "WHERE id = ?",
+                (earlier, time.time(), sid),
+            )
+        stored = "ds/part-0.tfrecord"
+        with IngestSession(job, tag=f"ray-run1-{sid}-bbbb") as retry:
+            assert (
+                retry.owner.endswith(f":ray-run1-{sid}-bbbb")
+                and tag_of(retry.owner) == f"ray-run1-{sid}-bbbb"
+            )
+            assert not is_dead(retry.owner, time.time(), 600.0)  # the tag is not the start time
+            assert holder(earlier) == "gone-host:4242"
+            assert retry.claim(only={stored}) is None  # without retry_of: the lease holds
+            assert retry.claim(only={stored}, retry_of=f"ray-run1-{sid + 10}-") is None
+            assert retry.claim(only={stored}, retry_of=f"ray-run2-{sid}-") is None
+            claimed = retry.claim(only={stored}, retry_of=f"ray-run1-{sid}-")
+            assert claimed is not None and claimed.owner == retry.owner
+            path = str(tmp_path / stored)
+            zombie = ClaimedShard(sid, stored, earlier)
+            assert retry.commit(zombie, _version(path, job.options)) is None
+            assert _states(catalog)[0][1] == "indexing"
+            assert retry.commit(claimed, _version(path, job.options)) == (3, 0)
+            assert retry.commit(claimed, _version(path, job.options)) is None  # once only
+        assert _states(catalog) == [
+            ("ds/part-0.tfrecord", "ready", None, 3),
+            ("ds/part-1.tfrecord", "pending", None, 3),
+        ]
+        # a stopped Ray ingest gives back its tasks' claims, on any host
+        with sqlite3.connect(catalog) as conn:
+            conn.execute(
+                "UPDATE shardcat_shards SET state = 'indexing', claim_owner = ?, claimed_at = ? "
+                "WHERE path = 'ds/part-1.tfrecord'",
+                ("gone-host:1:1:ray-run3-9-cccc", time.time()),
+            )
+        with IngestSession(job) as driver:
+            driver.give_back(tagged="ray-run1-")
+            assert _states(catalog)[1][1] == "indexing"
+            driver.give_back(tagged="ray-run3-")
+            assert _states(catalog)[1][1] == "pending"

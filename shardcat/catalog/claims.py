@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, func, select, update
 from shardcat.catalog import schema
 from shardcat.catalog.backend import dialect_of
 from shardcat.catalog.engine import BUSY_TIMEOUT_MS
-from shardcat.catalog.processes import holder, is_dead, owner_id
+from shardcat.catalog.processes import holder, is_dead, owner_id, tag_of
 from shardcat.catalog.sync import bump_version, clear_shards, note_dropped, recompute_positions
 from shardcat.errors import CatalogError, Hint, ShardcatWarning
 
@@ -42,6 +42,7 @@ __all__ = [
     "held_by_others",
     "open_shards",
     "owner_id",
+    "pending_shards",
     "release",
     "still_mine",
 ]
@@ -68,10 +69,15 @@ def claim_next(
     lease: float,
     owner: str,
     only: Container[str] | None = None,
+    retry_of: str | None = None,
 ) -> ClaimedShard | None:
     """Claim a pending shard (or one whose claimer died); None when there is none.
 
-    ``only``: claim only shards whose stored path is in it.
+    ``only``: claim only shards whose stored path is in it. ``retry_of``: a claim
+    whose owner's tag (:func:`~shardcat.catalog.processes.tag_of`) starts with it is
+    taken over too: an earlier attempt of the same task, which the scheduler (Ray)
+    retries only once it holds that attempt lost; should the attempt still run, its
+    commit finds the claim gone (:func:`still_mine`).
     """
     s = schema.shards
     with engine.connect().execution_options(claim=True) as conn, conn.begin():
@@ -83,7 +89,8 @@ def claim_next(
         for r in rows:
             if only is not None and r.path not in only:
                 continue
-            if r.state == "pending" or is_dead(r.claim_owner, r.claimed_at, lease):
+            retried = retry_of is not None and tag_of(r.claim_owner).startswith(retry_of)
+            if r.state == "pending" or retried or is_dead(r.claim_owner, r.claimed_at, lease):
                 # Lock the row as it was read, skipping it when another process holds it
                 # (a server catalog; a SQLite file has one writer at a time anyway).
                 taken = conn.execute(
@@ -109,25 +116,27 @@ def claim_next(
 
 
 def still_mine(conn: Connection, shard: ClaimedShard) -> bool:
-    """Whether ``shard`` is still being indexed under this claim (in ``conn``'s transaction)."""
+    """Whether ``shard`` is still being indexed under this claim (in ``conn``'s
+    transaction; the row stays locked until it ends, so on a server catalog no claim
+    taken over meanwhile lets a commit through)."""
     s = schema.shards
     current = conn.execute(
-        select(s.c.claim_owner, s.c.state).where(s.c.id == shard.id)
+        select(s.c.claim_owner, s.c.state).where(s.c.id == shard.id).with_for_update()
     ).one_or_none()
     return (
         current is not None and current.state == "indexing" and current.claim_owner == shard.owner
     )
 
 
-def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str | None) -> None:
-    """End this process's claim on a shard (if it still owns it): back to ``pending``,
-    or with ``failed`` (the error), ``failed`` without records: the indexed version's
-    records describe bytes the file no longer holds."""
+def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str | None) -> bool:
+    """End this process's claim on a shard (if it still owns it: else False): back to
+    ``pending``, or with ``failed`` (the error), ``failed`` without records: the
+    indexed version's records describe bytes the file no longer holds."""
     s = schema.shards
     shard_id = shard.id
     with engine.begin() as conn:
         if not still_mine(conn, shard):
-            return
+            return False
         values: dict[str, Any] = {"claim_owner": None, "claimed_at": None}
         if failed is None:
             values["state"] = "pending"
@@ -139,13 +148,21 @@ def release(engine: Engine, dataset_id: int, shard: ClaimedShard, *, failed: str
         if failed is not None:
             bump_version(conn, dataset_id)
             recompute_positions(conn, dataset_id)
+    return True
 
 
-def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BACK_WAIT) -> None:
+def give_back(
+    engine: Engine,
+    dataset_id: int,
+    owner: str,
+    wait: float = GIVE_BACK_WAIT,
+    tagged: str | None = None,
+) -> None:
     """The claims a stopped ingest leaves back to ``pending``: those ``owner`` holds
     and those of its workers, gone by now (every claim of a dead process on this
-    host). Waits at most ``wait`` seconds for the write lock (SQLite), then leaves
-    them: a dead process's claim is taken over at once anyway."""
+    host), and those whose owner's tag starts with ``tagged`` (its Ray tasks, on
+    any host). Waits at most ``wait`` seconds for the write lock (SQLite), then
+    leaves them: a dead process's claim is taken over at once anyway."""
     s = schema.shards
     with engine.connect() as conn:
         dialect = dialect_of(conn)
@@ -159,7 +176,9 @@ def give_back(engine: Engine, dataset_id: int, owner: str, wait: float = GIVE_BA
             ids = [
                 r.id
                 for r in rows
-                if r.claim_owner == owner or is_dead(r.claim_owner, r.claimed_at, math.inf)
+                if r.claim_owner == owner
+                or is_dead(r.claim_owner, r.claimed_at, math.inf)
+                or (tagged is not None and tag_of(r.claim_owner).startswith(tagged))
             ]
             if ids:
                 conn.execute(
@@ -181,6 +200,18 @@ def open_shards(engine: Engine, dataset_id: int) -> int:
                 )
             ).scalar_one()
         )
+
+
+def pending_shards(engine: Engine, dataset_id: int) -> list[tuple[int, str]]:
+    """The (id, stored path) of each shard still pending or being indexed, by path."""
+    s = schema.shards
+    with engine.connect().execution_options(immediate=False) as conn:
+        rows = conn.execute(
+            select(s.c.id, s.c.path)
+            .where(s.c.dataset_id == dataset_id, s.c.state.in_(("pending", "indexing")))
+            .order_by(s.c.path)
+        ).all()
+    return [(r.id, r.path) for r in rows]
 
 
 def held_by_others(engine: Engine, dataset_id: int, lease: float) -> dict[str, int]:

@@ -35,17 +35,21 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "START_METHOD_ENV",
     "STOP_SIGNALS",
     "Stopped",
     "TurnLock",
     "alive",
     "end_with_parent",
+    "fork_hazards",
     "holder",
     "interruption",
     "is_dead",
     "owner_id",
     "stopping_on_signals",
     "stops_held",
+    "tag_of",
+    "worker_start_method",
 ]
 
 _UNKNOWN = ("?", "")  # no /proc (start time not known), or an owner written without one
@@ -72,10 +76,19 @@ def owner_id() -> str:
 
 
 def _parse(owner: str) -> tuple[str, int | None, str]:
-    """(host, pid or None when unreadable, start time) of an owner string."""
+    """(host, pid or None when unreadable, start time) of an owner string (a
+    :func:`tag_of` after them is left out)."""
     host, _, rest = owner.partition(":")
-    pid_text, _, started = rest.partition(":")
+    pid_text, _, rest = rest.partition(":")
+    started = rest.partition(":")[0]
     return host, int(pid_text) if pid_text.isdigit() else None, started
+
+
+def tag_of(owner: str | None) -> str:
+    """What follows ``host:pid:start-time`` in an owner (``host:pid:start-time:tag``),
+    else ``""``: one task attempt of a Ray ingest names itself there, as one process
+    runs many attempts (see :mod:`shardcat.facade.ray_ingest`)."""
+    return (owner or "").split(":", 3)[3] if (owner or "").count(":") >= 3 else ""
 
 
 def _local_is_dead(pid: int, started: str) -> bool:
@@ -258,29 +271,89 @@ def _parent_death_signal(signum: int) -> bool:
         return False
 
 
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
+def _watch_parent(parent: int, started: str) -> None:
+    while not _local_is_dead(parent, started):
         time.sleep(_WATCH_SECONDS)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def end_with_parent(parent: int) -> None:
-    """In a worker forked by process ``parent``: SIGINT, SIGTERM and SIGHUP end it
+    """In a worker started by process ``parent``: SIGINT, SIGTERM and SIGHUP end it
     with ``SystemExit`` (128 + the signal: its cleanups run, no traceback; the
     parent gives its claims back; a signal the parent ignored stays ignored), and
     so does the end of its parent, however it ended (SIGKILL too): Linux sends
-    SIGTERM then (``PR_SET_PDEATHSIG``), elsewhere a thread watching the parent's
-    pid does. A parent gone already ends it at once."""
+    SIGTERM then (``PR_SET_PDEATHSIG``) to a forked worker; elsewhere, and in a
+    worker a fork server started (whose parent is that server), a thread watching
+    the parent's pid does. A parent gone already ends it at once."""
     for sig in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup, background jobs: kept
             signal.signal(sig, _exit_on)
-    if not _parent_death_signal(signal.SIGTERM):
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    started = _proc_stat(parent)[1]
+    if not (os.getppid() == parent and _parent_death_signal(signal.SIGTERM)):
+        threading.Thread(target=_watch_parent, args=(parent, started), daemon=True).start()
     _holding.depth = 0  # (forked while its parent held stops)
     if _held:  # stopped already, between the fork and here
         raise SystemExit(128 + _held[-1])
-    if os.getppid() != parent:
+    if _local_is_dead(parent, started):
         raise SystemExit(128 + signal.SIGTERM)
+
+
+def fork_hazards() -> list[str]:
+    """What makes forking this process unsafe, named (empty: it is safe). A fork
+    copies the calling thread only, with every lock the others held at that moment:
+    Python threads other than the caller (but :func:`_fork_aware` ones), Ray
+    (initialized, or left behind by ``ray.shutdown()``: its gRPC threads keep
+    running) and gRPC's threads, whose state a child must not use."""
+    me = threading.current_thread()
+    found = sorted(
+        t.name for t in threading.enumerate() if t is not me and t.is_alive() and not _fork_aware(t)
+    )
+    hazards = [f"threads {', '.join(found)}"] if found else []
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", bool)():
+        hazards.append("Ray is initialized")
+    if any(name.startswith("grpc") for name in _native_thread_names()):
+        hazards.append("gRPC's threads run (Ray, after ray.shutdown() too)")
+    return hazards
+
+
+def _native_thread_names() -> list[str]:
+    """The kernel's name of each thread of this process (none where /proc is missing)."""
+    names = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+    return names
+
+
+def _fork_aware(thread: threading.Thread) -> bool:
+    """Whether a thread is no fork hazard: shardcat's own idle pools (named
+    ``shardcat-...``), fsspec's IO loop (``fsspecIO``: fsspec replaces it in a
+    forked child) and rich's refresh of the CLI's progress bar (it only redraws
+    that bar, which no worker touches)."""
+    return (
+        thread.name.startswith(("shardcat", "fsspecIO")) or type(thread).__module__ == "rich.live"
+    )
+
+
+#: names how shardcat starts its worker processes: ``fork`` or ``forkserver``
+#: (unset: ``fork`` when that is safe: see :func:`worker_start_method`)
+START_METHOD_ENV = "SHARDCAT_WORKER_START"
+
+
+def worker_start_method() -> str:
+    """How shardcat starts its worker processes here: ``fork`` (fast: nothing to
+    import or pickle) when that is safe (see :func:`fork_hazards`), else
+    ``forkserver`` (each worker forked from a clean server process: a script must
+    then guard its main code with ``if __name__ == "__main__":``);
+    ``$SHARDCAT_WORKER_START`` chooses instead."""
+    chosen = os.environ.get(START_METHOD_ENV)
+    if chosen is None:
+        return "forkserver" if fork_hazards() else "fork"
+    if chosen not in ("fork", "forkserver"):
+        raise ValueError(f"${START_METHOD_ENV} must be fork or forkserver, not {chosen!r}")
+    return chosen
 
 
 class TurnLock:
@@ -307,3 +380,15 @@ class TurnLock:
 
     def close(self) -> None:
         self._file.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """For a worker a fork server starts: its own descriptor of the same file."""
+        from multiprocessing.reduction import DupFd
+
+        return (_turn_lock_on, (DupFd(self._file.fileno()),))
+
+
+def _turn_lock_on(fd: Any) -> TurnLock:
+    lock = TurnLock.__new__(TurnLock)
+    lock._file = os.fdopen(fd.detach(), "r+b")
+    return lock

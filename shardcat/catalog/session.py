@@ -45,11 +45,14 @@ class IngestSession:
 
     ``turns``: the lock the forked workers of one ingest share (None: this process
     writes alone, or on a server catalog, which takes concurrent writers).
+    ``tag``: added to this process's owner id (``host:pid:start-time:tag``): one
+    attempt of a Ray task names itself so (see :meth:`claim`'s ``retry_of``).
     """
 
-    def __init__(self, job: IngestJob, *, turns: Any = None) -> None:
+    def __init__(self, job: IngestJob, *, turns: Any = None, tag: str = "") -> None:
         self.job = job
-        self.owner = owner_id()
+        self._tag = f":{tag}" if tag else ""
+        self.owner = owner_id() + self._tag
         self._turns = turns
         self._engine: Engine | None = None
         self._born = fork_generation()
@@ -61,7 +64,7 @@ class IngestSession:
         """The engine keeping this process's one connection (opened on first use)."""
         if self._engine is None or self._born != fork_generation():
             if self._born != fork_generation():  # a forked child claims as itself
-                self.owner, self._born = owner_id(), fork_generation()
+                self.owner, self._born = owner_id() + self._tag, fork_generation()
             self._engine = make_engine(self.job.catalog, keep_connection=True)
             _open.add(self)
         return self._engine
@@ -94,12 +97,18 @@ class IngestSession:
 
     # -- one shard ----------------------------------------------------------------
 
-    def claim(self, only: Container[str] | None = None) -> ClaimedShard | None:
+    def claim(
+        self, only: Container[str] | None = None, retry_of: str | None = None
+    ) -> ClaimedShard | None:
         """Claim a pending shard (or one whose claimer died); None when there is none.
-        ``only``: only shards whose stored path is in it. Not in a :meth:`turn` by
+        ``only``: only shards whose stored path is in it; ``retry_of``: also take over
+        the claim of an earlier attempt of this task (see
+        :func:`~shardcat.catalog.claims.claim_next`). Not in a :meth:`turn` by
         itself: the caller takes one (or claims in :meth:`commit`'s ``then``)."""
         job = self.job
-        return claims.claim_next(self.engine, job.dataset_id, job.lease, self.owner, only=only)
+        return claims.claim_next(
+            self.engine, job.dataset_id, job.lease, self.owner, only=only, retry_of=retry_of
+        )
 
     def commit(
         self,
@@ -123,9 +132,10 @@ class IngestSession:
                     then()
         return counts
 
-    def fail(self, shard: ClaimedShard, message: str) -> None:
-        """End the claim with the shard ``failed`` (``message``), without records."""
-        claims.release(self.engine, self.job.dataset_id, shard, failed=message)
+    def fail(self, shard: ClaimedShard, message: str) -> bool:
+        """End the claim with the shard ``failed`` (``message``), without records;
+        False when the claim was no longer ``shard``'s (taken over)."""
+        return claims.release(self.engine, self.job.dataset_id, shard, failed=message)
 
     def release(self, shard: ClaimedShard) -> None:
         """Give the claimed shard back (``pending``), for this or another process."""
@@ -146,9 +156,14 @@ class IngestSession:
 
         return Waiting(held, timeout)
 
-    def give_back(self) -> None:
-        """Give back the claims of this process and of its workers (gone by now)."""
-        claims.give_back(self.engine, self.job.dataset_id, self.owner)
+    def give_back(self, tagged: str | None = None) -> None:
+        """Give back the claims of this process and of its workers (gone by now), and
+        those whose owner's tag starts with ``tagged`` (an ingest's Ray tasks)."""
+        claims.give_back(self.engine, self.job.dataset_id, self.owner, tagged=tagged)
+
+    def pending_shards(self) -> list[tuple[int, str]]:
+        """The (id, stored path) of each shard still pending or being indexed."""
+        return claims.pending_shards(self.engine, self.job.dataset_id)
 
     def defer_key_index(self) -> None:
         """Drop the key index of a dataset without records (see

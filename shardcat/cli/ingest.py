@@ -81,6 +81,23 @@ WaitTimeoutOpt = Annotated[
         "indexing (default: wait; the wait names them).",
     ),
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Where shards are scanned: local (worker processes here) or ray (tasks "
+        "spread over a Ray cluster's nodes; needs shardcat[ray]).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="With --engine ray: the cluster to connect to (default: Ray's usual "
+        "discovery: $RAY_ADDRESS, a cluster started on this host, else a new local one).",
+    ),
+]
 OldStorageOpt = Annotated[list[str] | None, typer.Option("-o", hidden=True, metavar="KEY=VALUE")]
 MkdirOpt = Annotated[
     bool, typer.Option("--mkdir", help="Create the catalog's directory when missing.")
@@ -103,6 +120,8 @@ def ingest(
     grouping: GroupingOpt = None,
     wait_timeout: WaitTimeoutOpt = None,
     storage_option: StorageOpt = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
     old_storage_option: OldStorageOpt = None,
     mkdir: MkdirOpt = False,
     json: JsonOpt = False,
@@ -116,6 +135,8 @@ def ingest(
     $SHARDCAT_CATALOG, else ./shardcat.sqlite) is created if it does not exist.
     Interrupted (Ctrl-C, SIGTERM, SIGHUP: exit code 130, 143, 129), the same
     command run again finishes the work; workers always end with it.
+    --engine ray runs each shard as a task on a Ray cluster's nodes, committing
+    through the same claims (a SQLite catalog only when every node is on this host).
     --storage-option values are stored with the dataset without secrets (key,
     secret, token, password...).
     """
@@ -141,6 +162,8 @@ def ingest(
         wait_timeout=wait_timeout,
         grouping=grouping,
         on_bad_record=on_bad_record,
+        engine=engine,
+        ray_address=ray_address,
         options={"storage_options": storage_options(storage_option)} if storage_option else {},
     )
     shards = {"total": 0}

@@ -45,14 +45,9 @@ from shardcat.facade import dedup as dedups
 from shardcat.facade import migrate as legacy_import
 from shardcat.facade import opener
 from shardcat.facade.dataset_options import detect_options, field_types
-from shardcat.facade.ingest import (
-    ProvideEntries,
-    Work,
-    judge_files,
-    raise_for_failures,
-    run_ingest,
-)
+from shardcat.facade.ingest import ProvideEntries, Work, judge_files, raise_for_failures, run_ingest
 from shardcat.facade.options import KEEP, IngestOptions, Keep, Progress
+from shardcat.facade.ray_ingest import RayEngine
 from shardcat.facade.remote_detect import dataset_wide_options, remote_rule, storage_options_kept
 from shardcat.facade.tags import Tags
 from shardcat.formats.registry import detect_format, get_format
@@ -209,6 +204,8 @@ class Catalog(Tags):
         progress: Progress | None = None,
         provided: Mapping[str, ProvideEntries] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        engine: str = "local",
+        ray_address: str | None = None,
     ) -> Reader:
         """Index the shards matched by ``paths`` into ``dataset``; returns its reader.
 
@@ -252,9 +249,9 @@ class Catalog(Tags):
         ``storage_options``: for URLs (``s3://``, ``https://``...: see
         :mod:`shardcat.sources.remote`), the fsspec options (``endpoint_url``,
         ``anon``...); stored with the dataset without secrets (keys, tokens,
-        passwords), which this process keeps in memory only.
-        Raises :class:`IngestError` naming each shard that failed (the others
-        are committed).
+        passwords), which this process keeps in memory only. ``engine="ray"``:
+        Ray tasks at ``ray_address`` (:mod:`shardcat.facade.ray_ingest`). Raises
+        :class:`IngestError` naming each shard that failed (the others committed).
         """
         if storage_options:
             options = {**(options or {}), STORAGE_OPTIONS: dict(storage_options)}
@@ -270,6 +267,8 @@ class Catalog(Tags):
             lease=lease,
             on_bad_record=on_bad_record,
             wait_timeout=wait_timeout,
+            engine=engine,
+            ray_address=ray_address,
         )
         return self.ingest_with(paths, dataset, opts, progress=progress, provided=provided)
 
@@ -318,6 +317,7 @@ class Catalog(Tags):
             if provided is None
             else {stored_path(p, self.store.directory): f for p, f in provided.items()},
             opts.wait_timeout,
+            RayEngine(opts.ray_address) if opts.engine == "ray" else None,
         )
         try:
             with stopping_on_signals(), self.store.ingest_session(job) as session:

@@ -23,6 +23,8 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from shardcat.catalog.backend import backend_for
 from shardcat.catalog.claims import CLAIM_LOST
 from shardcat.catalog.commit import IngestJob, catalog_error, dedupe_within
-from shardcat.catalog.processes import TurnLock, end_with_parent, stops_held
+from shardcat.catalog.processes import (
+    STOP_SIGNALS,
+    TurnLock,
+    end_with_parent,
+    stops_held,
+    worker_start_method,
+)
 from shardcat.catalog.session import ClaimedShard, IngestSession, ShardVersion
 from shardcat.catalog.sync import absolute_path, stored_path
 from shardcat.errors import (
@@ -46,7 +54,7 @@ from shardcat.errors import (
 )
 from shardcat.facade.remote_detect import local_copy, sidecar_of, warnings_naming
 from shardcat.formats.base import BAD_RECORDS, BadRecord, Format, ShardScan
-from shardcat.formats.registry import get_format, other_format
+from shardcat.formats.registry import get_format, other_format, register_format
 from shardcat.paths import require_regular
 from shardcat.readers.view import STORAGE_OPTIONS
 from shardcat.sources import remote
@@ -55,7 +63,9 @@ from shardcat.sources.local import Identity, fingerprint_file, mismatch
 __all__ = [
     "ProvideEntries",
     "ShardOutcome",
+    "ShareWork",
     "Work",
+    "index_claimed",
     "judge_files",
     "local_copy",
     "raise_for_failures",
@@ -72,6 +82,11 @@ SKIP_HINT = Hint.naming(
     after=" indexes the other records)",
 )
 STOP_SECONDS = 5.0  # how long stopped workers get to give their claims back
+#: why a worker started by a fork server may die at once
+_NOT_FORKED = (
+    "this process was not safe to fork: a script must guard its main code with "
+    "'if __name__ == \"__main__\":'"
+)
 
 # Entries of a shard from elsewhere than scanning it (``catalog migrate``: a verified
 # legacy index). Called with the shard's path and stat once the shard is claimed;
@@ -291,17 +306,41 @@ def _index_remote(
         return _failed(session, shard, exc, url, renames)
 
 
-def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
-    """A forked worker: claim and index shards until none is claimable, sending
-    ``("done", outcome)`` to the parent for each, then ``("end", None)`` (or
-    ``("error", exception)``). The next claim follows each commit in the same turn
-    at the write lock (``turns``: see :meth:`IngestSession.turn`), so this worker
-    scans its next shard while the other commits (claiming after the other's commit
-    left it idle for that commit). A signal, or the end of ``parent``, ends it
-    quietly, its claim given back (:func:`~shardcat.catalog.processes.end_with_parent`)."""
+@dataclass(frozen=True)
+class _Carried:
+    """What a worker started by a fork server needs of this process, which a forked
+    one inherits: the dataset's format (maybe registered here at run time), the
+    storage options configured here (their secrets are never stored) and the
+    environment as it is now (credentials set after the fork server started)."""
+
+    fmt: Format
+    storage: Mapping[str, Mapping[str, Any]]
+    environment: Mapping[str, str]
+
+    def apply(self) -> None:
+        register_format(self.fmt.NAME, self.fmt, replace=True)
+        for protocol, options in self.storage.items():
+            remote.configure(protocol, **options)
+        os.environ.clear()
+        os.environ.update(self.environment)
+
+
+def _work_all(job: IngestJob, turns: Any, out: Any, parent: int, carried: Any) -> None:
+    """A worker: claim and index shards until none is claimable, sending
+    ``("claimed", None, shard)`` once it holds its first shard, ``("done", outcome,
+    shard)`` for each shard indexed (``shard``: the one it holds now, or None), then
+    ``("end", None, None)`` (or ``("error", exception, None)``). The next claim
+    follows each commit in the same turn at the write lock (``turns``: see
+    :meth:`IngestSession.turn`), so this worker scans its next shard while the other
+    commits (claiming after the other's commit left it idle for that commit). A
+    signal, or the end of ``parent``, ends it quietly, its claim given back
+    (:func:`~shardcat.catalog.processes.end_with_parent`). ``carried``: a
+    :class:`_Carried` (not forked), else None."""
     session = IngestSession(job, turns=turns)
     try:
         end_with_parent(parent)
+        if carried is not None:
+            carried.apply()
         following: list[Any] = [_UNSET]
 
         def claim() -> None:
@@ -309,75 +348,134 @@ def _work_all(job: IngestJob, turns: Any, out: Any, parent: int) -> None:
 
         with session.turn():
             claim()
+        out.send(("claimed", None, following[0]))
         while (claimed := following[0]) is not None:
             following[0] = _UNSET
-            out.send(("done", index_claimed(session, claimed, then=claim)))
+            outcome = index_claimed(session, claimed, then=claim)
             if following[0] is _UNSET:
                 with session.turn():
                     claim()
-        out.send(("end", None))
+            out.send(("done", outcome, following[0]))
+        out.send(("end", None, None))
     except SystemExit:  # stopped (by the parent, or its end): the parent gives the claims back
         raise
     except BaseException as exc:
         try:
-            out.send(("error", exc))
+            out.send(("error", exc, None))
         except Exception:  # an exception that does not pickle
-            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", [])))
+            out.send(("error", IngestError(f"ingest worker failed: {exc!r}", []), None))
     finally:
         session.close()
         out.close()
 
 
-def _run_workers(job: IngestJob, count: int, note: Callable[[ShardOutcome | None], None]) -> None:
-    """Fork ``count`` workers (:func:`_work_all`) and note their outcomes as they come;
-    re-raises the first worker's error (the others are stopped and give their
-    claims back; one that does not within :data:`STOP_SECONDS` is killed, its claim
-    taken over at once by the next ingest). A worker that dies leaves its claim to
-    the caller's next round."""
-    ctx = multiprocessing.get_context("fork")
+def _starting(job: IngestJob) -> tuple[Any, _Carried | None] | None:
+    """How this process starts ingest workers: forked when that is safe, else by a
+    fork server (see :func:`~shardcat.catalog.processes.worker_start_method`), with
+    what they must be handed; None when they cannot be (a format that does not
+    pickle, such as a class defined in a function): then this process scans."""
+    ctx = multiprocessing.get_context(worker_start_method())
+    if ctx.get_start_method() == "fork":
+        return ctx, None
+    carried = _Carried(get_format(job.format), remote.configured(), dict(os.environ))
+    try:
+        pickle.dumps(carried)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
+    # its workers fork from a server that imported this (not the caller's __main__)
+    ctx.set_forkserver_preload([__name__])
+    return ctx, carried
+
+
+def _death(proc: Any) -> str | None:
+    """How a worker that closed its pipe without a last word ended: ``"signal
+    SIGSEGV"``, ``"exit code 3"``; None when it ended cleanly or was stopped."""
+    proc.join(STOP_SECONDS)
+    code = proc.exitcode
+    if code is None or code == 0 or code - 128 in (signal.SIGINT, *STOP_SIGNALS):
+        return None
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _run_workers(
+    session: IngestSession, count: int, note: Callable[[ShardOutcome | None], None]
+) -> int | None:
+    """Start ``count`` workers (:func:`_work_all`) and note their outcomes as they
+    come; how many died (see below), None when none can be started here (see
+    :func:`_starting`). Re-raises the
+    first worker's error (the others are stopped and give their claims back; one
+    that does not within :data:`STOP_SECONDS` is killed, its claim taken over at
+    once by the next ingest). A worker that dies (a crash: a signal, an exit code)
+    fails the shard it was indexing, naming how it died (not tried again in this
+    ingest); one that died holding no shard is an :class:`IngestError` when no
+    worker indexed anything (never a round of crashes after another)."""
+    job = session.job
+    starting = _starting(job)
+    if starting is None:
+        return False
+    ctx, carried = starting
     # turns only where the catalog has one writer at a time (a server takes several)
     # (a TurnLock: a worker that dies in its turn hands it on, where a Lock would not)
     turns = TurnLock() if backend_for(job.catalog).one_writer else None
-    procs: list[Any] = []
+    procs: dict[Any, Any] = {}  # pipe -> worker process
+    holding: dict[Any, ClaimedShard | None] = {}  # pipe -> the shard its worker indexes
     live: list[Any] = []
+    deaths: list[str] = []
+    noted = 0
     try:
         for _ in range(count):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=_work_all, args=(job, turns, writer, os.getpid()), daemon=True
+                target=_work_all, args=(job, turns, writer, os.getpid(), carried), daemon=True
             )
             with stops_held():  # a stop comes once the worker is noted, to be stopped
                 proc.start()
-                procs.append(proc)
+                procs[reader] = proc
                 live.append(reader)
             writer.close()
         while live:
             waited: list[Any] = multiprocessing.connection.wait(live)
             for ready in waited:
                 try:
-                    kind, value = ready.recv()
+                    kind, value, holding[ready] = ready.recv()
                 except EOFError:  # died without a word
-                    kind, value = "end", None
+                    kind, value = "died", _death(procs[ready])
                 if kind == "done":
+                    noted += 1
                     note(value)
+                if kind in ("claimed", "done"):
                     continue
                 live.remove(ready)
                 ready.close()
                 if kind == "error":
                     raise value
+                shard = holding.get(ready)
+                if kind == "died" and value is not None:
+                    deaths.append(value)
+                if kind == "died" and value is not None and shard is not None:
+                    message = f"{shard.stored}: its ingest worker died ({value}) indexing it"
+                    if session.fail(shard, message):
+                        noted += 1
+                        note(ShardOutcome(shard.stored, 0, message))
+        if deaths and not noted:  # (a shard whose worker died counts as noted)
+            how = "" if carried is None else f"; started by a fork server ({_NOT_FORKED})"
+            raise IngestError(f"every ingest worker died ({', '.join(deaths)}){how}", [])
     finally:
         for reader in live:
             reader.close()
-        for proc in procs:
+        for proc in procs.values():
             if proc.is_alive() and live:
                 proc.terminate()
-        for proc in procs:
+        for proc in procs.values():
             proc.join(STOP_SECONDS)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
         if turns is not None:
             turns.close()
+    return len(deaths)
 
 
 def _work_one(session: IngestSession) -> ShardOutcome | None:
@@ -387,17 +485,28 @@ def _work_one(session: IngestSession) -> ShardOutcome | None:
     return None if claimed is None else index_claimed(session, claimed)
 
 
+# How the pending shards get indexed: called with the session, the work, the
+# note(outcome) to call for each shard and the outcomes noted so far; returns once
+# no shard is open. Local workers by default; the Ray engine's (see
+# :mod:`shardcat.facade.ray_ingest`) fans them out as tasks.
+ShareWork = Callable[
+    [IngestSession, "Work", Callable[[ShardOutcome | None], None], list[ShardOutcome]], None
+]
+
+
 @dataclass(frozen=True)
 class Work:
     """How :func:`run_ingest` shares the work: ``workers`` processes scan (forked when
-    more than one); ``provided`` maps stored shard paths to where their entries come
-    from instead of a scan; ``progress`` is called with each shard's outcome; a wait
-    for shards that live processes hold ends after ``wait_timeout`` seconds."""
+    more than one), or ``share`` does it; ``provided`` maps stored shard paths to
+    where their entries come from instead of a scan; ``progress`` is called with
+    each shard's outcome; a wait for shards that live processes hold ends after
+    ``wait_timeout`` seconds."""
 
     workers: int = 1
     progress: Callable[[ShardOutcome], None] | None = None
     provided: Mapping[str, ProvideEntries] | None = None
     wait_timeout: float | None = None
+    share: ShareWork | None = None
 
 
 def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
@@ -424,7 +533,7 @@ def run_ingest(session: IngestSession, work: Work) -> list[ShardOutcome]:
             only = work.provided
             while (claimed := session.claim(only=only)) is not None:
                 note(index_claimed(session, claimed, only[claimed.stored]))
-        _share_work(session, work, note, outcomes)
+        (work.share or _share_work)(session, work, note, outcomes)
     except BaseException:
         session.close()  # (stopped mid-transaction, maybe: a fresh connection from here)
         with contextlib.suppress(SQLAlchemyError):  # stopped, or failed: this process's
@@ -454,18 +563,22 @@ def _share_work(
     note: Callable[[ShardOutcome | None], None],
     outcomes: list[ShardOutcome],
 ) -> None:
-    """Claim and index shards, here or in forked workers, until none is open."""
-    idle = False
+    """Claim and index shards, here or in workers, until none is open. Once a worker
+    died, even a last shard is scanned by a worker, never here: a crash would end
+    the caller's own process."""
+    idle = crashed = False
     waiting = session.waiting(work.wait_timeout)
     while True:
         open_count = session.open_shards()
         if open_count == 0:
             return
         done = len(outcomes)
-        if work.workers > 1 and open_count > 1 and not idle:
+        died = None
+        if work.workers > 1 and (open_count > 1 or crashed) and not idle:
             session.close()  # no kept connection crosses the fork
-            _run_workers(session.job, min(work.workers, open_count), note)
-        else:
+            died = _run_workers(session, min(work.workers, open_count), note)
+            crashed = crashed or bool(died)
+        if died is None:
             note(_work_one(session))
         idle = len(outcomes) == done
         if idle:  # other processes hold the remaining claims

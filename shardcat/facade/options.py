@@ -16,7 +16,10 @@ from shardcat.catalog.claims import DEFAULT_LEASE
 from shardcat.catalog.commit import BAD_RECORD_POLICIES, DUPLICATE_POLICIES
 from shardcat.errors import CatalogError, Hint
 
-__all__ = ["KEEP", "IngestOptions", "Keep", "Progress"]
+__all__ = ["INGEST_ENGINES", "KEEP", "IngestOptions", "Keep", "Progress"]
+
+#: where an ingest scans its shards: here (forked workers) or as Ray tasks
+INGEST_ENGINES = ("local", "ray")
 
 #: ``progress(done, total)``: called after each unit of work with what was just done
 #: (a shard's :class:`~shardcat.facade.ingest.ShardOutcome`, a verified record count,
@@ -43,7 +46,9 @@ class IngestOptions:
     ``grouping`` None: as stored; ``options``: further format options (they win
     over the others); ``workers`` None: one per shard up to the CPU count;
     ``wait_timeout``: seconds to wait for shards other live processes hold
-    (None: as long as they take).
+    (None: as long as they take); ``engine``: where shards are scanned, ``"local"``
+    (``workers`` processes here) or ``"ray"`` (tasks on the Ray cluster at
+    ``ray_address``; None: ``ray.init()``'s usual discovery).
     """
 
     format: str | None = None
@@ -57,8 +62,14 @@ class IngestOptions:
     lease: float = DEFAULT_LEASE
     on_bad_record: str = "raise"
     wait_timeout: float | None = None
+    engine: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        if self.engine not in INGEST_ENGINES:
+            raise CatalogError(
+                f"engine must be one of {', '.join(INGEST_ENGINES)}, not {self.engine!r}"
+            )
         if self.on_bad_record not in BAD_RECORD_POLICIES:
             raise CatalogError(
                 f"must be one of {', '.join(BAD_RECORD_POLICIES)}, not {self.on_bad_record!r}",

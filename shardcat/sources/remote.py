@@ -86,6 +86,7 @@ __all__ = [
     "RemoteInfo",
     "RemoteSource",
     "configure",
+    "configured",
     "filesystem",
     "glob_urls",
     "is_url",
@@ -157,6 +158,11 @@ def configure(protocol: str, **options: Any) -> None:
     """Storage options for ``protocol`` in this process (and the workers it forks),
     over those stored with datasets; may hold secrets (never stored)."""
     _configured[protocol] = dict(options)
+
+
+def configured() -> dict[str, dict[str, Any]]:
+    """The storage options :func:`configure` set in this process, by protocol."""
+    return {protocol: dict(options) for protocol, options in _configured.items()}
 
 
 _filesystems: dict[tuple[int, str, str], Any] = {}

@@ -1,7 +1,9 @@
 """A real local Ray cluster for tests and benchmarks: a head and worker nodes on this
 machine (``ray.cluster_utils.Cluster``), small (one CPU and a ~128 MB object store
-per node by default), bounded in time, always shut down; and the node-kill helper
-(SIGKILL a worker node's raylet, wait until the cluster has marked it dead).
+per node by default), bounded in time, always shut down; the node-kill helper
+(SIGKILL a worker node's raylet, wait until the cluster has marked it dead); and a
+slow TFRecord format (``slowtfrecord``, registered in each worker by the cluster's
+``setup_hook``) whose scan says on which node it runs, to kill that node mid-scan.
 
 Needs ``shardcat[ray]``. Every wait has a limit: a cluster that does not come up,
 or a call that hangs, fails with :class:`TimeoutError` rather than hanging CI
@@ -33,7 +35,9 @@ FAST_HEALTH_CHECKS = {
 class ClusterSpec:
     """The size of a local cluster: ``workers`` nodes besides the head, each with
     ``cpus`` CPUs and ``object_store`` bytes of object store (the head too:
-    ``head_cpus``, 0 keeps tasks off the driver's node)."""
+    ``head_cpus``, 0 keeps tasks off the driver's node); ``setup_hook``: a
+    ``"module.function"`` every worker process runs first (e.g.
+    :func:`register_slow_format`)."""
 
     workers: int = 1
     cpus: int = 1
@@ -41,6 +45,7 @@ class ClusterSpec:
     object_store: int = 128 * 1024 * 1024
     start_timeout: float = 120.0
     system_config: dict[str, Any] = field(default_factory=lambda: dict(FAST_HEALTH_CHECKS))
+    setup_hook: str | None = None
 
 
 @contextlib.contextmanager
@@ -86,7 +91,8 @@ def local_cluster(spec: ClusterSpec | None = None) -> Iterator[Any]:
             for _ in range(spec.workers):
                 cluster.add_node(**node, num_cpus=spec.cpus)
             cluster.wait_for_nodes(timeout=spec.start_timeout)
-            ray.init(address=cluster.address, log_to_driver=False)
+            hook = {} if spec.setup_hook is None else {"worker_process_setup_hook": spec.setup_hook}
+            ray.init(address=cluster.address, log_to_driver=False, runtime_env=hook)
         yield cluster
     finally:
         ray.shutdown()
@@ -128,3 +134,59 @@ def kill_raylet(cluster: Any, node: Any, *, timeout: float = 60.0) -> None:
     # what is left of the node (its workers, which exit once their raylet is gone)
     node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
     cluster.worker_nodes.remove(node)
+
+
+#: how long the ``slowtfrecord`` format takes to scan a shard
+SLOW_SCAN_SECONDS = 2.0
+
+
+def scanning_markers(directory: str | os.PathLike[str], node_id: str) -> dict[str, int]:
+    """The shards ``slowtfrecord`` began to scan on node ``node_id`` and the pid of the
+    process scanning each (the markers it leaves beside them:
+    ``<shard>.<node id>.scanning``, holding the pid)."""
+    suffix = f".{node_id}.scanning"
+    found = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(suffix):
+            with open(os.path.join(directory, name), encoding="ascii") as f:
+                pid = f.read()
+            if pid:  # (else being written)
+                found[name[: -len(suffix)]] = int(pid)
+    return found
+
+
+def register_slow_format() -> None:
+    """Register ``slowtfrecord`` (TFRecord, whose scan first leaves a marker beside the
+    shard naming the Ray node it runs on and its pid, then takes :data:`SLOW_SCAN_SECONDS`; used
+    by name only, never detected); a no-op when it is registered already. A cluster's
+    ``setup_hook``."""
+    from shardcat.formats.registry import known_formats, register_format
+    from shardcat.formats.tfrecord import TFRecordFormat
+
+    class SlowTFRecord(TFRecordFormat):
+        NAME = "slowtfrecord"
+
+        def sniff(self, head: bytes) -> bool:
+            return False  # by name only: never a TFRecord file's detected format
+
+        def scan_shard(self, path: str, options: Any) -> Any:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+            with open(f"{path}.{node}.scanning~", "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+            os.replace(f"{path}.{node}.scanning~", f"{path}.{node}.scanning")
+            time.sleep(SLOW_SCAN_SECONDS)
+            return super().scan_shard(path, options)
+
+    if "slowtfrecord" not in known_formats():
+        register_format("slowtfrecord", SlowTFRecord)
+
+
+def register_test_formats() -> None:
+    """Register ``slowtfrecord`` (:func:`register_slow_format`) and ``crashtfrecord``
+    (:mod:`shardcat.testing.crashing`): a cluster's ``setup_hook``."""
+    from shardcat.testing.crashing import register_crashing_format
+
+    register_slow_format()
+    register_crashing_format()

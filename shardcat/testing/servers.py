@@ -124,14 +124,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.connections.add(self.connection)  # type: ignore[attr-defined]
 
 
+#: the name of the test servers' threads: shardcat's own, which forking leaves be
+#: (see :func:`shardcat.catalog.processes.fork_hazards`)
+SERVING = "shardcat-test-server"
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        threading.current_thread().name = SERVING
+        super().process_request_thread(request, client_address)
+
+
 def _serve(
     port: int, handler: type[_Handler], connections: set[socket.socket]
 ) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
     """A threaded HTTP server on loopback ``port``, serving in a daemon thread."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    httpd = _Server(("127.0.0.1", port), handler)
     httpd.daemon_threads = True
     httpd.connections = connections  # type: ignore[attr-defined]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, name=SERVING, daemon=True)
     thread.start()
     return httpd, thread
 
@@ -498,7 +509,7 @@ class GCSServer:
 
     def start(self) -> None:
         logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name=SERVING, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
