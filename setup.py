@@ -25,7 +25,7 @@ EXTENSIONS = [
         ["shardcat/readers/_hot.c"],
         depends=[
             "shardcat/formats/wire.h",
-            "shardcat/readers/example_wire.h",
+            "shardcat/readers/example_dict.h",
             "shardcat/readers/hot_batch.h",
         ],
         include_dirs=["shardcat/formats"],

@@ -422,13 +422,6 @@ static int put(PyObject *list, Py_ssize_t i, PyObject *value) {
     return rc;
 }
 
-static inline int append_new(PyObject *list, PyObject *value) {
-    if (value == NULL) return -1;
-    int rc = PyList_Append(list, value);
-    Py_DECREF(value);
-    return rc;
-}
-
 /* -- the scan ---------------------------------------------------------------- */
 
 static PyObject *py_tfrecord(PyObject *self, PyObject *args) {

@@ -1,9 +1,11 @@
 /* What the native extensions share (shardcat/formats/_scan.c, shardcat/readers/_hot.c):
  * CRC32C (SSE4.2 where the CPU has it: call crc_setup() once at module init) and
- * the protobuf wire primitives (varint, tag, delimited, skip; OK or DEFER). */
+ * the protobuf wire primitives (varint, tag, delimited, skip; OK or DEFER), and
+ * append_new (a new reference appended to a list). */
 #ifndef SHARDCAT_WIRE_H
 #define SHARDCAT_WIRE_H
 
+#include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -11,6 +13,14 @@
 #include <nmmintrin.h>
 #define HAVE_X86 1
 #endif
+
+/* append a new reference (stolen) to a list: 0, or -1 (with an error set) */
+static inline int append_new(PyObject *list, PyObject *value) {
+    if (value == NULL) return -1;
+    int rc = PyList_Append(list, value);
+    Py_DECREF(value);
+    return rc;
+}
 
 /* -- CRC32C ------------------------------------------------------------------ */
 

@@ -28,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "example_wire.h"
+#include "example_dict.h"
 
 #define TFRECORD_HEADER 12
 

@@ -7,20 +7,12 @@
  * an unknown field, which upb keeps out of the map; a malformed wire) is 0 (AGAIN):
  * the caller then decodes the record with protobuf, whose answer or error is the
  * reference. Included once, by _hot.c (its functions are static, as wire.h's). */
-#ifndef SHARDCAT_EXAMPLE_WIRE_H
-#define SHARDCAT_EXAMPLE_WIRE_H
+#ifndef SHARDCAT_EXAMPLE_DICT_H
+#define SHARDCAT_EXAMPLE_DICT_H
 
 #include <Python.h>
 
 #include "wire.h"
-
-/* append a new reference to a list: 0, or -1 (with an error set) */
-static int append_new(PyObject *list, PyObject *value) {
-    if (value == NULL) return -1;
-    int rc = PyList_Append(list, value);
-    Py_DECREF(value);
-    return rc;
-}
 
 /* The Features message of an Example: 1 and [*fs, *fe) (NULL: none), or 0 (AGAIN). */
 static int example_features(const uint8_t *p, const uint8_t *end, const uint8_t **fs,
@@ -88,7 +80,7 @@ static int add_value(PyObject *out, PyObject *value) {
 
 /* Append the values of a list of `kind` to `out` (at most `most`; `out` NULL: only
  * check the list's wire, every value): 1, or 0 (AGAIN; an error may be set). */
-static int list_values(const uint8_t *p, const uint8_t *le, int kind, Py_ssize_t most,
+static int feature_values(const uint8_t *p, const uint8_t *le, int kind, Py_ssize_t most,
                        PyObject *out) {
     uint32_t field;
     int wt;
@@ -158,7 +150,7 @@ static int first_value(const uint8_t *p, const uint8_t *end, const char *name, s
     }
     if (!feature_list(vs, vend, &kind, &ls, &le)) return 0;
     PyObject *values = PyList_New(0);
-    if (values == NULL || !list_values(ls, le, kind, 1, values)) {
+    if (values == NULL || !feature_values(ls, le, kind, 1, values)) {
         Py_XDECREF(values);
         return 0;
     }
@@ -228,7 +220,7 @@ static int example_items(const uint8_t *p, const uint8_t *end, PyObject *select,
         for (p = fs; (got = next_entry(&p, fe, &k, &ke, &v, &ve)) == 1;) {
             if (!chosen(k, ke, select)) { /* its wire checked, no objects */
                 if (!utf8(k, ke) || !feature_list(v, ve, &kind, &ls, &le) ||
-                    !list_values(ls, le, kind, PY_SSIZE_T_MAX, NULL))
+                    !feature_values(ls, le, kind, PY_SSIZE_T_MAX, NULL))
                     got = 0;
                 if (got == 0) break;
                 continue;
@@ -237,7 +229,7 @@ static int example_items(const uint8_t *p, const uint8_t *end, PyObject *select,
             PyObject *values = name == NULL ? NULL : PyList_New(0);
             int ok = values != NULL && !PyDict_Contains(dict, name) &&
                      feature_list(v, ve, &kind, &ls, &le) &&
-                     list_values(ls, le, kind, PY_SSIZE_T_MAX, values) &&
+                     feature_values(ls, le, kind, PY_SSIZE_T_MAX, values) &&
                      PyDict_SetItem(dict, name, PyList_GET_SIZE(values) == 1
                                                     ? PyList_GET_ITEM(values, 0)
                                                     : values) == 0;
