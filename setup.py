@@ -23,7 +23,11 @@ EXTENSIONS = [
     Extension(
         "shardcat.readers._hot",
         ["shardcat/readers/_hot.c"],
-        depends=["shardcat/formats/wire.h"],
+        depends=[
+            "shardcat/formats/wire.h",
+            "shardcat/readers/example_wire.h",
+            "shardcat/readers/hot_batch.h",
+        ],
         include_dirs=["shardcat/formats"],
         libraries=["sqlite3"],
         optional=True,

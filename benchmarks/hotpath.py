@@ -19,6 +19,10 @@ the same random keys and positions for every contender:
 - ``get_feature``: ``reader.get_feature(key, "image")``, per call;
 - ``get_record`` / ``get_record_at``: the same records by key and by position;
 - ``get_many`` / ``get_many_at``: batches of random keys / positions, per record;
+- ``get_many_raw`` (payloads), ``get_dicts`` / ``get_dicts_at`` (``to_dict`` of each
+  record) where the tree has them; ``decode_only``: ``Example.FromString`` of the
+  batch's payloads (the floor of anything returning Examples); ``tfd_get_dicts``:
+  tfd-utils' ``get_record`` plus the same conversion to dicts, per key;
 - ``*_unchecked``: the same on a reader that trusts the bytes (``verify=False``;
   every read is checked against the catalog's CRC32C of the record by default,
   issue 26: the checked read's budget is 1.1x the unchecked one);
@@ -76,6 +80,8 @@ SINGLE = (
     "raw_position",
 )
 BATCH = ("get_many", "get_many_unchecked", "get_many_at", "get_many_at_unchecked")
+# batches measured where the tree has them (issue 31, item 2), and their floors
+EXTRA_BATCH = ("get_many_raw", "get_dicts", "get_dicts_at", "decode_only", "tfd_get_dicts")
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "hotpath-20000x1024b-4shards"
 
 
@@ -257,6 +263,17 @@ def check(reader: Any, tfd: Any, raw: RawLookup, positions: list[int], batch: li
         raise SystemExit("get_many disagrees with tfd-utils")
 
 
+def tfd_dict(record: Any) -> dict[str, Any]:
+    """A decoded Example as ``{feature: value}`` (``Reader.to_dict``), as a tfd-utils
+    user converts one."""
+    out = {}
+    for name, feature in record.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values = list(getattr(feature, kind).value) if kind else []
+        out[name] = values[0] if len(values) == 1 else values
+    return out
+
+
 def unchecked_reader(cat: Any) -> Any:
     """The dataset's reader trusting the bytes (trees before issue 26 never checked)."""
     try:
@@ -293,6 +310,20 @@ def measure(
         "get_many_at": (reader.get_many_at, batches),
         "get_many_at_unchecked": (unchecked.get_many_at, batches),
     }
+    if hasattr(reader, "get_dicts"):  # trees with the batched training path
+        from shardcat.pb2 import Example
+
+        parse = Example.FromString
+        payloads = [reader.get_many(b, raw=True) for b in key_batches]
+        batch.update(
+            {
+                "get_many_raw": (lambda b: reader.get_many(b, raw=True), key_batches),
+                "get_dicts": (reader.get_dicts, key_batches),
+                "get_dicts_at": (reader.get_dicts_at, batches),
+                "decode_only": (lambda p: [parse(r) for r in p], payloads),
+                "tfd_get_dicts": (lambda b: [tfd_dict(tfd.get_record(k)) for k in b], key_batches),
+            }
+        )
     samples: dict[str, list[float]] = {name: [] for name in [*single, *batch]}
     names = list(single)
     for r in range(args.rounds + 1):  # round 0 warms caches, statements, descriptors
@@ -395,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = result["meta"]
     print(f"shardcat from {meta['shardcat_file']}, {meta['records']:,} records")
     print(f"{'measurement':<22} {'median µs':>10} {'p90 µs':>10}")
-    for name in [*SINGLE, *BATCH]:
+    for name in [*SINGLE, *BATCH, *(n for n in EXTRA_BATCH if n in result["median_ns"])]:
         med, p90 = result["median_ns"][name] / 1e3, result["p90_ns"][name] / 1e3
         print(f"{name:<22} {med:>10.2f} {p90:>10.2f}")
     median = result["median_ns"]

@@ -8,9 +8,11 @@ tfd-utils' index of :mod:`benchmarks.hotpath` (made there once: ``--prepare``).
 Contenders: ``native`` (the items straight off the checked payloads' wire),
 ``python`` (the same reader opened with ``SHARDCAT_NATIVE=0``: decoded Examples
 converted by ``to_dict``), ``tfd-utils`` (``get_record`` then the same conversion),
-and where they are installed (``make peers-venv``) litData, Mosaic streaming and
-webdataset (:mod:`benchmarks.loader_peers`) on the same records. Every file is read
-once before each round (this VM drops an idle page cache within about a minute).
+``no reads`` (the same items held in a list: what the DataLoader itself costs, the
+ceiling of every contender's records/s), and where they are installed (``make
+peers-venv``) litData, Mosaic streaming and webdataset (:mod:`benchmarks.loader_peers`)
+on the same records. Every file is read once before each round (this VM drops an idle
+page cache within about a minute).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import loader_peers
-from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet, warm
+from benchmarks.hotpath import DEFAULT_DATA, KEY_FORMAT, quiet, tfd_dict, warm
 
 BATCH, WORKERS = 64, 2
 
@@ -45,13 +47,23 @@ class TfdDicts:
         return self.n
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        record = self.reader.get_record(KEY_FORMAT % i)
-        out = {}
-        for name, feature in record.features.feature.items():
-            kind = feature.WhichOneof("kind")
-            values = list(getattr(feature, kind).value) if kind else []
-            out[name] = values[0] if len(values) == 1 else values
-        return out
+        return tfd_dict(self.reader.get_record(KEY_FORMAT % i))
+
+
+class NoReads:
+    """The items held in a list: the DataLoader's own cost (fork, pickling, queues)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [self.items[i] for i in indices]
 
 
 def _loader(dataset: Any, shuffle: str) -> Callable[[], int]:
@@ -95,15 +107,17 @@ def main(argv: list[str] | None = None) -> None:
         sample = [0, 7, len(native) - 1]
         if ours.__getitems__(sample) != [tfd[i] for i in sample]:
             raise SystemExit("the contenders' items differ")
+        items = ours.__getitems__(list(range(len(native))))  # every record's item
+        held = NoReads(items)
+        contenders = (("native", ours), ("python", reference), ("tfd-utils", tfd))
         runs = {
             f"{name} {shuffle}": _loader(dataset, shuffle)
             for shuffle in ("full", "block")
-            for name, dataset in (("native", ours), ("python", reference), ("tfd-utils", tfd))
+            for name, dataset in (*contenders, ("no reads", held))
         }
         missing = loader_peers.available()
         if missing is None:
-            records = ours.__getitems__(list(range(len(ours))))
-            runs.update(loader_peers.contenders(records, Path(tmp)))
+            runs.update(loader_peers.contenders(items, Path(tmp)))
         else:
             print(f"without the streaming peers ({missing}): make peers-venv")
         files = [*data.glob("*.tfrecord"), data / "tfd.index", *Path(tmp).rglob("*")]

@@ -105,6 +105,13 @@ def every_read_refuses(
         "dataset item": lambda: RecordDataset(reader)[position],
         "dataset items": lambda: RecordDataset(reader).__getitems__([1, position]),
         "dataset by key": lambda: RecordDataset(reader, keys=[d.key])[0],
+        "get_dicts": lambda: reader.get_dicts([reader.key_at(0), d.key]),
+        "get_dicts_at": lambda: reader.get_dicts_at([0, position]),
+        # neighbours: the records around it read in one pread (a coalesced run)
+        "get_dicts_at run": lambda: reader.get_dicts_at(slice(position - 1, position + 2)),
+        "dataset features": lambda: RecordDataset(reader, features=[d.feature]).__getitems__(
+            [position + 1, position, position - 1]
+        ),
     }
     if d.kind == "tar":  # a member streamed in pieces (catalog get): checked at its end
         paths["member_chunks"] = lambda: b"".join(reader.member_chunks(d.key, d.feature))

@@ -74,6 +74,11 @@ def reads(reader: Any, images: dict[str, bytes], keys: list[str]) -> None:
     assert [r.features.feature["image"].bytes_list.value[0] for r in batch] == [
         images[k] for k in keys[::7]
     ]
+    every = range(0, len(keys), 5)  # batches by position and key (native on SQLite)
+    assert [d["image"] for d in reader.get_dicts_at(every, ["image"])] == [
+        images[keys[p]] for p in every
+    ]
+    assert [d["image"] for d in reader.get_dicts(keys[::5])] == [images[k] for k in keys[::5]]
 
 
 @pytest.fixture

@@ -76,10 +76,13 @@ class RecordStatements:
     (every column a row carries costs the hot path about as much as the point
     query's own search). ``offset`` is the column the location starts at.
     ``one``: the single lookup by key of datasets of one-range records,
-    ``(shard_id, offset, length, crc)`` only: every read by key runs it."""
+    ``(shard_id, offset, length, crc)`` only: every read by key runs it;
+    ``one_at``: the same by ``(shard_id, ordinal)``, with the key last (the native
+    batch read steps them per item, :mod:`shardcat.readers.batch`)."""
 
     offset: int
     one: str
+    one_at: str
     by_key: str
     at: str
     many_by_key: str
@@ -190,6 +193,10 @@ def statements(
     return RecordStatements(
         offset=3 if parts else 2,
         one=f'SELECT r.shard_id, r."offset", r.length, r.crc FROM {t} r WHERE r.key = ?',
+        one_at=(
+            f'SELECT r.shard_id, r."offset", r.length, r.crc, r.key FROM {at} r '
+            "WHERE r.shard_id = ? AND r.ordinal = ?"
+        ),
         by_key=f"SELECT 0, {location} FROM {t} r WHERE key = ?",
         at=f"SELECT 0, {location}, key FROM {at} r WHERE shard_id = ? AND ordinal = ?",
         many_by_key=(f"SELECT {index}, {location} FROM {items} {join} {t} r ON r.key = {item_key}"),

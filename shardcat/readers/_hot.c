@@ -28,17 +28,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "wire.h"
+#include "example_wire.h"
 
 #define TFRECORD_HEADER 12
-
-/* append a new reference to a list: 0, or -1 (with an error set) */
-static int append_new(PyObject *list, PyObject *value) {
-    if (value == NULL) return -1;
-    int rc = PyList_Append(list, value);
-    Py_DECREF(value);
-    return rc;
-}
 
 /* The head of CPython's sqlite3.Connection (3.8 to 3.13): the sqlite3 * follows
  * PyObject_HEAD. hot.py uses this module only where that holds and the library
@@ -110,28 +102,44 @@ static PyTypeObject LookupType = {
 typedef struct {
     int64_t shard_id, offset, length, crc;
     int has_crc;
+    uint32_t keycrc; /* what the row's key mixes into the check (0: none) */
 } Row;
 
-/* The row of `key` (1), none (0) or AGAIN (-1). */
-static int find(Lookup *lk, const char *key, Py_ssize_t klen, Row *row) {
+/* The row of the bound lookup (1), none (0) or AGAIN (-1), the statement reset after; `key_column` >= 0: the
+ * column of the row's key, whose CRC32C goes to row->keycrc. */
+static int find_row(Lookup *lk, Row *row, int key_column) {
     sqlite3_stmt *st = lk->stmt;
-    if (((ConnHead *)lk->conn)->db != lk->db || lk->pid != getpid()) return -1;
-    if (sqlite3_bind_text(st, 1, key, (int)klen, SQLITE_STATIC) != SQLITE_OK) return -1;
     int rc = sqlite3_step(st), found = -1;
     if (rc == SQLITE_DONE) {
         found = 0;
     } else if (rc == SQLITE_ROW && sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
                sqlite3_column_type(st, 1) == SQLITE_INTEGER &&
-               sqlite3_column_type(st, 2) == SQLITE_INTEGER) {
+               sqlite3_column_type(st, 2) == SQLITE_INTEGER &&
+               (key_column < 0 || sqlite3_column_type(st, key_column) == SQLITE_TEXT)) {
         row->shard_id = sqlite3_column_int64(st, 0);
         row->offset = sqlite3_column_int64(st, 1);
         row->length = sqlite3_column_int64(st, 2);
         row->has_crc = sqlite3_column_type(st, 3) == SQLITE_INTEGER;
         row->crc = row->has_crc ? sqlite3_column_int64(st, 3) : 0;
+        if (key_column >= 0) {
+            const uint8_t *key = sqlite3_column_text(st, key_column);
+            int klen = sqlite3_column_bytes(st, key_column);
+            row->keycrc = key == NULL ? 0 : crc32c(key, (size_t)klen);
+            if (key == NULL) row->has_crc = 0;
+        }
         found = sqlite3_step(st) == SQLITE_DONE ? 1 : -1; /* one row: a unique key */
     }
     sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
+    return found;
+}
+
+/* The row of `key` (1), none (0) or AGAIN (-1). */
+static int find(Lookup *lk, const char *key, Py_ssize_t klen, Row *row) {
+    if (((ConnHead *)lk->conn)->db != lk->db || lk->pid != getpid()) return -1;
+    int found = sqlite3_bind_text(lk->stmt, 1, key, (int)klen, SQLITE_STATIC) != SQLITE_OK
+                    ? -1
+                    : find_row(lk, row, -1);
+    sqlite3_clear_bindings(lk->stmt);
     return found;
 }
 
@@ -218,174 +226,22 @@ static PyObject *payload(Lookup *lk, PyObject *sources, const Row *row) {
     return data;
 }
 
-/* The Features message of an Example: 1 and [*fs, *fe) (NULL: none), or 0 (AGAIN). */
-static int example_features(const uint8_t *p, const uint8_t *end, const uint8_t **fs,
-                            const uint8_t **fe) {
-    uint32_t field;
-    int wt;
-    *fs = *fe = NULL;
-    while (p < end) { /* Example: features = 1 (twice: protobuf would merge them) */
-        if (tag(&p, end, &field, &wt)) return 0;
-        if (field == 1) {
-            if (wt != 2 || *fs != NULL || delimited(&p, end, fs, fe)) return 0;
-        } else if (skip(&p, end, wt)) return 0;
+/* example_dict(payload[, select]) -> {feature: value} (single values unwrapped, lists
+ * otherwise: Reader.to_dict of the decoded Example; of the features in `select`, a
+ * tuple of str, only), or AGAIN. */
+static PyObject *py_example_dict(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *select = nargs == 2 && args[1] != Py_None ? args[1] : NULL, *out = NULL;
+    if (nargs < 1 || nargs > 2 || (select != NULL && !PyTuple_Check(select))) {
+        PyErr_SetString(PyExc_TypeError, "example_dict(payload, select: tuple | None = None)");
+        return NULL;
     }
-    return 1;
-}
-
-/* The next map entry of a Features message at *pp: 1 with its key [*k, *ke) and value
- * [*v, *ve), 2 at the end, 0 (AGAIN: a malformed or odd entry). */
-static int next_entry(const uint8_t **pp, const uint8_t *fe, const uint8_t **k,
-                      const uint8_t **ke, const uint8_t **v, const uint8_t **ve) {
-    uint32_t field;
-    int wt;
-    const uint8_t *a, *b;
-    for (;;) {
-        if (*pp == NULL || *pp >= fe) return 2;
-        if (tag(pp, fe, &field, &wt)) return 0;
-        if (field == 1) break;
-        if (skip(pp, fe, wt)) return 0;
-    }
-    if (wt != 2 || delimited(pp, fe, &a, &b)) return 0;
-    *k = *v = NULL;
-    while (a < b) { /* entry: key = 1, value = 2; nothing else (upb keeps such an entry
-                       * out of the map, among the unknown fields: AGAIN) */
-        if (tag(&a, b, &field, &wt) || (field != 1 && field != 2) || wt != 2) return 0;
-        if (field == 1) {
-            if (*k != NULL || delimited(&a, b, k, ke)) return 0;
-        } else if (*v != NULL || delimited(&a, b, v, ve)) return 0;
-    }
-    return *k != NULL && *v != NULL; /* a missing key or value: AGAIN */
-}
-
-/* The one list of a Feature: 1 with its kind (0 none, 1 bytes, 2 float, 3 int64) and
- * [*ls, *le), or 0 (AGAIN). */
-static int feature_list(const uint8_t *p, const uint8_t *end, int *kind, const uint8_t **ls,
-                        const uint8_t **le) {
-    uint32_t field;
-    int wt;
-    *kind = 0;
-    *ls = *le = NULL;
-    while (p < end) { /* Feature: one of bytes_list 1, float_list 2, int64_list 3 */
-        if (tag(&p, end, &field, &wt)) return 0;
-        if (field >= 1 && field <= 3) {
-            if (wt != 2 || *kind != 0 || delimited(&p, end, ls, le)) return 0;
-            *kind = (int)field;
-        } else if (skip(&p, end, wt)) return 0;
-    }
-    return 1;
-}
-
-/* Append the values of a list of `kind` to `out` (at most `most`): 1, or 0 (AGAIN;
- * an error may be set). */
-static int list_values(const uint8_t *p, const uint8_t *le, int kind, Py_ssize_t most,
-                       PyObject *out) {
-    uint32_t field;
-    int wt;
-    const uint8_t *a, *b;
-    uint64_t iv;
-    while (p != NULL && p < le && PyList_GET_SIZE(out) < most) { /* the list: value = 1 */
-        if (tag(&p, le, &field, &wt)) return 0;
-        if (field != 1) {
-            if (skip(&p, le, wt)) return 0;
-            continue;
-        }
-        PyObject *value = NULL;
-        if (kind == 1 && wt == 2) {
-            if (delimited(&p, le, &a, &b)) return 0;
-            value = PyBytes_FromStringAndSize((const char *)a, b - a);
-        } else if (kind == 2 && (wt == 2 || wt == 5)) {
-            if (wt == 2) {
-                if (delimited(&p, le, &a, &b) || (b - a) % 4) return 0;
-            } else {
-                if (le - p < 4) return 0;
-                a = p, p += 4, b = p;
-            }
-            for (; a < b && PyList_GET_SIZE(out) < most; a += 4) {
-                float f;
-                memcpy(&f, a, 4); /* little-endian, as the wire */
-                if (append_new(out, PyFloat_FromDouble((double)f))) return 0;
-            }
-            continue;
-        } else if (kind == 3 && (wt == 2 || wt == 0)) {
-            if (wt == 2) {
-                if (delimited(&p, le, &a, &b)) return 0;
-                while (a < b && PyList_GET_SIZE(out) < most) {
-                    if (varint(&a, b, &iv)) return 0;
-                    if (append_new(out, PyLong_FromLongLong((long long)(int64_t)iv))) return 0;
-                }
-                continue;
-            }
-            if (varint(&p, le, &iv)) return 0;
-            value = PyLong_FromLongLong((long long)(int64_t)iv);
-        } else {
-            return 0;
-        }
-        if (append_new(out, value)) return 0;
-    }
-    return 1;
-}
-
-/* The first value of feature `name` of an Example: 1 and *out (None for a missing
- * or empty feature), or 0 (AGAIN: what protobuf would merge, or a malformed wire). */
-static int first_value(const uint8_t *p, const uint8_t *end, const char *name, size_t nlen,
-                       PyObject **out) {
-    const uint8_t *fs, *fe, *k, *ke, *v, *ve, *vs = NULL, *vend = NULL, *ls, *le;
-    int got, kind;
-    if (!example_features(p, end, &fs, &fe)) return 0;
-    for (p = fs; (got = next_entry(&p, fe, &k, &ke, &v, &ve)) == 1;) {
-        if ((size_t)(ke - k) == nlen && memcmp(k, name, nlen) == 0) {
-            if (vs != NULL) return 0; /* a repeated key */
-            vs = v, vend = ve;
-        }
-    }
-    if (got == 0) return 0;
-    if (vs == NULL) {
-        *out = Py_NewRef(Py_None);
-        return 1;
-    }
-    if (!feature_list(vs, vend, &kind, &ls, &le)) return 0;
-    PyObject *values = PyList_New(0);
-    if (values == NULL || !list_values(ls, le, kind, 1, values)) {
-        Py_XDECREF(values);
-        return 0;
-    }
-    *out = Py_NewRef(PyList_GET_SIZE(values) ? PyList_GET_ITEM(values, 0) : Py_None);
-    Py_DECREF(values);
-    return 1;
-}
-
-/* example_dict(payload) -> {feature: value} (single values unwrapped, lists otherwise:
- * Reader.to_dict of the decoded Example), or AGAIN. */
-static PyObject *py_example_dict(PyObject *module, PyObject *arg) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const uint8_t *p = view.buf, *end = p + view.len, *fs, *fe, *k, *ke, *v, *ve, *ls, *le;
-    int got = 0, kind;
-    PyObject *out = PyDict_New();
-    if (out != NULL && example_features(p, end, &fs, &fe)) {
-        for (p = fs; (got = next_entry(&p, fe, &k, &ke, &v, &ve)) == 1;) {
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)k, ke - k, NULL);
-            PyObject *values = name == NULL ? NULL : PyList_New(0);
-            int ok = values != NULL && !PyDict_Contains(out, name) &&
-                     feature_list(v, ve, &kind, &ls, &le) &&
-                     list_values(ls, le, kind, PY_SSIZE_T_MAX, values) &&
-                     PyDict_SetItem(out, name, PyList_GET_SIZE(values) == 1
-                                                   ? PyList_GET_ITEM(values, 0)
-                                                   : values) == 0;
-            Py_XDECREF(name);
-            Py_XDECREF(values);
-            if (!ok) {
-                got = 0;
-                break;
-            }
-        }
-    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    int settled = example_items(p, p + view.len, select, &out);
     PyBuffer_Release(&view);
-    if (out == NULL) return NULL;
-    if (got != 2) { /* odd, malformed or a failed allocation: the Python path */
+    if (!settled) { /* odd, malformed or a failed allocation: the Python path */
         PyErr_Clear();
-        Py_DECREF(out);
         return Py_NewRef(AGAIN);
     }
     return out;
@@ -462,6 +318,8 @@ again:
     return Py_NewRef(AGAIN);
 }
 
+#include "hot_batch.h"
+
 static PyObject *py_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyObject_TypeCheck(args[0], &LookupType) || !PyUnicode_Check(args[1]) ||
         !PyDict_Check(args[2])) {
@@ -511,8 +369,10 @@ static PyMethodDef methods[] = {
      "get(lookup, key, sources, feature, verify): one checked read by key."},
     {"read_rows", (PyCFunction)(void (*)(void))py_read_rows, METH_FASTCALL,
      "read_rows(rows, at, sources, file_type, verify, keyed, names): a batch's payloads."},
-    {"example_dict", py_example_dict, METH_O,
-     "example_dict(payload): {feature: value} of an Example, or AGAIN."},
+    {"read_batch", (PyCFunction)(void (*)(void))py_read_batch, METH_FASTCALL,
+     "read_batch(lookup, items, layout, sources, verify, keyed, dicts, select): a batch."},
+    {"example_dict", (PyCFunction)(void (*)(void))py_example_dict, METH_FASTCALL,
+     "example_dict(payload, select=None): {feature: value} of an Example, or AGAIN."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,10 +13,14 @@ correct case; anything else (a shard not opened yet, a changed file, a failed
 check, an unusual Example, any SQLite error) comes back as ``AGAIN`` and the
 reader does the whole read in Python, whose errors are the reference.
 
-:data:`read_rows` reads and checks a batch's payloads (``get_many``,
-``get_many_at``, ``RecordDataset`` batches) in one call; :data:`example_dict`
-gives a ``RecordDataset`` batch's items (``to_dict`` of each Example) straight from
-the checked payloads, without protobuf objects.
+:data:`read_batch` does a whole batch (``get_many``, ``get_many_at``,
+``get_dicts``, ``RecordDataset`` batches) in one call: each key or position looked
+up through a statement prepared the same way, the payloads read in file order and
+checked, the items (``to_dict`` of each Example, or of some of its features) built
+straight off the wire (:mod:`shardcat.readers.batch`). Where the lookup cannot run
+natively (a PostgreSQL catalog, a batch naming a soft-deleted key), :data:`read_rows`
+reads and checks rows found in Python, and :data:`example_dict` builds an item from a
+payload.
 
 Measured and kept (``benchmarks/hotpath.py``; see ``benchmarks/HISTORY.md``);
 ``SHARDCAT_NATIVE=0`` turns it off (the pure-Python path is the tested fallback).
@@ -34,7 +38,16 @@ from typing import Any
 from shardcat.catalog.connections import before_close
 from shardcat.sources.local import FileSource
 
-__all__ = ["AGAIN", "MISS", "HotLookups", "available", "example_dict", "read", "read_rows"]
+__all__ = [
+    "AGAIN",
+    "MISS",
+    "HotLookups",
+    "available",
+    "example_dict",
+    "read",
+    "read_batch",
+    "read_rows",
+]
 
 _hot: ModuleType | None
 try:
@@ -51,8 +64,13 @@ read: Any = getattr(_hot, "get", None)
 #: read_rows(rows, at, sources, file_type, verify, keyed, names): a batch's checked
 #: TFRecord payloads in batch order, or ``AGAIN`` (see ``DatasetView._read_natively``)
 read_rows: Any = getattr(_hot, "read_rows", None)
-#: example_dict(payload): ``Reader.to_dict`` of the Example, straight off the wire,
-#: or ``AGAIN`` (an odd or malformed wire: decode it)
+#: read_batch(lookup, items, layout, sources, verify, keyed, dicts, select): a batch
+#: of keys or positions looked up, read and checked, as payloads or dicts; ``AGAIN``;
+#: or ``(shard ids,)`` whose sources to open first (see ``readers/hot_batch.h``)
+read_batch: Any = getattr(_hot, "read_batch", None)
+#: example_dict(payload, select=None): ``Reader.to_dict`` of the Example (of the
+#: features in the tuple ``select`` only), straight off the wire, or ``AGAIN`` (an
+#: odd or malformed wire: decode it)
 example_dict: Any = getattr(_hot, "example_dict", None)
 
 # the sqlite3.Connection layout the extension reads (its sqlite3 * after the object head)

@@ -73,16 +73,17 @@ from shardcat.errors import (
 from shardcat.formats.base import Location
 from shardcat.formats.checks import checked_chunks, crc32c, key_check, mismatch
 from shardcat.readers import record_view
+from shardcat.readers.batch import BatchReads
 from shardcat.readers.hot import AGAIN
 from shardcat.readers.index import DatasetIndex
 from shardcat.readers.verify import extents_of, verify_records
-from shardcat.readers.view import DatasetView, follows_reindex, one_call
+from shardcat.readers.view import follows_reindex, one_call
 from shardcat.sources.rawio import Source
 
 __all__ = ["Reader"]
 
 
-class Reader(DatasetView):
+class Reader(BatchReads):
     """Random access to one dataset of a catalog (any container format).
 
     Keys are strings. ``reader[key]`` raises ``KeyError`` for a missing key;
@@ -317,12 +318,11 @@ class Reader(DatasetView):
         """
         keys = [str(k) for k in keys]
         if self._by_position:
-            positions = [self._position_of_key(k) for k in keys]
-            missing = [k for k, p in zip(keys, positions, strict=True) if p is None]
-            if missing:
-                raise KeyNotFoundError(self._missing_message(missing))
-            return self.get_many_at([p for p in positions if p is not None], raw=raw)
+            return self.get_many_at(self._positions_of(keys), raw=raw)
         conn = self._conn()
+        got = self._native_records(conn, keys, True, raw)
+        if got is not AGAIN:
+            return got  # type: ignore[no-any-return]
         rows = lookup.records_by_key(conn, self._sql, keys)
         if self._deleted:
             rows = [r for r in rows if keys[r[0]] not in self._deleted]
@@ -336,8 +336,12 @@ class Reader(DatasetView):
     @follows_reindex
     def get_record_at(self, position: int, *, raw: bool = False) -> Any:
         """The record at ``position`` (0..len-1, negative counts from the end): one
-        point query on (shard, ordinal)."""
+        point query on (shard, ordinal) (the native batch read of one, where it applies)."""
         conn = self._conn()
+        if self._hot_at is not None:
+            got = self._native_records(conn, [position], False, raw)
+            if got is not AGAIN:
+                return got[0]
         shard, ordinal = self._shard_at(position)
         row = conn.execute(self._sql.at, (shard.id, ordinal)).fetchone()  # _row_at inlined
         if row is None:
@@ -377,6 +381,10 @@ class Reader(DatasetView):
         conn = self._conn()
         if isinstance(positions, slice):
             positions = range(*positions.indices(self._len))
+        positions = list(positions)
+        got = self._native_records(conn, positions, False, raw)
+        if got is not AGAIN:
+            return got  # type: ignore[no-any-return]
         return self._load(conn, self._rows_at(conn, positions), raw, None)
 
     def _name(self, row: lookup.Row, names: Sequence[Any] | None) -> Any:
@@ -471,11 +479,6 @@ class Reader(DatasetView):
             source.check()
         return out
 
-    def _missing_message(self, missing: list[str]) -> str:
-        shown = ", ".join(repr(k) for k in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        return f"{len(missing)} key(s) not in dataset {self.dataset!r}: {shown}{more}"
-
     # -- keys and SQL ------------------------------------------------------------
 
     def iter_keys(self) -> Iterator[str]:
@@ -541,14 +544,6 @@ class Reader(DatasetView):
         :mod:`shardcat.readers.index`); files named as the reader was given them."""
         return DatasetIndex(self, self.names_as_given)
 
-    def features(self, record: Any) -> dict[str, list[Any]]:
-        """A decoded record as ``{feature: [values]}``."""
-        return record_view.features(self._fmt, record)
-
-    def to_dict(self, record: Any) -> dict[str, Any]:
-        """A decoded record as ``{feature: value}``: single values unwrapped, others lists."""
-        return {k: v[0] if len(v) == 1 else v for k, v in self.features(record).items()}
-
     def describe(self) -> dict[str, str]:
         """Feature name -> type, read off the first record."""
         if not self._len:
@@ -593,9 +588,10 @@ class Reader(DatasetView):
         if self.closed:
             return
         self._pool.close()
-        hot = getattr(self, "_hot", None)  # (None too when __init__ failed before it)
-        if hot is not None:
-            hot.clear()  # its statements, before their connections close
+        for name in ("_hot", "_hot_at"):  # (None too when __init__ failed before them)
+            hot = getattr(self, name, None)
+            if hot is not None:
+                hot.clear()  # its statements, before their connections close
         self.catalog.close()  # (its store only when the handle opened it)
         self.closed = True
 

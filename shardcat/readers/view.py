@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import functools
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -193,11 +194,13 @@ class DatasetView:
         #: records as ``to_dict`` gives them straight off the wire (None: decode them)
         self.native_dicts = hot.example_dict if examples and hot.available() else None
         self._native_rows = self.native_dicts is not None  # batches read by hot.read_rows
+        native = examples and catalog.backend.dialect.native_lookups and hot.available()
         #: the native single read by key (:mod:`shardcat.readers.hot`), where it applies
-        self._hot_kind = (
-            self._plain and examples and catalog.backend.dialect.native_lookups and hot.available()
-        )
+        self._hot_kind = self._plain_kind and native  # (_native checks soft deletes)
+        #: ... and the native batch read by key or position (:mod:`shardcat.readers.batch`)
+        self._hot_at_kind = self._one_range and not self._parts and native
         self._hot: hot.HotLookups | None = None
+        self._hot_at: hot.HotLookups | None = None
         self._read_from(None)
         self._files_only = False  # every shard a plain local file (set with the shards)
         self.refresh()
@@ -290,9 +293,11 @@ class DatasetView:
         batch = self.catalog.backend.dialect.batch_items
         self._sql = lookup.statements(self._id, self._one_range, self._parts, batch, donor)
         self._at = self._sql.offset  # where a record row's location starts
-        if self._hot is not None:
-            self._hot.clear()
+        for held in (self._hot, self._hot_at):
+            if held is not None:
+                held.clear()
         self._hot = hot.HotLookups(self._sql.one) if self._hot_kind else None
+        self._hot_at = hot.HotLookups(self._sql.one_at) if self._hot_at_kind else None
 
     def _load_shards(self, conn: ReadConnection, version: int) -> None:
         directory = self.catalog.directory
@@ -315,6 +320,13 @@ class DatasetView:
         self._starts = [s.first for s in self._order]
         self._load_deleted(conn)
         self._len = sum(s.count for s in self._order) - len(self._dead)
+        #: what the native batch read maps positions with (:data:`hot.read_batch`)
+        self._layout_buffers = (
+            array("q", self._starts),
+            array("q", [s.id for s in self._order]),
+            self._len,
+            array("q", self._skip),
+        )
         self._files_only = not any(s.compression or "://" in s.path for s in self._order)
         self._version = version
         if self._pinned is not None and self._layout() != self._pinned:

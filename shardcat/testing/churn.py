@@ -5,7 +5,7 @@ can tell whether bytes it got are exactly one version's bytes of that key
 without knowing which version is current. A writer process rewrites shards
 (new layout, new payload sizes; replaced with ``os.replace`` or rewritten in
 place) and re-ingests them; reader processes (each one reader, shared by
-``threads`` threads) read random keys (single reads and ``get_many`` batches)
+``threads`` threads) read random keys (single reads, ``get_many`` and ``get_dicts`` batches)
 and count what they get:
 
 - ``ok``: a version's exact bytes of the key asked for;
@@ -130,6 +130,8 @@ def _explained(exc: Exception, before: list[int], after: list[int]) -> bool:
 def _read(reader: Any, batch: list[str]) -> list[Any]:
     if len(batch) == 1:
         return [reader.get_feature(batch[0], "bin")]
+    if batch[0][-1] in "02468":  # half the batches as dicts (the training path)
+        return [d["bin"] for d in reader.get_dicts(batch, ["bin"])]
     return [reader.features(r)["bin"][0] for r in reader.get_many(batch)]
 
 
