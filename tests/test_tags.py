@@ -2,7 +2,9 @@
 versions and record set; ``"dataset@name"`` reads exactly that set later (readers,
 samplers, the SQL view, snapshots) after re-ingests that change shards, adds,
 deletes and undeletes; a pinned shard whose file changed is a ``StaleShardError``
-naming the tag; ``untag`` removes the rows; on SQLite and PostgreSQL catalogs."""
+naming the tag; ``untag`` removes the rows; on SQLite and PostgreSQL catalogs. A tag
+reads the dataset's rows by reference (nothing copied when tagging; a tag of a subset
+reads the donor's) and gets its own copy before an ingest writes them."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from shardcat.migrations import schema as schema_steps
 from shardcat.readers.sampler import RecordSampler
 from shardcat.readers.torch import RecordDataset
 from shardcat.testing.postgres import find_binaries, fresh_database, postgres_server
+from tests.test_subset import sharing
 
 runner = CliRunner()
 KEYS = [f"r{i:02d}" for i in range(20)]
@@ -123,16 +126,6 @@ def _rows(cat: Catalog) -> dict[str, int]:
     return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
 
 
-def _shared(cat: Catalog, name: str) -> tuple[int, int]:
-    """(shards the dataset reads by reference, rows in its own records table)."""
-    ((dataset_id,),) = cat.query("SELECT id FROM shardcat_datasets WHERE name = ?", [name])
-    ((shared,),) = cat.query(
-        "SELECT count(*) FROM shardcat_shares WHERE dataset_id = ?", [dataset_id]
-    )
-    ((own,),) = cat.query(f'SELECT count(*) FROM "shardcat_records_{dataset_id}"')
-    return shared, own
-
-
 def test_a_tag_copies_no_record(tmp_path: Path, shards: str) -> None:
     """A tag reads the dataset's rows by reference: tagging adds shard rows, shares
     and marks, no record, member or seek point."""
@@ -146,7 +139,7 @@ def test_a_tag_copies_no_record(tmp_path: Path, shards: str) -> None:
         after = _rows(cat)
         assert {n: after[n] for n in before} == before  # nothing copied
         assert sum(after.values()) == sum(before.values())  # the tags' own tables are empty
-        assert (_shared(cat, "d@v1"), _shared(cat, "t@v1")) == ((2, 0), (1, 0))
+        assert (sharing(cat, "d@v1"), sharing(cat, "t@v1")) == ((2, 0), (1, 0))
         with cat.dataset("d@v1") as reader:
             assert len(reader) == 19 and image(reader, "r12") == bytes([12]) * 30
         with cat.dataset("t@v1") as reader:
@@ -164,10 +157,10 @@ def test_a_reingest_gives_the_tag_its_copy_first(tmp_path: Path, shards: str) ->
         (tmp_path / "b.tfrecord").rename(tmp_path / "kept.bin")
         write(tmp_path / "b.tfrecord", 10, 10, tag=b"v2", when=10**18)
         cat.ingest(shards, "d", workers=1, rescan=True).close()
-        assert _shared(cat, "d@v1") == (0, 20)  # its own copy, made before b's rows changed
+        assert sharing(cat, "d@v1") == (0, 20)  # its own copy, made before b's rows changed
         write(tmp_path / "b.tfrecord", 10, 10, tag=b"v3", when=10**18 + 1)
         cat.ingest(shards, "d", workers=1, rescan=True).close()
-        assert _shared(cat, "d@v1") == (0, 20)  # copied once
+        assert sharing(cat, "d@v1") == (0, 20)  # copied once
         with cat.dataset("d") as reader:
             assert image(reader, "r12").startswith(b"v3")
         (tmp_path / "b.tfrecord").unlink()
@@ -183,9 +176,9 @@ def test_a_tag_of_a_subset_shares_the_donors_rows(tmp_path: Path, shards: str) -
     with Catalog(tmp_path / "c.sqlite") as cat:
         cat.ingest(shards, "d", workers=1).close()
         cat.ingest(str(tmp_path / "b.tfrecord"), "sub", workers=1).close()
-        assert _shared(cat, "sub") == (1, 0)
+        assert sharing(cat, "sub") == (1, 0)
         cat.tag("sub", "v1")
-        assert _shared(cat, "sub@v1") == (1, 0)
+        assert sharing(cat, "sub@v1") == (1, 0)
         ((donor,),) = cat.query(
             "SELECT DISTINCT x.donor_id FROM shardcat_shares x JOIN shardcat_datasets d "
             "ON d.id = x.dataset_id WHERE d.name = 'sub@v1'"
@@ -193,9 +186,9 @@ def test_a_tag_of_a_subset_shares_the_donors_rows(tmp_path: Path, shards: str) -
         assert donor == cat.query("SELECT id FROM shardcat_datasets WHERE name = 'd'")[0][0]
         write(tmp_path / "a.tfrecord", 0, 10, tag=b"v2", when=10**18)
         cat.ingest(shards, "d", workers=1).close()  # a re-indexed, b's rows stay
-        assert _shared(cat, "sub@v1") == (1, 0)
+        assert sharing(cat, "sub@v1") == (1, 0)
         cat.drop("d")
-        assert (_shared(cat, "sub"), _shared(cat, "sub@v1")) == ((0, 10), (0, 10))
+        assert (sharing(cat, "sub"), sharing(cat, "sub@v1")) == ((0, 10), (0, 10))
         with cat.dataset("sub@v1") as reader:
             assert reader.get_keys() == KEYS[10:] and image(reader, "r15") == bytes([15]) * 30
 
@@ -207,11 +200,11 @@ def test_untag_leaves_a_subset_reading_the_tags_rows_whole(tmp_path: Path, shard
         cat.ingest(shards, "d", workers=1).close()
         cat.tag("d", "v1")
         cat.ingest(str(tmp_path / "a.tfrecord"), "d", workers=1).close()  # b left d
-        assert _shared(cat, "d@v1") == (0, 20)
+        assert sharing(cat, "d@v1") == (0, 20)
         cat.ingest(str(tmp_path / "b.tfrecord"), "sub", workers=1).close()
-        assert _shared(cat, "sub") == (1, 0)  # the tag's rows: b is in no other dataset
+        assert sharing(cat, "sub") == (1, 0)  # the tag's rows: b is in no other dataset
         cat.untag("d", "v1")
-        assert _shared(cat, "sub") == (0, 10)
+        assert sharing(cat, "sub") == (0, 10)
         with cat.dataset("sub") as reader:
             assert reader.get_keys() == KEYS[10:] and image(reader, "r15") == bytes([15]) * 30
 
