@@ -354,7 +354,7 @@ def test_a_tag_of_a_subset_pins_its_rows(tmp_path: Path, train: Any) -> None:
     keys = subset_keys(images)
     cat.ingest(str(tmp_path / SUBSET), "sub").close()
     cat.tag("sub", "v1")
-    assert sharing(cat, "sub") == (3, 0)  # the tag copied the donor's rows, not the subset
+    assert sharing(cat, "sub") == (3, 0)  # the tag shares the donor's rows too
     write_shard(tmp_path, 2, version=1)
     cat.ingest(str(tmp_path / "train-*.tfrecord"), "train").close()
     with cat.dataset("sub@v1") as pinned:

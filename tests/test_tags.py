@@ -2,7 +2,9 @@
 versions and record set; ``"dataset@name"`` reads exactly that set later (readers,
 samplers, the SQL view, snapshots) after re-ingests that change shards, adds,
 deletes and undeletes; a pinned shard whose file changed is a ``StaleShardError``
-naming the tag; ``untag`` removes the rows; on SQLite and PostgreSQL catalogs."""
+naming the tag; ``untag`` removes the rows; on SQLite and PostgreSQL catalogs. A tag
+reads the dataset's rows by reference (nothing copied when tagging; a tag of a subset
+reads the donor's) and gets its own copy before an ingest writes them."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from shardcat.migrations import schema as schema_steps
 from shardcat.readers.sampler import RecordSampler
 from shardcat.readers.torch import RecordDataset
 from shardcat.testing.postgres import find_binaries, fresh_database, postgres_server
+from tests.test_subset import sharing
 
 runner = CliRunner()
 KEYS = [f"r{i:02d}" for i in range(20)]
@@ -108,6 +111,102 @@ def test_a_tag_reads_what_it_pinned_after_changes(tmp_path: Path, shards: str) -
         assert cat.query(sql, engine="duckdb") == [(19, sum(range(20)) - 3)]
         assert [d.name for d in cat.datasets()] == ["d"]  # a tag is no dataset of its own
         assert cat.info("d").tags == 1
+
+
+def _rows(cat: Catalog) -> dict[str, int]:
+    """Rows of every records table, of members and of seek points, by table."""
+    conn = cat.store.reader_connection()
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND (name LIKE "
+            "'shardcat_records_%' OR name IN ('shardcat_members', 'shardcat_seek_indexes'))"
+        )
+    ]
+    return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
+
+
+def test_a_tag_copies_no_record(tmp_path: Path, shards: str) -> None:
+    """A tag reads the dataset's rows by reference: tagging adds shard rows, shares
+    and marks, no record, member or seek point."""
+    _tar_gz(tmp_path / "a.tar.gz", 0, 30)
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(shards, "d", workers=1).close()
+        cat.ingest(str(tmp_path / "*.tar.gz"), "t", workers=1).close()
+        cat.delete("d", keys=["r03"])
+        before = _rows(cat)
+        assert (cat.tag("d", "v1").records, cat.tag("t", "v1").records) == (19, 30)
+        after = _rows(cat)
+        assert {n: after[n] for n in before} == before  # nothing copied
+        assert sum(after.values()) == sum(before.values())  # the tags' own tables are empty
+        assert (sharing(cat, "d@v1"), sharing(cat, "t@v1")) == ((2, 0), (1, 0))
+        with cat.dataset("d@v1") as reader:
+            assert len(reader) == 19 and image(reader, "r12") == bytes([12]) * 30
+        with cat.dataset("t@v1") as reader:
+            assert reader.get_record("sample0012") == {"txt": b"text 12", "cls": b"5"}
+
+
+def test_a_reingest_gives_the_tag_its_copy_first(tmp_path: Path, shards: str) -> None:
+    """The live dataset's re-ingest of a changed shard copies the tag's rows first
+    (once): the tag reads its pinned bytes after it."""
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(shards, "d", workers=1).close()
+        cat.tag("d", "v1")
+        with cat.dataset("d@v1") as reader:
+            pinned = {k: image(reader, k) for k in KEYS}
+        (tmp_path / "b.tfrecord").rename(tmp_path / "kept.bin")
+        write(tmp_path / "b.tfrecord", 10, 10, tag=b"v2", when=10**18)
+        cat.ingest(shards, "d", workers=1, rescan=True).close()
+        assert sharing(cat, "d@v1") == (0, 20)  # its own copy, made before b's rows changed
+        write(tmp_path / "b.tfrecord", 10, 10, tag=b"v3", when=10**18 + 1)
+        cat.ingest(shards, "d", workers=1, rescan=True).close()
+        assert sharing(cat, "d@v1") == (0, 20)  # copied once
+        with cat.dataset("d") as reader:
+            assert image(reader, "r12").startswith(b"v3")
+        (tmp_path / "b.tfrecord").unlink()
+        (tmp_path / "kept.bin").rename(tmp_path / "b.tfrecord")
+        with cat.dataset("d@v1") as reader:
+            assert {k: image(reader, k) for k in KEYS} == pinned
+            assert pinned["r12"] == bytes([12]) * 30
+
+
+def test_a_tag_of_a_subset_shares_the_donors_rows(tmp_path: Path, shards: str) -> None:
+    """A tag of a dataset that reads another's rows by reference shares the donor's
+    rows; the donor's re-ingest copies both the subset's and the tag's."""
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(shards, "d", workers=1).close()
+        cat.ingest(str(tmp_path / "b.tfrecord"), "sub", workers=1).close()
+        assert sharing(cat, "sub") == (1, 0)
+        cat.tag("sub", "v1")
+        assert sharing(cat, "sub@v1") == (1, 0)
+        ((donor,),) = cat.query(
+            "SELECT DISTINCT x.donor_id FROM shardcat_shares x JOIN shardcat_datasets d "
+            "ON d.id = x.dataset_id WHERE d.name = 'sub@v1'"
+        )
+        assert donor == cat.query("SELECT id FROM shardcat_datasets WHERE name = 'd'")[0][0]
+        write(tmp_path / "a.tfrecord", 0, 10, tag=b"v2", when=10**18)
+        cat.ingest(shards, "d", workers=1).close()  # a re-indexed, b's rows stay
+        assert sharing(cat, "sub@v1") == (1, 0)
+        cat.drop("d")
+        assert (sharing(cat, "sub"), sharing(cat, "sub@v1")) == ((0, 10), (0, 10))
+        with cat.dataset("sub@v1") as reader:
+            assert reader.get_keys() == KEYS[10:] and image(reader, "r15") == bytes([15]) * 30
+
+
+def test_untag_leaves_a_subset_reading_the_tags_rows_whole(tmp_path: Path, shards: str) -> None:
+    """A tag that owns its rows may be a new subset's donor; untag copies them to the
+    subset first."""
+    with Catalog(tmp_path / "c.sqlite") as cat:
+        cat.ingest(shards, "d", workers=1).close()
+        cat.tag("d", "v1")
+        cat.ingest(str(tmp_path / "a.tfrecord"), "d", workers=1).close()  # b left d
+        assert sharing(cat, "d@v1") == (0, 20)
+        cat.ingest(str(tmp_path / "b.tfrecord"), "sub", workers=1).close()
+        assert sharing(cat, "sub") == (1, 0)  # the tag's rows: b is in no other dataset
+        cat.untag("d", "v1")
+        assert sharing(cat, "sub") == (0, 10)
+        with cat.dataset("sub") as reader:
+            assert reader.get_keys() == KEYS[10:] and image(reader, "r15") == bytes([15]) * 30
 
 
 def test_a_changed_pinned_shard_is_a_named_error(tmp_path: Path, shards: str) -> None:

@@ -116,7 +116,7 @@ def choose(
 
 
 def _ingestable(rows: Sequence[Any]) -> list[Any]:
-    """The rows of datasets an ingest may write: not a tag's pinned copy (``d@tag``)."""
+    """The rows of datasets an ingest may write: not a tag's pinned dataset (``d@tag``)."""
     return [r for r in rows if schema.tag_of(str(r[1])) is None]
 
 

@@ -2,13 +2,15 @@
 
 A new dataset over shards another dataset has indexed with the same rule (a
 reader over ``train-0000[1-3].tfrecord`` after ``train-*.tfrecord``: see
-:mod:`~shardcat.catalog.reuse`) does not copy their rows: :func:`share` gives it
+:mod:`~shardcat.catalog.reuse`), and a tag of a dataset
+(:mod:`~shardcat.catalog.tags`), does not copy their rows: :func:`share` gives it
 its own shard rows (path, file identity, record count, so its own positions)
 and one ``shardcat_shares`` row per shard naming the donor's shard. Its lookups,
 its deleted keys and its SQL view read the donor's records table restricted to
 those shards (:func:`~shardcat.catalog.lookup.records_source`), so opening it
-costs its shards, not its records. Soft deletes stay per dataset (marks are by
-dataset and key).
+(or tagging a dataset) costs its shards, not its records. One made from a
+dataset that reads by reference itself reads that dataset's donor's rows. Soft
+deletes stay per dataset (marks are by dataset and key).
 
 A dataset reads all its indexed shards this way or none, and the rows it reads
 never change under it: before anything writes records, :func:`release` makes
@@ -39,25 +41,43 @@ MEMBER_COLUMNS = ("shard_id", "ordinal", "name", "offset", "length", "extents", 
 
 _SHARD_COPY = (
     "INSERT INTO shardcat_shards (dataset_id, path, size, mtime_ns, fingerprint, compression, "
-    "num_records, state, indexed_at, generation, ino, ctime_ns) SELECT ?, path, size, mtime_ns, "
-    "fingerprint, compression, num_records, 'ready', indexed_at, 1, ino, ctime_ns "
-    "FROM shardcat_shards WHERE id = ?"
+    "num_records, state, indexed_at, generation, first_position, ino, ctime_ns) SELECT ?, path, "
+    "size, mtime_ns, fingerprint, compression, num_records, 'ready', indexed_at, {generation}, "
+    "first_position, ino, ctime_ns FROM shardcat_shards WHERE dataset_id = ? AND {among}"
+)
+# each new shard reads the rows its source shard reads: the source's own, or (a source
+# reading by reference itself) its donor's
+_SHARES = (
+    "INSERT INTO shardcat_shares (dataset_id, shard_id, donor_id, donor_shard_id) "
+    "SELECT ?, s.id, coalesce(x.donor_id, d.dataset_id), coalesce(x.donor_shard_id, d.id) "
+    "FROM shardcat_shards s JOIN shardcat_shards d ON d.path = s.path "
+    "LEFT JOIN shardcat_shares x ON x.shard_id = d.id "
+    "WHERE s.dataset_id = ? AND d.dataset_id = ? AND {among}"
 )
 
 
 def share(
-    conn: Connection, dataset_id: int, name: str, donor_id: int, shard_ids: Sequence[int]
+    conn: Connection,
+    dataset_id: int,
+    name: str,
+    source_id: int,
+    shard_ids: Sequence[int],
+    *,
+    pinned: bool = False,
 ) -> None:
-    """Give the new dataset ``dataset_id`` the donor's shards ``shard_ids`` (ready)
-    by reference: its own shard rows (file identity and ``indexed_at`` kept), their
-    shares, the donor's field columns (same ``v<idx>``, so its view reads the donor's
-    table) and its view. The caller moves its version and positions. Driver SQL, a
-    few statements whatever the number of shards."""
+    """Give the new dataset ``dataset_id`` the shards ``shard_ids`` of dataset
+    ``source_id`` (ready) by reference: its own shard rows (file identity,
+    ``indexed_at`` and positions kept; ``pinned``: their ``generation`` too, as a tag
+    keeps them, else 1), their shares (the rows the source's shards read: a source
+    that reads by reference itself passes on its donor's), the source's field columns
+    (same ``v<idx>``, so its view reads the donor's table) and its view. The caller
+    moves its version (and positions). Driver SQL, a few statements whatever the
+    number of shards."""
     fields = run(
         conn,
         "SELECT name, column_name, sql_type, idx FROM shardcat_fields WHERE dataset_id = ? "
         "ORDER BY idx",
-        (donor_id,),
+        (source_id,),
     ).all()
     table = schema.records_table_name(dataset_id)
     for field in fields:  # (its own table gets them too, for the copy it may make)
@@ -70,15 +90,13 @@ def share(
             "VALUES (?, ?, ?, ?, ?)",
             [(dataset_id, *field) for field in fields],
         )
-    run(conn, _SHARD_COPY, [(dataset_id, shard_id) for shard_id in shard_ids])
-    among, listed = dialect_of(conn).any_of("d.id", list(shard_ids))
-    run(
-        conn,
-        "INSERT INTO shardcat_shares (dataset_id, shard_id, donor_id, donor_shard_id) "
-        "SELECT ?, s.id, ?, d.id FROM shardcat_shards s JOIN shardcat_shards d "
-        f"ON d.path = s.path WHERE s.dataset_id = ? AND d.dataset_id = ? AND {among}",
-        (dataset_id, donor_id, dataset_id, donor_id, listed),
-    )
+    if shard_ids:
+        among, listed = dialect_of(conn).any_of("id", list(shard_ids))
+        generation = "generation" if pinned else "1"
+        copy = _SHARD_COPY.format(generation=generation, among=among)
+        run(conn, copy, (dataset_id, source_id, listed))
+        among, listed = dialect_of(conn).any_of("d.id", list(shard_ids))
+        run(conn, _SHARES.format(among=among), (dataset_id, dataset_id, source_id, listed))
     tables.create_view(conn, dataset_id, name)
 
 

@@ -3,67 +3,49 @@
 
 A tag is a row of ``shardcat_tags`` and a *pinned dataset*: a dataset row named
 ``<dataset>@<tag>`` (a name no user's dataset can take: ``@`` is no identifier
-character) holding a copy of what readers of the dataset saw when it was
-tagged, in one write transaction (one moment of the dataset):
+character) holding what readers of the dataset saw when it was tagged, in one
+write transaction (one moment of the dataset):
 
 - a shard row per shard with an indexed version, carrying that version: its
   ``generation`` and the file identity it was indexed from (size, mtime, inode,
   ctime, fingerprint), its positions and record count;
-- its own records table (the rows of those versions, field values included,
-  with the field indexes the dataset has), members and seek points, and the
-  dataset's soft-delete marks;
+- the rows of those versions *by reference* (:mod:`~shardcat.catalog.shares`, as
+  a subset reads its donor's): records with their field values, members and seek
+  points stay in the dataset's tables (in its donor's, when the dataset itself
+  reads by reference); the tag's own records table is empty, with the field
+  indexes the dataset's has;
+- a copy of the dataset's soft-delete marks;
 - its view, named ``<dataset>@<tag>`` (SQL: ``SELECT * FROM "train@v1"``).
 
-The live dataset's ingests, deletes and drops never touch the pinned copy, so
-every reader (``Catalog.dataset("train@v1")``, samplers, snapshots, SQL) reads
-exactly the tagged record set through the same code as any dataset, and reads
-of the live dataset pay nothing for tags. A pinned shard whose file changed on
-disk since is a :class:`~shardcat.errors.StaleShardError` naming the tag and
-the file (checked like every shard, by its identity); one the live dataset
-dropped reads fine while its file is unchanged.
-
-Why a copy rather than rows shared with the live dataset (kept aside when a
-re-ingest replaces them): the readers' lookups, the native hot path, tar
-members, seek points, snapshots and the columnar mirror then need no second
-code path, and the live dataset's ingest (:mod:`~shardcat.catalog.commit`)
-none; the price is the copy, O(records) in time and space per tag (at 1M
-records: 2-3 s, and the rows once more: ``benchmarks/tags_bench.py``). Sharing
-rows by reference is what a subset of a dataset needs too; a tag can take that
-machinery once it exists. :func:`unpin` drops the copy (its records table, rows
-and view) at once.
+So tagging costs the dataset's shards and deleted marks, not its records. The
+rows a tag reads never change under it: before the live dataset's ingest
+rewrites or drops a shard's rows (a changed shard re-indexed, a shard gone,
+duplicates dropped, the donor dropped), :func:`~shardcat.catalog.shares.release`
+copies every row the tag reads into its own tables, once; from then on it owns
+them. Every reader (``Catalog.dataset("train@v1")``, samplers, snapshots, SQL)
+reads exactly the tagged record set through the same code as any dataset, and
+reads of the live dataset pay nothing for tags. A pinned shard whose file
+changed on disk since is a :class:`~shardcat.errors.StaleShardError` naming the
+tag and the file (checked like every shard, by its identity); one the live
+dataset dropped reads fine while its file is unchanged. :func:`unpin` drops the
+tag's shard rows, shares, records table and view at once (a tag that owns its
+rows may be a new subset's donor: that subset copies them first).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection, Insert, delete, func, select
 
-from shardcat.catalog import schema, tables
+from shardcat.catalog import schema, shares, tables
 from shardcat.catalog.backend import dialect_of, run
-from shardcat.catalog.datasets import DatasetRow
+from shardcat.catalog.datasets import DELETED_COUNT, DatasetRow
+from shardcat.catalog.lookup import records_source
 from shardcat.errors import CatalogError
 
 __all__ = ["TagInfo", "listed", "pin", "refuse_write", "unpin"]
-
-# Columns of a shard row that a pinned shard keeps as they are.
-_SHARD_COLUMNS = (
-    "path",
-    "size",
-    "mtime_ns",
-    "fingerprint",
-    "compression",
-    "num_records",
-    "first_position",
-    "generation",
-    "ino",
-    "ctime_ns",
-    "indexed_at",
-)
-_RECORD_COLUMNS = ("ordinal", "key", '"offset"', "length", "extents", "item", "crc")
-_MEMBER_COLUMNS = ("ordinal", "name", '"offset"', "length", "extents", "crc")
 
 
 @dataclass(frozen=True)
@@ -108,13 +90,13 @@ def _check_tag_name(tag: str) -> None:
 
 
 def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
-    """Tag dataset ``live`` as ``tag``: copy what its readers see now into a pinned
-    dataset (see the module docstring); :class:`CatalogError` for a bad or taken
-    name."""
+    """Tag dataset ``live`` as ``tag``: a pinned dataset reading by reference what its
+    readers see now (see the module docstring); :class:`CatalogError` for a bad or
+    taken name."""
     _check_tag_name(tag)
     t, d = schema.tags, schema.datasets
     # the dataset's row locked first (PostgreSQL; SQLite's write lock holds it all):
-    # a shard commit or a delete bumps its version, so none lands mid-copy
+    # a shard commit or a delete bumps its version, so none lands mid-tag
     source = conn.execute(select(d).where(d.c.id == live.id).with_for_update()).mappings().one()
     taken = conn.execute(
         select(t.c.name).where(t.c.dataset_id == live.id, func.lower(t.c.name) == tag.lower())
@@ -136,15 +118,20 @@ def pin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
             version=source["version"],
         ),
     )
-    shards = _pin_shards(conn, live.id, pinned_id)
-    _pin_records(conn, live.id, pinned_id, shards)
     run(
         conn,
         "INSERT INTO shardcat_deleted (dataset_id, key) "
         "SELECT ?, key FROM shardcat_deleted WHERE dataset_id = ?",
         (pinned_id, live.id),
     )
-    tables.create_view(conn, pinned_id, name)
+    s = schema.shards
+    shards = (
+        conn.execute(select(s.c.id).where(s.c.dataset_id == live.id, s.c.generation.is_not(None)))
+        .scalars()
+        .all()
+    )
+    tables.create_records_table(conn, pinned_id)  # (empty: for the copy it may make)
+    shares.share(conn, pinned_id, name, live.id, shards, pinned=True)
     _pin_field_indexes(conn, live.id, pinned_id, name)
     records = _live_records(conn, pinned_id)
     created = time.time()
@@ -167,67 +154,9 @@ def _inserted(conn: Connection, insert: Insert) -> int:
     return int(key[0])
 
 
-def _pin_shards(conn: Connection, live_id: int, pinned_id: int) -> dict[int, int]:
-    """Copy the shard rows with an indexed version (as that version); returns the live
-    shard id -> the pinned shard id."""
-    s = schema.shards
-    rows = conn.execute(
-        select(s.c.id, *(s.c[c] for c in _SHARD_COLUMNS))
-        .where(s.c.dataset_id == live_id, s.c.generation.is_not(None))
-        .order_by(s.c.id)
-    ).all()
-    ids = {}
-    for row in rows:
-        values: dict[str, Any] = dict(zip(_SHARD_COLUMNS, row[1:], strict=True))
-        ids[row[0]] = _inserted(
-            conn, s.insert().values(dataset_id=pinned_id, state="ready", **values)
-        )
-    return ids
-
-
-def _pin_records(conn: Connection, live_id: int, pinned_id: int, shards: dict[int, int]) -> None:
-    """The pinned shards' records (field columns included), members and seek points
-    (of a dataset reading another's rows by reference, those rows:
-    :mod:`~shardcat.catalog.shares`); the key index is built after the rows are in
-    (a sort)."""
-    tables.create_records_table(conn, pinned_id, key_index=False)
-    donor = tables.donor_of(conn, live_id)
-    x = schema.shares  # live shard -> the donor's shard its rows are under
-    read_from = dict(
-        conn.execute(
-            select(x.c.shard_id, x.c.donor_shard_id).where(x.c.dataset_id == live_id)
-        ).all()
-    )
-    f = schema.fields
-    registry = conn.execute(select(f).where(f.c.dataset_id == live_id)).mappings().all()
-    table = f'"{schema.records_table_name(pinned_id)}"'
-    for field in registry:
-        sql_type = tables.SQL_TYPES[field["sql_type"]]
-        run(conn, f"ALTER TABLE {table} ADD COLUMN v{int(field['idx'])} {sql_type}")
-        conn.execute(f.insert().values({**field, "dataset_id": pinned_id}))
-    records = [*_RECORD_COLUMNS, *(f"v{int(field['idx'])}" for field in registry)]
-    names = ", ".join(records)
-    into_records = (
-        f"INSERT INTO {table} (shard_id, {names}) SELECT ?, {names} "
-        f'FROM "{schema.records_table_name(donor or live_id)}" WHERE shard_id = ?'
-    )
-    members = ", ".join(_MEMBER_COLUMNS)
-    into_members = (
-        f"INSERT INTO shardcat_members (shard_id, {members}) SELECT ?, {members} "
-        "FROM shardcat_members WHERE shard_id = ?"
-    )
-    into_seek = (
-        "INSERT INTO shardcat_seek_indexes (shard_id, kind, data) SELECT ?, kind, data "
-        "FROM shardcat_seek_indexes WHERE shard_id = ?"
-    )
-    for live_shard, pinned_shard in shards.items():
-        for sql in (into_records, into_members, into_seek):
-            run(conn, sql, (pinned_shard, read_from.get(live_shard, live_shard)))
-    tables.create_key_index(conn, pinned_id)
-
-
 def _pin_field_indexes(conn: Connection, live_id: int, pinned_id: int, name: str) -> None:
-    """The field indexes the dataset has (``create_index``), on the pinned copy."""
+    """The field indexes the dataset's own table has (``create_index``), on the tag's
+    (empty until it copies its rows; meanwhile its view reads the donor's, indexed)."""
     sql = dialect_of(conn).index_names_sql
     have = {r[0] for r in run(conn, sql, (schema.records_table_name(live_id),))}
     for column, _, idx in tables.field_columns(conn, pinned_id).values():
@@ -241,12 +170,8 @@ def _live_records(conn: Connection, dataset_id: int) -> int:
     total = conn.execute(
         select(func.coalesce(func.sum(s.c.num_records), 0)).where(s.c.dataset_id == dataset_id)
     ).scalar_one()
-    dead = run(
-        conn,
-        f'SELECT count(*) FROM shardcat_deleted d JOIN "{schema.records_table_name(dataset_id)}" '
-        "r ON r.key = d.key WHERE d.dataset_id = ?",
-        (dataset_id,),
-    ).scalar_one()
+    records = records_source(dataset_id, tables.donor_of(conn, dataset_id))
+    dead = run(conn, DELETED_COUNT.format(records=records), (dataset_id,)).scalar_one()
     return int(total) - int(dead)
 
 
@@ -265,6 +190,7 @@ def unpin(conn: Connection, live: DatasetRow, tag: str) -> TagInfo:
     pinned_id = conn.execute(
         select(t.c.pinned_id).where(t.c.dataset_id == live.id, t.c.name == found[0].name)
     ).scalar_one()
+    shares.release(conn, pinned_id, None, own=False)  # (a tag that copied may be a donor)
     tables.drop_dataset_objects(conn, pinned_id, found[0].pinned)
     # its shards, members, seek points, marks and tag row go with it (ON DELETE CASCADE)
     conn.execute(delete(schema.datasets).where(schema.datasets.c.id == pinned_id))

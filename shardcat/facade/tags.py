@@ -21,8 +21,9 @@ class Tags:
         ``RecordDataset``, samplers, ``snapshot`` and SQL (the view ``"train@v1"``)
         see exactly that record set, after re-ingests, adds, deletes and undeletes of
         the dataset. A tag is read-only; a pinned shard whose file changed since is a
-        :class:`~shardcat.errors.StaleShardError` naming the tag. The tag holds a copy
-        of the dataset's rows (see :mod:`shardcat.catalog.tags`). :class:`CatalogError`
+        :class:`~shardcat.errors.StaleShardError` naming the tag. The tag reads the
+        dataset's rows by reference and copies them only before the dataset's ingest
+        changes them (see :mod:`shardcat.catalog.tags`). :class:`CatalogError`
         for an unknown dataset, a bad name or one the dataset's tags have already."""
         return self.store.tag(dataset, name)
 
