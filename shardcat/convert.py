@@ -184,6 +184,15 @@ def _check_written(path: str, written: Sequence[tuple[str, int]]) -> None:
 _Job = tuple[str, str, bool, str, Mapping[str, Any] | None]
 
 
+def _start_worker(parent: int, environment: dict[str, str]) -> None:
+    """A pool worker's start: this process's environment as it is now (a worker a
+    fork server started has the server's: credentials set since would be missing),
+    and an end with its parent."""
+    os.environ.clear()
+    os.environ.update(environment)
+    end_with_parent(parent)
+
+
 def _convert_one(job: _Job) -> ConvertResult:
     source, output, delete, grouping, storage_options = job
     try:
@@ -234,7 +243,9 @@ def convert_tars(
         with (
             stopping_on_signals(),  # SIGTERM/SIGHUP stop the workers (and their children)
             multiprocessing.get_context(worker_start_method()).Pool(
-                min(workers, len(jobs)), initializer=end_with_parent, initargs=(os.getpid(),)
+                min(workers, len(jobs)),
+                initializer=_start_worker,
+                initargs=(os.getpid(), dict(os.environ)),
             ) as pool,
         ):
             for result in pool.imap(_convert_one, jobs):

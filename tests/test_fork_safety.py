@@ -80,6 +80,12 @@ assert fork_hazards() == [] and worker_start_method() == "fork"
 for name in ("shardcat-pool-0", "fsspecIO"):  # shardcat's own; fsspec's, which is fork-aware
     threading.Thread(target=stop.wait, name=name, daemon=True).start()
 assert fork_hazards() == [] and worker_start_method() == "fork"
+import asyncio, fsspec.asyn  # fsspec's loop runs blocking calls (s3fs's) in its executor
+async def in_executor():
+    await asyncio.get_running_loop().run_in_executor(None, int)
+fsspec.asyn.sync(fsspec.asyn.get_loop(), in_executor)
+assert any(t.name.startswith("asyncio_") for t in threading.enumerate())
+assert fork_hazards() == [], fork_hazards()
 with progress_bar("ingest"):  # the CLI's progress bar and its refresh thread
     assert fork_hazards() == []
 threading.Thread(target=stop.wait, name="users-thread", daemon=True).start()
@@ -100,7 +106,8 @@ print("checked")
 
 def test_fork_only_where_it_is_safe() -> None:
     """In a fresh process (this one may have run Ray already): forked while only
-    shardcat's, fsspec's and the progress bar's threads run; a fork server beside
+    shardcat's, fsspec's (its IO loop and that loop's executor) and the progress
+    bar's threads run; a fork server beside
     another thread; the environment variable chooses."""
     import subprocess
     import sys

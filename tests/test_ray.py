@@ -2,7 +2,8 @@
 one CPU each): exact rows (count, keys, bytes) with and without ``where`` and
 ``columns``; a 1% ``where`` reads ~1% of the shards' bytes (counted by the HTTP
 server the shards are on); local, remote (HTTP), PostgreSQL and snapshot catalogs;
-checked reads; a re-ingest between plan and read; and the node-kill helper."""
+checked reads; a re-ingest between plan and read (the node-kill helper:
+test_ray_node_loss.py)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,11 @@ from shardcat.testing.required import need
 
 need("ray.data", why="shardcat[ray]")
 
-import ray  # noqa: E402 - after the extra is checked
-
 from shardcat.ray import read_dataset, split  # noqa: E402
 from shardcat.testing.ray import (  # noqa: E402
     ClusterSpec,
     alive_nodes,
     deadline,
-    kill_raylet,
     local_cluster,
 )
 from shardcat.testing.servers import RangeServer  # noqa: E402
@@ -257,41 +255,3 @@ def test_a_reingest_between_plan_and_read_is_refused(cluster: Any, tmp_path: Pat
 def test_import_shardcat_does_not_import_ray() -> None:
     code = "import sys, shardcat; shardcat.Catalog; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-def test_a_killed_raylet_is_noticed_and_its_tasks_retried_elsewhere(
-    cluster: Any, tmp_path: Path
-) -> None:
-    """The helper the Ray ingest's tests use: SIGKILL a worker node's raylet mid-task.
-    The cluster marks the node dead, a task pinned to it fails, a retried one ends
-    on the head. Runs last on the module's cluster (it takes its worker node)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    (worker,) = cluster.worker_nodes
-    started = tmp_path / "started"
-
-    @ray.remote(num_cpus=1)
-    def slow(marker: str) -> str:
-        import time
-
-        Path(marker).touch()
-        time.sleep(5)
-        return str(ray.get_runtime_context().get_node_id())
-
-    pinned = slow.options(
-        max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=False),
-    ).remote(str(started))
-    retried = slow.options(
-        max_retries=2,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=True),
-    ).remote(str(tmp_path / "other"))
-    with deadline(LIMIT, "waiting for the task to start"):
-        while not started.exists():
-            ray.wait([pinned], timeout=0.1)
-    kill_raylet(cluster, worker)
-    assert worker.node_id not in alive_nodes() and len(alive_nodes()) == 1
-    with deadline(LIMIT), pytest.raises(ray.exceptions.RayError):
-        ray.get(pinned)
-    with deadline(LIMIT):
-        assert ray.get(retried) == cluster.head_node.node_id

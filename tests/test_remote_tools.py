@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from shardcat import Catalog, IngestError
+from shardcat.catalog.processes import START_METHOD_ENV
 from shardcat.testing.required import missing, need
 
 boto3 = need("boto3", "moto", "s3fs", why="shardcat[remote,dev] (s3fs, moto[server])")
@@ -67,7 +68,20 @@ def _requests(s3: Any, prefix: str) -> list[tuple[str, str]]:
 # -- convert ---------------------------------------------------------------------
 
 
-def test_convert_remote_tars_to_local_tfrecords(s3: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_convert_remote_tars_to_local_tfrecords(
+    s3: Any, tmp_path: Path, start: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers forked, or started by a fork server (beside other threads): these get
+    the caller's environment as it is now (the credentials)."""
+    monkeypatch.setenv(START_METHOD_ENV, start)
+    if start == "forkserver":  # a fork server started before the credentials were set
+        import multiprocessing.forkserver
+
+        with monkeypatch.context() as before:
+            for name in [k for k in os.environ if k.startswith("AWS_")]:
+                before.delenv(name)
+            multiprocessing.forkserver.ensure_running()
     local = tmp_path / "tars"
     local.mkdir()
     for s in range(2):

@@ -329,12 +329,23 @@ def _native_thread_names() -> list[str]:
 
 def _fork_aware(thread: threading.Thread) -> bool:
     """Whether a thread is no fork hazard: shardcat's own idle pools (named
-    ``shardcat-...``), fsspec's IO loop (``fsspecIO``: fsspec replaces it in a
-    forked child) and rich's refresh of the CLI's progress bar (it only redraws
-    that bar, which no worker touches)."""
+    ``shardcat-...``), fsspec's IO loop (``fsspecIO``) and its loop's executor
+    threads (fsspec replaces that loop in a forked child), and rich's refresh of
+    the CLI's progress bar (it only redraws that bar, which no worker touches)."""
     return (
-        thread.name.startswith(("shardcat", "fsspecIO")) or type(thread).__module__ == "rich.live"
+        thread.name.startswith(("shardcat", "fsspecIO"))
+        or type(thread).__module__ == "rich.live"
+        or thread in _fsspec_executor_threads()
     )
+
+
+def _fsspec_executor_threads() -> set[threading.Thread]:
+    """The threads of fsspec's IO loop's default executor (where s3fs and its
+    credential lookups run blocking calls), none when fsspec has no loop yet."""
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = getattr(asyn, "loop", [None])[0]
+    executor = getattr(loop, "_default_executor", None)
+    return set(getattr(executor, "_threads", ()))
 
 
 #: names how shardcat starts its worker processes: ``fork`` or ``forkserver``

@@ -87,11 +87,16 @@ class S3Server:
         port = self.port
 
         class Quiet(MotoRequestHandler):  # type: ignore[misc]
+            def setup(self) -> None:
+                threading.current_thread().name = SERVING  # a request's thread
+                super().setup()
+
             def log_message(self, *args: Any) -> None:
                 pass
 
         class Counting(ThreadedMotoServer):
             def _server_entry(self) -> None:
+                threading.current_thread().name = SERVING
                 app = _Counting(DomainDispatcherApplication(create_backend_app), counter)
                 self._server = make_server("127.0.0.1", port, app, True, request_handler=Quiet)
                 self._server_ready_event.set()
