@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CORE_VENV ?= .venv-core
 PEERS_VENV ?= .venv-peers
+RAYTF_VENV ?= .venv-raytf
 DEMO_DIR ?= demo-data
 
 .PHONY: demo test lint docs bench bench-record clean
@@ -52,6 +53,19 @@ peers-venv: $(PEERS_VENV)/.installed
 bench-peers: $(PEERS_VENV)/.installed
 	$(PEERS_VENV)/bin/python -m benchmarks.hotpath --prepare
 	$(PEERS_VENV)/bin/python -m benchmarks.loader_bench --rounds 5
+
+# Ray Data's own read_tfrecords beside shardcat.ray.read_dataset (benchmarks/ray_bench.py):
+# it imports tensorflow, and tensorflow-cpu 2.21 needs protobuf 7, which the main venv
+# cannot have (tfd-utils pins 5), so it gets a venv of its own. Not part of `make test`.
+$(RAYTF_VENV)/.installed: pyproject.toml setup.py $(wildcard shardcat/*/*.c)
+	$(PYTHON) -m venv $(RAYTF_VENV)
+	$(RAYTF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RAYTF_VENV)/bin/python -m pip install -q -e '.[ray]' tensorflow-cpu==2.21.0
+	touch $@
+
+.PHONY: bench-ray-tf
+bench-ray-tf: $(RAYTF_VENV)/.installed
+	$(RAYTF_VENV)/bin/python -m benchmarks.ray_bench --only read
 
 demo: $(VENV)/.installed
 	VENV=$(VENV) DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
@@ -116,4 +130,4 @@ bench-record: $(VENV)/.installed
 	$(PY) -m benchmarks --record
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(PEERS_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(PEERS_VENV) $(RAYTF_VENV) .node $(DEMO_DIR) build/docs-site .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,8 @@ ingest, on the same shards, side by side.
 Data (written to a temporary directory each run): the same samples as WebDataset
 tar shards (``<key>.jpg`` random bytes + ``<key>.cls``, the class ``n % 100``) and
 as TFRecord shards (features ``key``, ``jpg``, ``cls``), both ingested into one
-catalog (untimed). Ray runs on this machine (``ray.init(num_cpus=--cpus)``, a
+catalog (untimed). Ray runs on this machine (``ray.init(address="local",
+num_cpus=--cpus)``: a new instance even where a cluster already runs here; a
 small object store). Each contender reads every row of its dataset through
 ``iter_batches`` (nothing is kept); they run round-robin and the median is kept:
 
@@ -15,7 +16,8 @@ small object store). Each contender reads every row of its dataset through
   ``ray.data.read_webdataset(dir, decoder=None)`` (raw member bytes, as ours);
 - **shardcat tfrecord** ``read_dataset(cat, "tfrecord")`` vs **ray tfrecords**
   ``ray.data.read_tfrecords(dir)`` (it imports tensorflow: skipped, and said so,
-  where tensorflow is not installed);
+  where tensorflow is not installed; ``make bench-ray-tf`` runs the read side in
+  ``.venv-raytf``, which has it);
 - **shardcat where 1%** ``read_dataset(cat, "tar", where="cls = 7")`` vs
   **ray webdataset + filter** (the same subset by reading everything and
   filtering): what pushing the predicate into the catalog saves.
@@ -102,7 +104,8 @@ def contenders(root: Path, catalog: Path) -> tuple[dict[str, Callable[[], int]],
     except ImportError:
         notes.append(
             "ray tfrecords: skipped, ray.data.read_tfrecords imports tensorflow, not installed "
-            "here (tensorflow-cpu 2.21 needs protobuf 7; tfd-utils, the suite's peer, pins 5)"
+            "here (tensorflow-cpu 2.21 needs protobuf 7; tfd-utils, the suite's peer, pins 5): "
+            "make bench-ray-tf runs it in .venv-raytf"
         )
     else:
         runs["ray tfrecords"] = lambda: drain(ray.data.read_tfrecords(str(root / "tf")))
@@ -176,6 +179,7 @@ def run(args: argparse.Namespace) -> None:
             cat.ingest(str(root / "tar" / "*.tar"), "tar").close()
             cat.ingest(str(root / "tf" / "*.tfrecord"), "tfrecord").close()
         ray.init(
+            address="local",  # a Ray of its own, even where a cluster runs on this host
             num_cpus=args.cpus,
             object_store_memory=200 * 2**20,
             include_dashboard=False,
