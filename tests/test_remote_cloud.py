@@ -25,6 +25,7 @@ from shardcat.testing.required import missing, need
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from shardcat import Catalog, MissingShardError, StaleShardError
+from shardcat.catalog.processes import START_METHOD_ENV
 from shardcat.sources import remote
 from shardcat.testing.servers import AzuriteServer, GCSServer, azurite_binary
 
@@ -105,8 +106,9 @@ def test_gcs_ingest_reads_back_identical_to_the_local_copy(
     }  # the token is not stored
 
 
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
 def test_gcs_ingest_downloads_each_shard_once_and_the_first_record(
-    gcs: dict[str, Any], local: Path, tmp_path: Path
+    gcs: dict[str, Any], local: Path, tmp_path: Path, start: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four shards, as on GCS (downloads name their generation): one listing and
     five downloads, each object streamed once whole and the rule (format, options)
@@ -114,6 +116,7 @@ def test_gcs_ingest_downloads_each_shard_once_and_the_first_record(
     4 MiB (all 2 MB of it: the shard downloaded twice), and a re-ingest of
     unchanged shards read that again. The emulator names no generation: each
     download is then followed by one metadata request asking it."""
+    monkeypatch.setenv(START_METHOD_ENV, start)  # workers forked, or from a fork server
     server = gcs["server"]
     size = (local / "train-00000.tfrecord").stat().st_size
     url = f"gs://{BUCKET}/train/*.tfrecord"

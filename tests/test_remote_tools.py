@@ -480,8 +480,15 @@ def test_remote_recordio_scan_that_does_not_read_the_idx_does_not_fetch_it(
 # -- ingest judges shards from the listing ---------------------------------------
 
 
-def test_ingest_judges_listed_objects_without_a_head_each(s3: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_ingest_judges_listed_objects_without_a_head_each(
+    s3: Any, tmp_path: Path, start: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers forked or started by a fork server (beside other threads) alike: the
+    latter are handed what the listing said."""
     from legacy_fixtures import write_tfrecords
+
+    monkeypatch.setenv(START_METHOD_ENV, start)
 
     local = tmp_path / "listed"
     paths = write_tfrecords(local, shards=4, per_shard=20)

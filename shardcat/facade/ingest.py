@@ -310,17 +310,20 @@ def _index_remote(
 class _Carried:
     """What a worker started by a fork server needs of this process, which a forked
     one inherits: the dataset's format (maybe registered here at run time), the
-    storage options configured here (their secrets are never stored) and the
+    storage options configured here (their secrets are never stored), what the
+    listings here said of each object (so no worker asks again) and the
     environment as it is now (credentials set after the fork server started)."""
 
     fmt: Format
     storage: Mapping[str, Mapping[str, Any]]
+    listings: Mapping[str, Any]
     environment: Mapping[str, str]
 
     def apply(self) -> None:
         register_format(self.fmt.NAME, self.fmt, replace=True)
         for protocol, options in self.storage.items():
             remote.configure(protocol, **options)
+        remote.keep_listings(self.listings)
         os.environ.clear()
         os.environ.update(self.environment)
 
@@ -377,7 +380,9 @@ def _starting(job: IngestJob) -> tuple[Any, _Carried | None] | None:
     ctx = multiprocessing.get_context(worker_start_method())
     if ctx.get_start_method() == "fork":
         return ctx, None
-    carried = _Carried(get_format(job.format), remote.configured(), dict(os.environ))
+    carried = _Carried(
+        get_format(job.format), remote.configured(), remote.listings(), dict(os.environ)
+    )
     try:
         pickle.dumps(carried)
     except (pickle.PicklingError, AttributeError, TypeError):

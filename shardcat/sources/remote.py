@@ -90,8 +90,10 @@ __all__ = [
     "filesystem",
     "glob_urls",
     "is_url",
+    "keep_listings",
     "list_objects",
     "listed_info",
+    "listings",
     "public_options",
     "remote_info",
     "remote_mismatch",
@@ -240,6 +242,17 @@ def listed_info(url: str) -> RemoteInfo | None:
     listing rather than N HEADs; None when it was not listed (or the listing gave no
     size). Reads stay conditional on the ETag, so a change since is still caught."""
     return _listed.get(url)
+
+
+def listings() -> dict[str, RemoteInfo]:
+    """Every identity the listings of this process kept (:func:`listed_info`), for a
+    worker that does not inherit them (one a fork server started)."""
+    return dict(_listed)
+
+
+def keep_listings(found: Mapping[str, RemoteInfo]) -> None:
+    """Keep identities another process's listings gave (see :func:`listings`)."""
+    _listed.update(found)
 
 
 def glob_urls(pattern: str, options: Mapping[str, Any] | None = None) -> list[str]:
