@@ -15,6 +15,7 @@ import contextlib
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import tokenize
@@ -39,7 +40,8 @@ def __readme_check__(where, got, want):
     assert got == want, f"{where}: gives {got!r}, its comment says {want!r}"
 """
 RUNNERS = {
-    "bash": lambda path: ["bash", "-e", "-u", "-o", "pipefail", str(path)],
+    # -x: each command on stderr, so a block that fails or hangs shows where
+    "bash": lambda path: ["bash", "-e", "-u", "-x", "-o", "pipefail", str(path)],
     "python": lambda path: [sys.executable, str(path)],
 }
 
@@ -165,15 +167,39 @@ def run_blocks(page: str, blocks: list[Block], tmp_path: Path, services: dict[st
             body, found = with_checks(body, block.line, page)
             checks += found
         script.write_text(body, encoding="utf-8")
-        done = subprocess.run(
-            RUNNERS[block.lang](script),
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        done = _run(RUNNERS[block.lang](script), work, env, where)
         assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
         assert "Traceback" not in done.stderr, f"{where}:\n{done.stderr}"
     return Ran(work, checks)
+
+
+def _run(
+    argv: list[str], cwd: Path, env: dict[str, str], where: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run one block in a session of its own; past ``timeout`` fail with the processes
+    it left running and the end of what it said, then end them all."""
+    with subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            running = subprocess.run(
+                ["ps", "-s", str(proc.pid), "-o", "pid,stat,etime,args"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"{where} still ran after {timeout:g} s:\n{running}\n{err[-3000:]}"
+            ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

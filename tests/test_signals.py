@@ -27,7 +27,15 @@ SHARDS, RECORDS = 8, 80
 KEYS = {f"rec_{i:09d}" for i in range(RECORDS)}
 RERUN = "run the same command again to finish (shards already indexed are not read again)"
 
-_SLOW = """
+# Each command below starts as one from a terminal does, SIGHUP at its default (a test
+# run under nohup would hand it down ignored, and an ignored SIGHUP is left so)
+_TERMINAL = """
+import signal
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+"""
+_SLOW = (
+    _TERMINAL
+    + """
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
 from shardcat.formats.tfrecord import TFRecordFormat
@@ -37,6 +45,7 @@ def slow_scan(self, path, options):
     return scan(self, path, options)
 TFRecordFormat.scan = slow_scan  # forked workers inherit it
 """
+)
 _CLI = (
     _SLOW
     + """
@@ -352,7 +361,9 @@ def test_sigterm_stops_convert_and_its_workers(tmp_path: Path) -> None:
     )
 
 
-_SLOW_VERIFY = """
+_SLOW_VERIFY = (
+    _TERMINAL
+    + """
 import sys, time
 from shardcat.readers.reader import Reader
 def slow_verify(self, progress=None):
@@ -363,6 +374,7 @@ from shardcat.cli import main
 sys.argv = ["catalog", *sys.argv[1:]]
 main()
 """
+)
 
 
 def test_sighup_stops_verify(tmp_path: Path) -> None:
@@ -381,6 +393,25 @@ def test_sighup_stops_verify(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (129, "", "stopped by SIGHUP\n")
+
+
+def test_an_ignored_sighup_stays_ignored() -> None:
+    """Under nohup (SIGHUP ignored, handed down to the command) a closed terminal
+    stops nothing: only signals at their default are taken."""
+    outside = {
+        signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    }
+    try:
+        with stopping_on_signals(exit_after=False):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)  # (no Stopped)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        for signum, handler in outside.items():
+            signal.signal(signum, handler)
 
 
 def test_sigterm_stops_a_long_query(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """A real local Ray cluster for tests and benchmarks: a head and worker nodes on this
 machine (``ray.cluster_utils.Cluster``), small (one CPU and a ~128 MB object store
 per node by default), bounded in time, always shut down; the node-kill helper
-(SIGKILL a worker node's raylet, wait until the cluster has marked it dead); and a
+(SIGKILL a worker node's raylet and its workers, wait until the cluster has marked it dead); and a
 slow TFRecord format (``slowtfrecord``, registered in each worker by the cluster's
 ``setup_hook``) whose scan says on which node it runs, to kill that node mid-scan.
 
@@ -118,20 +118,46 @@ def raylet_pid(node: Any) -> int:
     return int(node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
 
 
+def descendants(pid: int) -> list[int]:
+    """The pids of the processes below ``pid`` (children, theirs, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def kill_raylet(cluster: Any, node: Any, *, timeout: float = 60.0) -> None:
     """SIGKILL the raylet of worker ``node`` (of ``cluster``: taken out of its list of
-    workers) and wait until the cluster marks the node dead, else
-    :class:`TimeoutError`. What a lost host looks like to Ray: its tasks fail with a
-    node-died error and are retried elsewhere."""
+    workers) and the worker processes it started, and wait until the cluster marks
+    the node dead, else :class:`TimeoutError`. What a lost host looks like to Ray:
+    its tasks fail with a node-died error and are retried elsewhere."""
     if node is cluster.head_node:
         raise ValueError("kill_raylet kills a worker node; the head holds the driver")
-    os.kill(raylet_pid(node), signal.SIGKILL)
+    raylet = raylet_pid(node)
+    # the raylet and the workers it started, at once: a lost host takes its task
+    # processes with it (left alone, one may finish and hand its owner a result)
+    for pid in [raylet, *descendants(raylet)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     end = time.monotonic() + timeout
     while node.node_id in alive_nodes():
         if time.monotonic() > end:
             raise TimeoutError(f"the cluster still holds node {node.node_id} alive")
         time.sleep(0.2)
-    # what is left of the node (its workers, which exit once their raylet is gone)
+    # what is left of the node (its object store, log monitor, ...)
     node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
     cluster.worker_nodes.remove(node)
 
