@@ -436,3 +436,38 @@ def test_readonly_open_on_a_read_only_mount(tmp_path: Path) -> None:
         "cli": [0, f'[\n  {{\n    "count(*)": {N}\n  }}\n]\n'],
     }
     assert sorted(str(p.relative_to(mount)) for p in mount.rglob("*")) == listing
+
+
+def test_read_connections_map_a_local_catalog_never_an_immutable_one(tmp_path: Path) -> None:
+    db = _build(tmp_path / "a")
+    assert engine.filesystem_of(db) in engine._LOCAL_FILESYSTEMS
+    assert engine.filesystem_of(Path("/proc/self/status")) == "proc"
+    assert not engine.mappable(Path("/proc/self/status"))
+    mapped = engine.connect_readonly(db)
+    immutable = engine.connect_readonly(db, immutable=True)
+    try:
+        assert mapped.execute("PRAGMA mmap_size").fetchone() == (engine.READ_MMAP_BYTES,)
+        assert immutable.execute("PRAGMA mmap_size").fetchone() == (0,)
+    finally:
+        mapped.close()
+        immutable.close()
+
+
+def test_a_mapped_catalog_that_grows_reads_its_new_pages(tmp_path: Path) -> None:
+    """A reader's mapped connection, then an ingest that grows the file many times
+    over (pages past what was mapped): both datasets read exactly."""
+    db = _build(tmp_path / "a")
+    big = _shard(tmp_path / "a" / "more-00000.tfrecord", prefix="m", n=30_000)
+    with Catalog(db) as cat, cat.dataset("train") as train:
+        assert train.get_feature("k03", "label") == 3
+        before = db.stat().st_size
+        cat.ingest(str(big), "more").close()
+        assert db.stat().st_size > 10 * before
+        with cat.dataset("more") as more:
+            keys = [f"m{i:02d}" for i in range(0, 30_000, 7)]
+            got = more.get_many(keys)
+            assert [r.features.feature["key"].bytes_list.value[0].decode() for r in got] == keys
+            assert more.get_feature("m29999", "label") == 29999 % 4
+        assert [train.get_feature(f"k{i:02d}", "label") for i in range(N)] == [
+            i % 4 for i in range(N)
+        ]

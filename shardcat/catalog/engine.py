@@ -24,6 +24,15 @@ from shardcat.catalog.names import DEFAULT_NAME, ENV_VAR
 from shardcat.errors import CatalogError
 
 BUSY_TIMEOUT_MS = 60_000
+# How much of a catalog file a read-only connection maps (``PRAGMA mmap_size``) where
+# it may (:func:`mappable`): a page SQLite's own cache misses is then a memory read,
+# not a system call, and the pages are the page cache's, shared by every process.
+READ_MMAP_BYTES = 1 << 30
+# Filesystems whose files are mapped (a block device or memory under this host's
+# kernel; never a network or FUSE one, where an I/O error on a mapped page is SIGBUS)
+_LOCAL_FILESYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs"}
+)
 # How long ``Catalog.checkpoint()`` waits for readers and writers to empty the -wal file.
 CHECKPOINT_BUSY_MS = 500
 
@@ -349,7 +358,38 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     )
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA query_only = ON")
+    if not immutable and mappable(path):
+        conn.execute(f"PRAGMA mmap_size = {READ_MMAP_BYTES}")
     return conn
+
+
+def mappable(path: Path) -> bool:
+    """Whether read connections map the catalog ``path``: a file on a local
+    filesystem (see ``_LOCAL_FILESYSTEMS``), on Linux. Only SQLite writes a catalog
+    that is not immutable, and it never shrinks one under a reader's mapping
+    unknown to it; an immutable catalog is not mapped (another tool may rewrite it
+    in place, which its reads must refuse, not fault on)."""
+    return filesystem_of(path) in _LOCAL_FILESYSTEMS
+
+
+def filesystem_of(path: Path) -> str | None:
+    """The type of the filesystem holding ``path`` (``/proc/self/mounts``: the
+    longest mount point above it); None where that cannot be read."""
+    target = os.path.realpath(path)
+    found, depth = None, -1
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) > depth:
+                    found, depth = fields[2], len(point)
+    except OSError:
+        return None
+    return found
 
 
 def file_identity(path: Path) -> tuple[int, ...] | None:

@@ -371,18 +371,28 @@ class DatasetView:
         conn = self.catalog.reader_connection(snapshot=True)
         return lookup.seek_index(conn, shard.id, shard.generation)
 
-    @follows_reindex
     def _native(self, key: Any, feature: str | None) -> Any:
         """The native read by key (:mod:`shardcat.readers.hot`): ``AGAIN`` (left to the
-        Python path), None (no such key), the payload or ``feature``'s first value."""
-        conn = self._conn()  # (first: it may change the statements, see _read_from)
-        lookup = self._hot.lookup(conn) if self._hot is not None else None
-        if lookup is None or not self._files_only:
-            return AGAIN
-        key = key if type(key) is str else str(key)
-        if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
-            return None
-        got = hot.read(lookup, key, self._pool.sources, feature, self.verify_reads)
+        Python path), None (no such key), the payload or ``feature``'s first value.
+
+        One call alone as :func:`one_call` makes it, without its wrapper (a third of
+        the call's Python time): whatever is not the common case (a new process, an
+        error of any kind) is ``AGAIN``, and the Python path, wrapped, does it again
+        and raises what it raises."""
+        if self._lock_generation != _engine._fork_generation:
+            return AGAIN  # (the wrapped path takes a new lock)
+        with self._lock:
+            try:
+                conn = self._conn()  # (first: it may change the statements, see _read_from)
+            except Exception:
+                return AGAIN
+            lookup = self._hot.lookup(conn) if self._hot is not None else None
+            if lookup is None or not self._files_only:
+                return AGAIN
+            key = key if type(key) is str else str(key)
+            if key in self._deleted:  # (an empty set unless the dataset has soft deletes)
+                return None
+            got = hot.read(lookup, key, self._pool.sources, feature, self.verify_reads)
         return None if got is MISS else got
 
     def _read_natively(self, ordered: list[lookup.Row], names: Sequence[Any] | None) -> Any:
