@@ -163,6 +163,32 @@ def test_native_check_equals_the_fallback() -> None:
         checks.native_crc32c("text")
 
 
+def test_native_keyed_checks_equal_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's stored checks in one native call: each check XOR its key's CRC32C
+    (UTF-8, lone surrogates escaped), None kept; the same as the Python fallback."""
+    keys = ["k0", "k\udcff", None, "é" * 300, "", "x", "k7"]
+    found = [7, 2**32 - 1, 5, 0, None, 2**40, 123]
+    want = [
+        None
+        if c is None
+        else c
+        if k is None
+        else c ^ crc32c_package.crc32c(k.encode("utf-8", "surrogateescape"))
+        for c, k in zip(found, keys, strict=True)
+    ]
+    assert want[2] == 5 and want[4] is None
+    native_keyed = checks._native_keyed
+    assert native_keyed is not None, "the extension is built for the tests"
+    assert checks.keyed_checks(found, keys) == want
+    assert native_keyed(tuple(found), tuple(keys)) == want  # any sequence
+    with pytest.raises(ValueError, match="as many keys as checks"):
+        native_keyed(found, keys[:-1])
+    with pytest.raises(TypeError, match="a key is a str or None"):
+        native_keyed([1], [b"k"])
+    monkeypatch.setattr(checks, "_native_keyed", None)
+    assert checks.keyed_checks(found, keys) == want
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_native_and_reference_scans_store_the_same_checks(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch

@@ -76,6 +76,9 @@ class Batch(Protocol):
 
     def select(self, keep: Sequence[int]) -> Batch: ...
 
+    def keyed_checks(self) -> list[int | None] | None:
+        """``checks``, each mixed with its record's key (see :func:`keyed_check`)."""
+
 
 @dataclass(frozen=True)
 class IngestJob:
@@ -244,7 +247,8 @@ def resolve_across(
 def keyed_check(check: int | None, key: str | None) -> int | None:
     """The check the catalog stores for a record (or member) whose payload's CRC32C
     is ``check``: XOR the CRC32C of its key (UTF-8, surrogateescape); unchanged
-    without a key or a check. (Reads mix the same: ``readers.checks.key_check``.)"""
+    without a key or a check. (Reads mix the same: ``formats.checks.key_check``;
+    a shard's records at once: ``Batch.keyed_checks``.)"""
     if check is None or key is None:
         return check
     return check ^ _crc32c.crc32c(key.encode("utf-8", "surrogateescape"))
@@ -278,11 +282,7 @@ def insert_records(conn: Connection, job: IngestJob, shard_id: int, batch: Batch
     if items:
         columns["item"] = items
     if batch.checks is not None:  # each record's check (schema version 7)
-        columns["crc"] = (
-            batch.checks
-            if job.key_rule == "position"
-            else [keyed_check(c, k) for c, k in zip(batch.checks, batch.keys, strict=True)]
-        )
+        columns["crc"] = batch.checks if job.key_rule == "position" else batch.keyed_checks()
     if job.options.get("fields", True):  # without fields the records have no field columns
         types = dict(job.field_types)
         for name in sorted(batch.fields):  # new columns in name order, whatever the scan's

@@ -732,6 +732,56 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* keyed_checks(checks, keys) -> list: each record's check XOR the CRC32C of its key's
+ * UTF-8 (surrogateescape), kept as it is where the check or the key is None: what the
+ * catalog stores (formats/checks.py), one call per shard. */
+static PyObject *py_keyed_checks(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *checks_in, *keys_in;
+    if (!PyArg_ParseTuple(args, "OO", &checks_in, &keys_in)) return NULL;
+    PyObject *checks = PySequence_Fast(checks_in, "checks must be a sequence");
+    PyObject *keys = checks == NULL ? NULL : PySequence_Fast(keys_in, "keys must be a sequence");
+    PyObject *out = NULL;
+    if (keys == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(checks);
+    if (PySequence_Fast_GET_SIZE(keys) != n) {
+        PyErr_SetString(PyExc_ValueError, "keyed_checks: as many keys as checks");
+        goto done;
+    }
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *check = PySequence_Fast_GET_ITEM(checks, i);
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *value = NULL, *encoded = NULL;
+        if (check == Py_None || key == Py_None) {
+            value = Py_NewRef(check);
+        } else if (PyUnicode_Check(key)) {
+            Py_ssize_t len;
+            const char *s = PyUnicode_AsUTF8AndSize(key, &len);
+            if (s == NULL) { /* lone surrogates: as Python's surrogateescape encodes them */
+                PyErr_Clear();
+                encoded = PyUnicode_AsEncodedString(key, "utf-8", "surrogateescape");
+                s = encoded == NULL ? NULL : PyBytes_AS_STRING(encoded);
+                len = encoded == NULL ? 0 : PyBytes_GET_SIZE(encoded);
+            }
+            PyObject *mix = s == NULL ? NULL : PyLong_FromUnsignedLong(crc32c((const uint8_t *)s, (size_t)len));
+            value = mix == NULL ? NULL : PyNumber_Xor(check, mix);
+            Py_XDECREF(mix);
+            Py_XDECREF(encoded);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "keyed_checks: a key is a str or None");
+        }
+        if (value == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+done:
+    Py_XDECREF(checks);
+    Py_XDECREF(keys);
+    return out;
+}
+
 static PyObject *py_masked_crc(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer view;
@@ -764,6 +814,8 @@ static PyMethodDef methods[] = {
     {"recordio", py_recordio, METH_VARARGS, "Scan whole RecordIO frames of a buffer into columns."},
     {"tar", py_tar, METH_VARARGS, "Walk plain tar headers of a buffer into member columns."},
     {"crc32c", py_crc32c, METH_O, "CRC32C of a buffer: the check of every read."},
+    {"keyed_checks", py_keyed_checks, METH_VARARGS,
+     "keyed_checks(checks, keys): each check XOR the CRC32C of its key (None kept)."},
     {"masked_crc", py_masked_crc, METH_O, "TensorFlow's masked CRC32C of a buffer."},
     {"float32_shortest", py_float32_shortest, METH_VARARGS,
      "float32_shortest(x, fallback): the shortest decimal that rounds to float32(x)."},

@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardcat.errors import CatalogError
+from shardcat.formats.checks import keyed_checks
 from shardcat.sources.compressed import IndexingStream, detect_compression
 from shardcat.sources.rawio import Source
 
@@ -243,6 +244,11 @@ class Columns:
             items,
             checks if not checks or any(c is not None for c in checks) else None,
         )
+
+    def keyed_checks(self) -> list[int | None] | None:
+        """Each record's check mixed with its key: what the catalog stores (see
+        :mod:`shardcat.formats.checks`); None when no record has a check."""
+        return None if self.checks is None else keyed_checks(self.checks, self.keys)
 
     def select(self, keep: Sequence[int]) -> Columns:
         """The records at the ordinals ``keep`` (ascending), renumbered from 0."""

@@ -20,7 +20,7 @@ costs more than the hash (see ``benchmarks/hotpath.py``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import crc32c as _crc32c
@@ -32,6 +32,7 @@ __all__ = [
     "crc32c",
     "fallback_crc32c",
     "key_check",
+    "keyed_checks",
     "mismatch",
     "native_crc32c",
     "unmask",
@@ -43,10 +44,12 @@ _MASK_DELTA = 0xA282EAD8
 fallback_crc32c: Callable[..., int] = _crc32c.crc32c  # (data[, crc to continue])
 
 native_crc32c: Callable[[Any], int] | None
+_native_keyed: Callable[[Sequence[int | None], Sequence[str | None]], list[int | None]] | None
 try:
-    native_crc32c = importlib.import_module("shardcat.formats._scan").crc32c
+    _scan = importlib.import_module("shardcat.formats._scan")
+    native_crc32c, _native_keyed = _scan.crc32c, _scan.keyed_checks
 except ImportError:  # no compiler at install time
-    native_crc32c = None
+    native_crc32c = _native_keyed = None
 
 #: CRC32C of a buffer (bytes, memoryview, ...): the native one when built
 crc32c: Callable[[Any], int] = native_crc32c or fallback_crc32c
@@ -57,6 +60,17 @@ def key_check(key: str | None) -> int:
     UTF-8 bytes (surrogateescape); 0 for no key (datasets keyed by position). The
     catalog's commit mixes the same (``catalog.commit.keyed_check``)."""
     return 0 if key is None else crc32c(key.encode("utf-8", "surrogateescape"))
+
+
+def keyed_checks(checks: Sequence[int | None], keys: Sequence[str | None]) -> list[int | None]:
+    """The checks the catalog stores for a shard's records: each payload's check
+    mixed with its key's (:func:`key_check`); None where the record has no check
+    or no key. One native call per shard where the extension is built."""
+    if _native_keyed is not None:
+        return _native_keyed(checks, keys)
+    return [
+        c if c is None or k is None else c ^ key_check(k) for c, k in zip(checks, keys, strict=True)
+    ]
 
 
 def unmask(masked: int) -> int:
