@@ -75,6 +75,8 @@ class Opening:
     immutable: bool
     dataset: str
     layout: tuple[int, tuple[int, ...]]
+    #: the bytes of the dataset's shard files, for Ray's estimate of a read's size
+    stored_bytes: int = 0
 
 
 def _layout(reader: Any) -> tuple[int, tuple[int, ...]]:
@@ -173,7 +175,12 @@ class CatalogDatasource(ray.data.Datasource):  # type: ignore[misc]  # Ray is un
         return f"shardcat({self.opening.dataset})"
 
     def estimate_inmemory_data_size(self) -> int | None:
-        return None
+        """The shards' bytes, in proportion to the records read. Without an estimate
+        Ray Data took ~0.8 s more over a read of one task (1,000 rows: 4x its own
+        ``read_webdataset``'s time)."""
+        total = self.opening.layout[0]
+        count = total if self.selected is None else len(self.selected)
+        return self.opening.stored_bytes * count // max(1, total)
 
     def get_read_tasks(
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
@@ -183,9 +190,11 @@ class CatalogDatasource(ray.data.Datasource):  # type: ignore[misc]  # Ray is un
             count = total if self.selected is None else len(self.selected)
             parallelism = min(parallelism, -(-count // TASK_RECORDS))
         tasks = []
+        per_record = self.opening.stored_bytes / max(1, total)
         for runs in split(starts, total, self.selected, parallelism):
             count = sum(len(r) for r in runs)
-            meta = BlockMetadata(num_rows=count, size_bytes=None, input_files=None, exec_stats=None)
+            size = int(per_record * count)
+            meta = BlockMetadata(num_rows=count, size_bytes=size, input_files=None, exec_stats=None)
             tasks.append(
                 ray.data.ReadTask(
                     _ReadFn(self.opening, runs, self.columns),
@@ -218,7 +227,9 @@ def _plan(
     """The opening of ``dataset`` and (with ``where``) the sorted positions it selects."""
     location = catalog.location  # what reopens it: a file's absolute path, a server's URL
     with catalog.dataset(dataset) as reader:
-        opening = Opening(location, catalog.immutable, dataset, _layout(reader))
+        opening = Opening(
+            location, catalog.immutable, dataset, _layout(reader), sum(reader.shard_bytes())
+        )
         if columns is not None and len(reader):
             available = [*reader.describe(), "key"]
             unknown = [c for c in columns if c not in available]

@@ -442,6 +442,11 @@ class DatasetView:
         positions ``starts[i]`` up to ``starts[i + 1]``): what shard-local samplers use."""
         return [s.first - bisect.bisect_left(self._dead, s.first) for s in self._order]
 
+    def shard_bytes(self) -> list[int]:
+        """The size of each shard file as indexed (compressed shards: the compressed
+        file's), in position order: what a planner estimates a read's bytes from."""
+        return [s.identity.size for s in self._order]
+
     def _row_at(self, conn: ReadConnection, position: int) -> lookup.Row:
         """The record row (key last) at one position: one point query."""
         shard, ordinal = self._shard_at(position)
