@@ -57,13 +57,15 @@ def test_a_killed_raylet_is_noticed_and_its_tasks_retried_elsewhere(
         max_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=False),
     ).remote(str(started))
+    with deadline(LIMIT, "waiting for the task to start"):
+        while not started.exists():
+            ray.wait([pinned], timeout=0.1)
+    # only now (submitted beside the pinned one, it could run first on the worker's
+    # one CPU and end there before the kill): it waits for that CPU, or goes elsewhere
     retried = slow.options(
         max_retries=2,
         scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=True),
     ).remote(str(tmp_path / "other"))
-    with deadline(LIMIT, "waiting for the task to start"):
-        while not started.exists():
-            ray.wait([pinned], timeout=0.1)
     kill_raylet(cluster, worker)
     assert worker.node_id not in alive_nodes() and len(alive_nodes()) == 1
     with deadline(LIMIT), pytest.raises(ray.exceptions.RayError):

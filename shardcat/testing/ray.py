@@ -1,9 +1,10 @@
 """A real local Ray cluster for tests and benchmarks: a head and worker nodes on this
 machine (``ray.cluster_utils.Cluster``), small (one CPU and a ~128 MB object store
 per node by default), bounded in time, always shut down; the node-kill helper
-(SIGKILL a worker node's raylet and its workers, wait until the cluster has marked it dead); and a
-slow TFRecord format (``slowtfrecord``, registered in each worker by the cluster's
-``setup_hook``) whose scan says on which node it runs, to kill that node mid-scan.
+(SIGKILL a worker node's raylet and its workers, wait until the cluster has marked
+it dead); and a slow TFRecord format (``slowtfrecord``, registered in each worker by
+the cluster's ``setup_hook``) whose scan says on which node it runs, to kill that
+node mid-scan.
 
 Needs ``shardcat[ray]``. Every wait has a limit: a cluster that does not come up,
 or a call that hangs, fails with :class:`TimeoutError` rather than hanging CI
