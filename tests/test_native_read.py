@@ -109,6 +109,30 @@ def test_native_reads_equal_the_python_path_for_every_feature_kind(catalog: Path
         assert settled == 62 * len(FEATURES)
 
 
+def test_a_native_read_of_pages_not_in_the_page_cache(catalog: Path) -> None:
+    """The page cache first (no GIL let go), else a read that waits with the GIL
+    released: pages dropped from the cache read the same bytes natively."""
+    if os.environ.get("CI"):
+        assert hot.available()
+    if not hot.available():
+        pytest.skip("the native read is not built")
+    shards = sorted((catalog.parent / "data").glob("*.tfrecord"))
+    with Catalog(catalog) as cat, cat.dataset("d") as reader:
+        # (every key but "twice", whose repeated map key the native walk leaves to Python)
+        want = {key: _python(reader, key, "image") for key in _keys() if key != "twice"}
+        for rounds in range(3):
+            for shard in shards:  # (written, then synced: clean pages the kernel drops)
+                fd = os.open(shard, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            got = {key: reader._native(key, "image") for key in want}
+            assert got == want, rounds
+        assert want["k7"] == random.Random(7).randbytes(307) and want["missing"] is None
+
+
 def test_shardcat_native_0_reads_in_python(catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDCAT_NATIVE", "0")
     with Catalog(catalog) as cat, cat.dataset("d") as reader:
