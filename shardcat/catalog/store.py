@@ -246,7 +246,8 @@ class Store:
     def read_snapshot(self) -> tuple[ReadConnection, int]:
         """This thread's connection in a read snapshot (see :meth:`reader_connection`)
         and the snapshot's number (unique in this process: a new number, a new snapshot)."""
-        self._check_open()
+        if self.closed:  # (_check_open, inlined: every read by key comes here)
+            self._check_open()
         slot = self._reads.slot()
         conn = slot.conn
         now = time.monotonic()
