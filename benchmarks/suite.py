@@ -40,6 +40,7 @@ from benchmarks.util import (
     Row,
     percentile,
     quiet,
+    rotated,
     round_robin_times,
     spread,
     tfd_reader,
@@ -422,7 +423,7 @@ def bench_get(cfg: Config, log: Log) -> list[Row]:
     samples: dict[str, list[int]] = {k: [] for k in contenders}
     order = list(contenders)
     for r in range(cfg.get_rounds):  # who goes first rotating (the CPU's caches)
-        for name in order[r % len(order) :] + order[: r % len(order)]:
+        for name in rotated(order, r):
             samples[name] += _per_call_ns(contenders[name], keys, "image")
     for reader in (sc, unchecked, tfd, raw):
         reader.close()
@@ -484,7 +485,7 @@ def bench_many(cfg: Config, log: Log) -> list[Row]:
     for n, keys in enumerate(batches):
         # each batch's keys for every contender, who goes first rotating: the next one
         # finds the same catalog pages and payloads in the CPU's caches
-        for name in order[n % len(order) :] + order[: n % len(order)]:
+        for name in rotated(order, n):
             times[name].append(timed(lambda k=keys, f=runs[name]: f(k)))
         if len(times["many"]) >= 3 and time.perf_counter() - start > cfg.many_budget:
             log(f"  time budget spent: stopped after {len(times['many'])} batches")

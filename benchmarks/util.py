@@ -19,6 +19,12 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def rotated(names: list[str], r: int) -> list[str]:
+    """``names`` starting ``r`` later (round ``r`` of a rotating order: who goes first
+    changes, so none always finds the caches the one before it warmed)."""
+    return names[r % len(names) :] + names[: r % len(names)]
+
+
 def round_robin_times(
     contenders: dict[str, Callable[[], Any]],
     repeats: int,
@@ -36,7 +42,7 @@ def round_robin_times(
     times: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
+        order = rotated(names, r) if rotate else names
         for name in order:
             if before_each is not None:
                 before_each()
